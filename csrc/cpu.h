@@ -1,0 +1,35 @@
+/* CPU features, SIMD dispatch level and the one thread count of the process.
+ *
+ * Every kernel asks tf_isa() which instruction set to use and tf_team(work, grain)
+ * how many OpenMP threads to start: below `grain` units of work per thread a
+ * kernel runs on fewer threads (waking a sleeping team costs more than small
+ * ops save), and nothing ever uses more than tf_get_num_threads().
+ */
+#ifndef TF_CPU_H
+#define TF_CPU_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { TF_ISA_GENERIC = 0, TF_ISA_AVX2 = 1, TF_ISA_AVX512 = 2 };
+
+int tf_cpu_best_isa(void);          /* best level this CPU (and OS) supports */
+int tf_isa(void);                   /* level in use: min(best, forced) */
+int tf_set_isa(int level);          /* force a level (clamped to best); returns the level in use */
+const char *tf_isa_name(int level); /* "generic" | "avx2" | "avx512" */
+
+void tf_set_num_threads(int n);     /* n >= 1 */
+int tf_get_num_threads(void);
+int tf_openmp_version(void);        /* _OPENMP (yyyymm), 0 without OpenMP */
+const char *tf_compiler(void);
+
+/* Threads to use for `work` units when each thread should get at least `grain`. */
+static inline int tf_team(long work, long grain)
+{
+    int threads = tf_get_num_threads();
+    long useful = grain > 0 ? work / grain : work;
+    if (useful < 1) useful = 1;
+    return useful < threads ? (int)useful : threads;
+}
+
+#endif

@@ -1,0 +1,53 @@
+"""A from-scratch CPU Transformer ("Attention Is All You Need", Vaswani et al. 2017).
+
+C/OpenMP kernels (csrc/) behind a Cython door (pyx/), composed here into the
+encoder-decoder with hand-written backward passes.
+"""
+import os as _os
+
+from . import _C
+
+__version__ = "0.1.0"
+
+
+def set_num_threads(n):
+    """Number of OpenMP threads every kernel may use (the one way to set it)."""
+    _C.set_num_threads(n)
+
+
+def get_num_threads():
+    return _C.get_num_threads()
+
+
+def build_info():
+    """What was built and what is in use: compiler, OpenMP, SIMD level, threads."""
+    return {
+        "version": __version__,
+        "compiler": _C.compiler(),
+        "openmp": _C.openmp_version(),
+        "isa": _C.isa(),
+        "best_isa": _C.best_isa(),
+        "threads": _C.get_num_threads(),
+        "cpu_count": _os.cpu_count(),
+    }
+
+
+def _init_from_environment():
+    # OMP_NUM_THREADS is read by the OpenMP runtime itself (it sets the default
+    # team size); TRANSFORMER_ISA forces a lower SIMD level, for tests and for users.
+    isa = _os.environ.get("TRANSFORMER_ISA")
+    if isa:
+        try:
+            _C.set_isa(isa.strip().lower())
+        except ValueError:
+            raise ValueError(f"TRANSFORMER_ISA must be one of generic, avx2, avx512; got {isa!r}") from None
+    threads = _os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
+    if threads.isdigit() and int(threads) >= 1:
+        _C.set_num_threads(int(threads))
+    else:
+        _C.set_num_threads(_C.get_num_threads())
+
+
+_init_from_environment()
+
+from . import ops  # noqa: E402
