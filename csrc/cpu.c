@@ -90,3 +90,16 @@ const char *tf_compiler(void)
     return "unknown";
 #endif
 }
+
+int tf_probe_team(void)
+{
+    int team = 1;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(tf_team(1L << 30, 1))
+    {
+#pragma omp single
+        team = omp_get_num_threads();
+    }
+#endif
+    return team;
+}

@@ -22,6 +22,7 @@ void tf_set_num_threads(int n);     /* n >= 1 */
 int tf_get_num_threads(void);
 int tf_openmp_version(void);        /* _OPENMP (yyyymm), 0 without OpenMP */
 const char *tf_compiler(void);
+int tf_probe_team(void);         /* threads a full-size parallel region really starts */
 
 /* Threads to use for `work` units when each thread should get at least `grain`. */
 static inline int tf_team(long work, long grain)

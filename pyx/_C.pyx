@@ -22,6 +22,7 @@ cdef extern from "cpu.h" nogil:
     int tf_get_num_threads()
     int tf_openmp_version()
     const char *tf_compiler()
+    int tf_probe_team()
 
 
 _ISA_LEVELS = {"generic": 0, "avx2": 1, "avx512": 2}
@@ -59,6 +60,14 @@ def set_isa(name):
 
 def openmp_version():
     return tf_openmp_version()
+
+
+def probe_team():
+    """How many threads a large parallel region actually runs with (for tests)."""
+    cdef int n
+    with nogil:
+        n = tf_probe_team()
+    return n
 
 
 def compiler():

@@ -1,0 +1,115 @@
+"""The build, the SIMD dispatch and the one thread count of the process."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import transformer as T
+from transformer import _C
+
+
+def run_python(code, **env):
+    """Run `code` in a fresh interpreter (import-time behaviour) and return its stdout."""
+    full_env = dict(os.environ)
+    for key in ("OMP_NUM_THREADS", "TRANSFORMER_ISA"):
+        full_env.pop(key, None)
+    full_env.update(env)
+    proc = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
+                          timeout=120)
+    return proc
+
+
+def test_build_info_reports_compiler_openmp_isa_and_threads():
+    info = T.build_info()
+    print(info)
+    assert info["compiler"].split()[0] in ("gcc", "clang")
+    assert info["openmp"] >= 201107, "built without OpenMP"
+    assert info["isa"] in ("generic", "avx2", "avx512")
+    assert info["threads"] == T.get_num_threads()
+
+
+def test_set_num_threads_changes_the_team_size():
+    before = T.get_num_threads()
+    try:
+        T.set_num_threads(1)
+        assert T.get_num_threads() == 1
+        assert _C.probe_team() == 1
+        T.set_num_threads(2)
+        assert T.get_num_threads() == 2
+        assert _C.probe_team() == 2
+    finally:
+        T.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bad, error", [(0, ValueError), (-3, ValueError), (1.5, TypeError),
+                                        ("2", TypeError), (True, TypeError), (None, TypeError)])
+def test_set_num_threads_rejects_bad_values(bad, error):
+    with pytest.raises(error, match="n must"):
+        T.set_num_threads(bad)
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_omp_num_threads_is_honoured_at_import(threads):
+    proc = run_python("import transformer as T, transformer._C as C; print(T.get_num_threads(), C.probe_team())",
+                      OMP_NUM_THREADS=threads)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == [threads, threads]
+
+
+def test_isa_can_be_forced_lower_by_environment():
+    proc = run_python("import transformer as T; print(T.build_info()['isa'])", TRANSFORMER_ISA="generic")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "generic"
+
+
+def test_bad_isa_environment_names_the_variable():
+    proc = run_python("import transformer", TRANSFORMER_ISA="sse9")
+    assert proc.returncode != 0
+    assert "TRANSFORMER_ISA" in proc.stderr
+
+
+def test_set_isa_clamps_to_what_the_cpu_has():
+    best = _C.best_isa()
+    try:
+        assert _C.set_isa("generic") == "generic"
+        assert _C.set_isa("avx512") == best
+    finally:
+        _C.set_isa(best)
+    with pytest.raises(ValueError, match="isa"):
+        _C.set_isa("neon")
+
+
+TORCH_PROBE = """
+import json, numpy as np
+{first}
+{second}
+T.set_num_threads(2)
+rng = np.random.default_rng(0)
+a = rng.standard_normal((300, 200), dtype=np.float32)
+b = rng.standard_normal((200, 100), dtype=np.float32)
+before = T.ops.matmul(a, b)
+torch.set_num_threads(1)
+x = torch.randn(256, 256); (x @ x).sum()
+result = {{"ours": T.get_num_threads(), "team": T._C.probe_team(), "torch": torch.get_num_threads(),
+           "same": bool(np.array_equal(before, T.ops.matmul(a, b)))}}
+T.set_num_threads(1)
+result["torch_after"] = torch.get_num_threads()
+result["team1"] = T._C.probe_team()
+print(json.dumps(result))
+"""
+
+
+@pytest.mark.parametrize("order", ["transformer_first", "torch_first"])
+def test_importing_torch_does_not_change_or_oversubscribe_our_threads(order):
+    pytest.importorskip("torch")
+    first, second = "import transformer as T", "import torch"
+    if order == "torch_first":
+        first, second = second, first
+    proc = run_python(TORCH_PROBE.format(first=first, second=second), OMP_NUM_THREADS="2")
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(result)
+    # torch's thread count and ours are independent settings; each keeps its own.
+    assert result == {"ours": 2, "team": 2, "torch": 1, "same": True, "torch_after": 1, "team1": 1}
