@@ -1,0 +1,186 @@
+"""Parallel text: reading sentence pairs, a deterministic train/dev split, and
+batches by length under a token budget (section 5.1 of the paper: "sentence pairs
+were batched together by approximate sequence length").
+"""
+import gzip
+import hashlib
+import os
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_HEADER_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,31}$")
+
+
+@dataclass
+class ReadReport:
+    """What read_pairs kept and what it skipped (counted, never silently)."""
+    path: str
+    kept: int = 0
+    skipped: dict = field(default_factory=dict)   # reason -> count
+    first_skipped: dict = field(default_factory=dict)   # reason -> first line number
+
+    def skip(self, reason, line_number):
+        self.skipped[reason] = self.skipped.get(reason, 0) + 1
+        self.first_skipped.setdefault(reason, line_number)
+
+    def summary(self):
+        if not self.skipped:
+            return f"{self.path}: {self.kept} pairs"
+        parts = ", ".join(f"{n} {reason} (first at line {self.first_skipped[reason]})"
+                          for reason, n in sorted(self.skipped.items()))
+        return f"{self.path}: {self.kept} pairs; skipped {parts}"
+
+
+def _open_lines(path):
+    """Raw byte lines of a plain or gzip'd file (gzip detected by its magic, not its name)."""
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"data file not found: {path}")
+    if os.path.isdir(path):
+        raise ValueError(f"data path is a directory, not a file: {path}")
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    opener = gzip.open if magic == b"\x1f\x8b" else open
+    try:
+        with opener(path, "rb") as f:
+            for raw in f:
+                yield raw
+    except (OSError, EOFError) as exc:
+        raise ValueError(f"{path}: cannot be read ({exc})") from None
+
+
+def _resolve_column(spec, header, path):
+    if isinstance(spec, (int, np.integer)):
+        return int(spec)
+    spec = str(spec)
+    if spec.lstrip("-").isdigit():
+        return int(spec)
+    if header is None:
+        raise ValueError(f"{path}: column {spec!r} given by name, but the file has no header line")
+    if spec not in header:
+        raise ValueError(f"{path}: no column named {spec!r}; the header has {header}")
+    return header.index(spec)
+
+
+def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None):
+    """Read (source, target) sentence pairs from a tab-separated file (optionally gzip'd).
+
+    Columns are names from the header line or 0-based indexes. The first line is a header when
+    every field is a short identifier ("eng", "hin", "attribution"); it is skipped either way.
+    Lines with too few columns, invalid UTF-8 or an empty side are skipped and counted in the
+    returned ReadReport. Returns (pairs, report). Raises FileNotFoundError for a missing file and
+    ValueError when nothing usable is left.
+    """
+    path = os.fspath(path)
+    report = ReadReport(path)
+    pairs = []
+    header = None
+    src_index = tgt_index = None
+    for line_number, raw in enumerate(_open_lines(path), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            report.skip("lines with invalid UTF-8", line_number)
+            continue
+        line = line.rstrip("\r\n")
+        if line_number == 1:
+            line = line.lstrip("\ufeff")
+            fields = line.split("\t")
+            if len(fields) >= 2 and all(_HEADER_FIELD.match(f) for f in fields):
+                header = fields
+        if src_index is None:
+            src_index = _resolve_column(src_col, header, path)
+            tgt_index = _resolve_column(tgt_col, header, path)
+            if src_index == tgt_index:
+                raise ValueError(f"{path}: source and target columns are the same ({src_col!r})")
+            if header is not None:
+                continue
+        if not line.strip():
+            report.skip("blank lines", line_number)
+            continue
+        fields = line.split("\t")
+        if max(src_index, tgt_index) >= len(fields):
+            report.skip("lines with too few columns", line_number)
+            continue
+        src, tgt = fields[src_index].strip(), fields[tgt_index].strip()
+        if not src or not tgt:
+            report.skip("pairs with an empty side", line_number)
+            continue
+        pairs.append((src, tgt))
+        if max_pairs is not None and len(pairs) >= max_pairs:
+            break
+    report.kept = len(pairs)
+    if not pairs:
+        raise ValueError(f"{path}: no usable sentence pairs ({report.summary()})")
+    return pairs, report
+
+
+def split_pairs(pairs, dev_fraction=0.05, max_dev=1000, key=""):
+    """Deterministic train/dev split by a hash of the source sentence.
+
+    Hashing the source (not the position) keeps every translation of one sentence on the same
+    side, so the dev set never contains a sentence the model was trained on.
+    """
+    if not 0.0 <= dev_fraction < 1.0:
+        raise ValueError(f"dev_fraction must be in [0, 1), got {dev_fraction}")
+    train, dev = [], []
+    threshold = int(dev_fraction * 2**32)
+    for pair in pairs:
+        digest = hashlib.blake2b((key + pair[0]).encode("utf-8"), digest_size=4).digest()
+        (dev if int.from_bytes(digest, "little") < threshold else train).append(pair)
+    if len(dev) > max_dev:
+        train.extend(dev[max_dev:])
+        dev = dev[:max_dev]
+    return train, dev
+
+
+def pad_batch(sequences, pad_id, length=None):
+    """Rows of ids -> int64 [B, length] padded with pad_id."""
+    length = max((len(s) for s in sequences), default=0) if length is None else length
+    out = np.full((len(sequences), length), pad_id, dtype=np.int64)
+    for row, seq in enumerate(sequences):
+        out[row, :len(seq)] = seq[:length]
+    return out
+
+
+def make_example(src_ids, tgt_ids, bos_id, eos_id):
+    """Teacher forcing (section 3.1): the decoder reads BOS + y and predicts y + EOS."""
+    return list(src_ids), [bos_id] + list(tgt_ids), list(tgt_ids) + [eos_id]
+
+
+def length_batches(examples, max_tokens, seed=0, epoch=0, shuffle=True):
+    """Group examples (src, tgt_in, tgt_out) into batches of similar length.
+
+    A batch holds as many examples as fit in `max_tokens` counted as rows x longest sequence
+    (padding included), so every batch costs about the same. Order within length buckets and
+    the order of batches depend only on (seed, epoch): a resumed run sees the same batches.
+    Returns a list of index lists.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    rng = np.random.default_rng([seed, epoch])
+    lengths = np.array([max(len(e[0]), len(e[1])) for e in examples], dtype=np.int64)
+    jitter = rng.random(len(examples)) if shuffle else np.zeros(len(examples))
+    order = np.lexsort((jitter, lengths))
+    batches, current, longest = [], [], 0
+    for index in order:
+        longest_if_added = max(longest, int(lengths[index]))
+        if current and longest_if_added * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, longest_if_added = [], int(lengths[index])
+        current.append(int(index))
+        longest = longest_if_added
+    if current:
+        batches.append(current)
+    if shuffle:
+        rng.shuffle(batches)
+    return batches
+
+
+def collate(examples, indices, pad_id):
+    """The padded arrays (src, tgt_in, tgt_out) of the examples at `indices`."""
+    chosen = [examples[i] for i in indices]
+    return (pad_batch([e[0] for e in chosen], pad_id),
+            pad_batch([e[1] for e in chosen], pad_id),
+            pad_batch([e[2] for e in chosen], pad_id))
