@@ -76,13 +76,66 @@ class SubwordTokenizer:
 
     @classmethod
     def load(cls, path):
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except UnicodeDecodeError:
-            raise ValueError(f"{path}: not a valid tokenizer file (invalid UTF-8)") from None
-        try:
-            json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not a valid tokenizer file ({exc})") from None
-        return cls.from_json(text)
+        tok = load_tokenizer(path)
+        if not isinstance(tok, cls):
+            raise ValueError(f"{path}: not a BPE tokenizer")
+        return tok
+
+
+class CharTokenizer:
+    """One id per character of a fixed alphabet (the built-in task's vocabulary)."""
+
+    def __init__(self, alphabet):
+        if len(set(alphabet)) != len(alphabet) or not alphabet:
+            raise ValueError("alphabet must be a non-empty string of distinct characters")
+        self.alphabet = alphabet
+        self._ids = {ch: i + len(SPECIAL_TOKENS) for i, ch in enumerate(alphabet)}
+
+    @property
+    def vocab_size(self):
+        return len(SPECIAL_TOKENS) + len(self.alphabet)
+
+    def encode(self, text):
+        return [self._ids.get(ch, UNK_ID) for ch in text]
+
+    def encode_batch(self, texts):
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids):
+        first = len(SPECIAL_TOKENS)
+        return "".join(self.alphabet[i - first] if i >= first else ("\u2047" if i == UNK_ID else "")
+                       for i in (int(i) for i in ids) if i < self.vocab_size)
+
+    def tokens(self, ids):
+        return [self.decode([i]) or SPECIAL_TOKENS[int(i)] if int(i) < len(SPECIAL_TOKENS) else self.decode([i])
+                for i in ids]
+
+    def to_json(self):
+        return json.dumps({"type": "chars", "alphabet": self.alphabet})
+
+    save = SubwordTokenizer.save
+
+
+def tokenizer_from_json(text, source="tokenizer"):
+    """Either kind of tokenizer from its JSON text."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source}: not a valid tokenizer file ({exc})") from None
+    if isinstance(data, dict) and data.get("type") == "chars":
+        if not isinstance(data.get("alphabet"), str):
+            raise ValueError(f"{source}: character tokenizer without an alphabet")
+        return CharTokenizer(data["alphabet"])
+    try:
+        return SubwordTokenizer.from_json(text)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+
+
+def load_tokenizer(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a valid tokenizer file (invalid UTF-8)") from None
+    return tokenizer_from_json(text, source=str(path))

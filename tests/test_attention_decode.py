@@ -1,0 +1,91 @@
+"""Single-query attention over a key/value cache (the decoding inner loop) against numpy."""
+import numpy as np
+import pytest
+
+from transformer import _C
+
+TOL = 1e-5  # relative to the largest |value|, float32 vs float64
+
+
+def reference(q, k, v, n_keys, scale, mask):
+    N, H, _, dh = k.shape
+    q = q.reshape(N, H, dh).astype(np.float64)
+    scores = np.einsum("nhd,nhtd->nht", q, k[:, :, :n_keys].astype(np.float64)) * scale
+    if mask is not None:
+        scores = np.where(mask[:, None, :n_keys], -np.inf, scores)
+    peak = scores.max(-1, keepdims=True, initial=-np.inf)
+    e = np.where(np.isfinite(scores), np.exp(scores - np.where(np.isfinite(peak), peak, 0)), 0.0)
+    total = e.sum(-1, keepdims=True)
+    p = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+    return np.einsum("nht,nhtd->nhd", p, v[:, :, :n_keys]).reshape(N, H * dh), p
+
+
+def isas():
+    levels = ["generic", "avx2", "avx512"]
+    return levels[: levels.index(_C.best_isa()) + 1]
+
+
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("N, H, Tmax, n_keys, dh", [(1, 1, 1, 1, 1), (3, 2, 9, 7, 17), (4, 3, 20, 20, 32),
+                                                    (2, 4, 70, 65, 64), (5, 1, 8, 0, 16), (2, 2, 5, 3, 15)])
+def test_matches_numpy_with_and_without_mask(isa, N, H, Tmax, n_keys, dh):
+    rng = np.random.default_rng(N * 100 + dh)
+    fused = rng.standard_normal((N, 3 * H * dh), dtype=np.float32)   # q is a column slice of it
+    q = fused[:, : H * dh]
+    k = rng.standard_normal((N, H, Tmax, dh), dtype=np.float32)
+    v = rng.standard_normal((N, H, Tmax, dh), dtype=np.float32)
+    mask = rng.random((N, Tmax)) < 0.3
+    mask[0, :] = True  # a fully masked row gives zeros
+    best = _C.best_isa()
+    try:
+        _C.set_isa(isa)
+        for m in (None, mask):
+            out = np.full((N, H * dh), np.nan, dtype=np.float32)
+            probs = np.empty((N, H, n_keys), dtype=np.float32)
+            _C.attention_decode(q, k, v, n_keys, out, 0.37, m, probs)
+            want, want_p = reference(q, k, v, n_keys, 0.37, m)
+            err = np.abs(out - want).max(initial=0) / max(np.abs(want).max(initial=0), 1e-30)
+            print(isa, m is not None, err)
+            assert err <= TOL
+            assert np.abs(probs - want_p).max(initial=0) <= TOL
+            assert not np.isnan(out).any()
+    finally:
+        _C.set_isa(best)
+
+
+def test_bitwise_equal_at_one_and_two_threads():
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((8, 4 * 32), dtype=np.float32)
+    k, v = (rng.standard_normal((8, 4, 40, 32), dtype=np.float32) for _ in range(2))
+    outs = []
+    for threads in (1, 2):
+        before = _C.get_num_threads()
+        _C.set_num_threads(threads)
+        try:
+            out = np.empty_like(q)
+            outs.append(_C.attention_decode(q, k, v, 37, out, 0.2))
+        finally:
+            _C.set_num_threads(before)
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_bad_arguments_are_named():
+    q = np.zeros((2, 8), np.float32)
+    k = np.zeros((2, 2, 5, 4), np.float32)
+    out = np.zeros((2, 8), np.float32)
+    with pytest.raises(TypeError, match="q"):
+        _C.attention_decode(q.astype(np.float64), k, k, 3, out, 1.0)
+    with pytest.raises(ValueError, match="n_keys"):
+        _C.attention_decode(q, k, k, 6, out, 1.0)
+    with pytest.raises(ValueError, match="out"):
+        _C.attention_decode(q, k, k, 3, np.zeros((2, 9), np.float32), 1.0)
+    with pytest.raises(ValueError, match="out must not overlap q"):
+        _C.attention_decode(q, k, k, 3, q, 1.0)
+    ro = np.zeros((2, 8), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out must be writeable"):
+        _C.attention_decode(q, k, k, 3, ro, 1.0)
+    with pytest.raises(ValueError, match="key_mask"):
+        _C.attention_decode(q, k, k, 3, out, 1.0, key_mask=np.zeros((2, 4), bool))
+    with pytest.raises(ValueError, match="k_cache"):
+        _C.attention_decode(q, np.asfortranarray(k), k, 3, out, 1.0)
