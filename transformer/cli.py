@@ -35,6 +35,76 @@ def _bench(args):
     return 0
 
 
+def _positive_int(text):
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _apply_threads(args):
+    if getattr(args, "threads", None):
+        import transformer as T
+
+        T.set_num_threads(args.threads[0] if isinstance(args.threads, list) else args.threads)
+
+
+def _train(args):
+    from . import train
+
+    _apply_threads(args)
+    if args.minutes is None and args.max_steps is None:
+        args.minutes = 2.0 if not args.data else 10.0
+    if args.warmup is None:
+        args.warmup = 300 if not args.data else 4000
+    train.prepare_out_dir(args)
+    if args.data:
+        return train.train_on_data(args)
+    return train.train_builtin(args)
+
+
+def _read_texts(texts):
+    if texts:
+        return list(texts)
+    return [line.rstrip("\n") for line in sys.stdin]
+
+
+def _translate(args):
+    from .checkpoint import load_for_inference
+    from .train import translate_texts
+
+    _apply_threads(args)
+    model, src_tok, tgt_tok = load_for_inference(args.model)
+    texts = _read_texts(args.text)
+    for line in translate_texts(model, src_tok, tgt_tok, texts, beam=args.beam, max_len=args.max_len):
+        print(line)
+    if args.attention:
+        from .plot import plot_cross_attention
+
+        if not texts:
+            print("transformer translate: --attention needs at least one sentence", file=sys.stderr)
+            return 2
+        plot_cross_attention(model, src_tok, tgt_tok, texts[0], args.attention)
+        print(f"cross-attention of {texts[0]!r} drawn in {args.attention}", file=sys.stderr)
+    return 0
+
+
+def _evaluate(args):
+    from .checkpoint import load_for_inference
+    from .data import read_pairs
+    from .train import score_translations, translate_texts
+
+    _apply_threads(args)
+    model, src_tok, tgt_tok = load_for_inference(args.model)
+    pairs, report = read_pairs(args.data, args.src_col, args.tgt_col, max_pairs=args.limit)
+    print(report.summary(), file=sys.stderr)
+    hyps = translate_texts(model, src_tok, tgt_tok, [s for s, _ in pairs], beam=args.beam)
+    scores = score_translations(hyps, [t for _, t in pairs])
+    print(json.dumps({"pairs": len(pairs), "beam": args.beam,
+                      **{k: round(v, 2) for k, v in scores.items()}}))
+    return 0
+
+
 def _info(args):
     import transformer as T
 
@@ -53,6 +123,61 @@ def build_parser():
                        help="kernel families to run (comma-separated)")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON lines to FILE")
     bench.set_defaults(func=_bench)
+
+    train = sub.add_parser("train", help="train a translation model (no --data: the built-in task)")
+    train.add_argument("--data", help="tab-separated sentence pairs (.tsv or .tsv.gz)")
+    train.add_argument("--src-col", default="0", help="source column: header name or 0-based index")
+    train.add_argument("--tgt-col", default="1", help="target column: header name or 0-based index")
+    train.add_argument("--out", help="output directory for checkpoints and the model")
+    train.add_argument("--resume", metavar="DIR", help="continue the run whose checkpoint is in DIR")
+    train.add_argument("--preset", default="tiny", choices=["tiny", "small", "base"])
+    train.add_argument("--d-model", dest="d_model", type=_positive_int)
+    train.add_argument("--n-heads", dest="n_heads", type=_positive_int)
+    train.add_argument("--d-ff", dest="d_ff", type=_positive_int)
+    train.add_argument("--n-encoder-layers", dest="n_encoder_layers", type=_positive_int)
+    train.add_argument("--n-decoder-layers", dest="n_decoder_layers", type=_positive_int)
+    train.add_argument("--dropout", type=float)
+    train.add_argument("--activation", choices=["relu", "gelu"])
+    train.add_argument("--max-steps", type=_positive_int)
+    train.add_argument("--minutes", type=float, help="wall-clock budget (default 2 built-in, 10 with --data)")
+    train.add_argument("--threads", type=_positive_int)
+    train.add_argument("--batch-tokens", type=_positive_int, default=4096,
+                       help="tokens per batch, padding included (--data)")
+    train.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch (built-in task)")
+    train.add_argument("--warmup", type=_positive_int, help="warm-up steps (default 300 built-in, 4000 with --data)")
+    train.add_argument("--lr-scale", type=float, default=1.0, help="factor on the paper's learning-rate schedule")
+    train.add_argument("--label-smoothing", type=float, default=0.1)
+    train.add_argument("--clip-norm", type=float, default=1.0, help="clip gradients to this global norm (0: off)")
+    train.add_argument("--vocab-size", type=_positive_int, default=8000, help="BPE vocabulary size per language")
+    train.add_argument("--max-sentence-tokens", type=_positive_int, default=128)
+    train.add_argument("--dev-fraction", type=float, default=0.05)
+    train.add_argument("--dev-max", type=_positive_int, default=500)
+    train.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: only at the end)")
+    train.add_argument("--eval-limit", type=int, default=200, help="dev sentences used by periodic evaluation")
+    train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps")
+    train.add_argument("--save-minutes", type=float, default=5.0, help="checkpoint every M minutes")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.set_defaults(func=_train)
+
+    translate = sub.add_parser("translate", help="translate sentences (arguments, or stdin lines)")
+    translate.add_argument("--model", required=True, metavar="DIR")
+    translate.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy)")
+    translate.add_argument("--max-len", type=_positive_int)
+    translate.add_argument("--threads", type=_positive_int)
+    translate.add_argument("--attention", metavar="FILE.png", help="draw the cross-attention of the first sentence")
+    translate.add_argument("text", nargs="*")
+    translate.set_defaults(func=_translate)
+
+    evaluate = sub.add_parser("evaluate", help="BLEU and chrF on tab-separated pairs")
+    evaluate.add_argument("--model", required=True, metavar="DIR")
+    evaluate.add_argument("--data", required=True)
+    evaluate.add_argument("--src-col", default="0")
+    evaluate.add_argument("--tgt-col", default="1")
+    evaluate.add_argument("--beam", type=_positive_int, default=4)
+    evaluate.add_argument("--limit", type=_positive_int, help="use only the first N pairs")
+    evaluate.add_argument("--threads", type=_positive_int)
+    evaluate.set_defaults(func=_evaluate)
 
     info = sub.add_parser("info", help="print build_info(): compiler, OpenMP, SIMD level, threads")
     info.set_defaults(func=_info)

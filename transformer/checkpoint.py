@@ -1,0 +1,123 @@
+"""Training checkpoints: one file, written atomically, verified when read.
+
+`DIR/checkpoint.safetensors` holds the weights, Adam's moments and, as metadata,
+everything else a resumed run needs (config, step and data position, the dropout
+stream's counter, the optimizer's step, the run's arguments, both tokenizers),
+plus a SHA-256 of the tensor data. It is written to a temporary file, fsync'ed
+and renamed (serialization.save_file), so an interruption at any moment leaves
+the previous checkpoint whole; a truncated, corrupted or foreign file raises
+ValueError. No pickle anywhere.
+
+Beside it, `config.json`, `model.safetensors` and the two tokenizer files are
+what `transformer translate --model DIR` reads.
+"""
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+
+from .config import ModelConfig
+from .model import Seq2SeqTransformer
+from .optim import Adam
+from .serialization import load_file, read_metadata, save_file
+from .tokenizer import load_tokenizer, tokenizer_from_json
+
+CHECKPOINT_FILE = "checkpoint.safetensors"
+SRC_TOKENIZER_FILE = "src_tokenizer.json"
+TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
+FORMAT = "transformer-cpu/checkpoint"
+VERSION = 1
+
+
+@dataclass
+class Checkpoint:
+    model: Seq2SeqTransformer
+    optimizer: Adam
+    train_state: dict
+    args: dict
+    src_tokenizer: object
+    tgt_tokenizer: object
+
+
+def _digest(tensors):
+    h = hashlib.sha256()
+    for name, arr in tensors.items():
+        h.update(name.encode("utf-8"))
+        h.update(memoryview(arr.reshape(-1)).cast("B") if arr.size else b"")
+    return h.hexdigest()
+
+
+def save_checkpoint(directory, model, optimizer, train_state, src_tokenizer, tgt_tokenizer, args):
+    """Write DIR/checkpoint.safetensors atomically."""
+    os.makedirs(directory, exist_ok=True)
+    opt = optimizer.state_dict()
+    tensors = {f"model/{name}": view for name, view in model.params.data.items()}
+    tensors["optimizer/exp_avg"] = opt["exp_avg"]
+    tensors["optimizer/exp_avg_sq"] = opt["exp_avg_sq"]
+    optimizer_meta = {k: v for k, v in opt.items() if k not in ("exp_avg", "exp_avg_sq")}
+    metadata = {
+        "format": FORMAT,
+        "version": str(VERSION),
+        "config": json.dumps(model.cfg.to_dict(), sort_keys=True),
+        "model_seed": str(model.seed),
+        "dropout_calls": str(model.stream.calls),
+        "optimizer": json.dumps(optimizer_meta),
+        "train_state": json.dumps(train_state),
+        "args": json.dumps(args, default=str),
+        "src_tokenizer": src_tokenizer.to_json(),
+        "tgt_tokenizer": tgt_tokenizer.to_json(),
+        "sha256": _digest(tensors),
+    }
+    save_file(tensors, os.path.join(directory, CHECKPOINT_FILE), metadata=metadata)
+
+
+def load_checkpoint(directory):
+    """Everything save_checkpoint wrote, verified; ValueError naming the file on any damage."""
+    path = os.path.join(directory, CHECKPOINT_FILE) if os.path.isdir(directory) else directory
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no checkpoint at {path}")
+    metadata = read_metadata(path)
+    if metadata.get("format") != FORMAT:
+        raise ValueError(f"{path}: not a transformer-cpu training checkpoint")
+    if metadata.get("version") != str(VERSION):
+        raise ValueError(f"{path}: checkpoint version {metadata.get('version')!r} is not supported "
+                         f"(this release reads version {VERSION})")
+    tensors = load_file(path)
+    if _digest(tensors) != metadata.get("sha256"):
+        raise ValueError(f"{path}: checksum mismatch: the checkpoint is corrupted")
+    try:
+        cfg = ModelConfig.from_dict(json.loads(metadata["config"]))
+        model = Seq2SeqTransformer(cfg, seed=int(metadata["model_seed"]))
+        model.load_state_dict({name[len("model/"):]: arr for name, arr in tensors.items()
+                               if name.startswith("model/")})
+        model.stream.calls = int(metadata["dropout_calls"])
+        optimizer_meta = json.loads(metadata["optimizer"])
+        optimizer = Adam(model)
+        optimizer.load_state_dict({**optimizer_meta, "exp_avg": tensors["optimizer/exp_avg"],
+                                   "exp_avg_sq": tensors["optimizer/exp_avg_sq"]})
+        train_state = json.loads(metadata["train_state"])
+        args = json.loads(metadata["args"])
+        src_tokenizer = tokenizer_from_json(metadata["src_tokenizer"], source=path)
+        tgt_tokenizer = tokenizer_from_json(metadata["tgt_tokenizer"], source=path)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"{path}: damaged checkpoint ({exc})") from None
+    return Checkpoint(model, optimizer, train_state, args, src_tokenizer, tgt_tokenizer)
+
+
+def save_inference_files(directory, model, src_tokenizer, tgt_tokenizer):
+    """config.json + model.safetensors + the tokenizers: what `translate --model DIR` loads."""
+    model.save(directory)
+    src_tokenizer.save(os.path.join(directory, SRC_TOKENIZER_FILE))
+    tgt_tokenizer.save(os.path.join(directory, TGT_TOKENIZER_FILE))
+
+
+def load_for_inference(directory):
+    """(model, src_tokenizer, tgt_tokenizer) from a directory written by training."""
+    if not os.path.isdir(directory):
+        raise FileNotFoundError(f"model directory not found: {directory}")
+    model = Seq2SeqTransformer.load(directory)
+    src = load_tokenizer(os.path.join(directory, SRC_TOKENIZER_FILE))
+    tgt = load_tokenizer(os.path.join(directory, TGT_TOKENIZER_FILE))
+    if src.vocab_size > model.cfg.src_vocab_size or tgt.vocab_size > model.cfg.tgt_vocab_size:
+        raise ValueError(f"{directory}: tokenizers do not match the model's vocabulary sizes")
+    return model, src, tgt

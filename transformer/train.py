@@ -1,0 +1,371 @@
+"""Training loop: teacher forcing, Adam with the warm-up schedule (section 5.3),
+label smoothing (section 5.4), periodic evaluation and resumable checkpoints.
+
+Every source of randomness is a function of (seed, step) or of state stored in
+the checkpoint, so `--resume` continues with exactly the losses an uninterrupted
+run would have had.
+"""
+import json
+import math
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import _C
+from .checkpoint import load_checkpoint, save_checkpoint, save_inference_files
+from .config import PRESETS, ModelConfig
+from .data import collate, length_batches, make_example, read_pairs, split_pairs
+from .model import Seq2SeqTransformer
+from .optim import Adam, clip_grad_norm, noam_lr
+from .tasks import ReverseTask
+from .tokenizer import SubwordTokenizer
+
+SIZE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout", "activation")
+
+
+class NonFiniteLoss(RuntimeError):
+    pass
+
+
+@dataclass
+class TrainState:
+    """Where training is: saved in every checkpoint."""
+    step: int = 0          # optimizer steps taken
+    epoch: int = 0         # data passes started (real data only)
+    batch_in_epoch: int = 0
+    tokens: int = 0        # target tokens trained on
+    seconds: float = 0.0   # wall-clock seconds spent training, over all runs
+    best_dev_loss: float = float("inf")
+
+
+class StopFlag:
+    """SIGINT/SIGTERM ask the loop to stop after the current step, save, and exit."""
+
+    def __init__(self):
+        self.signal = None
+        self._previous = {}
+
+    def __enter__(self):
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signal is not None:        # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        self.signal = signum
+
+    def __exit__(self, *exc):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        return False
+
+
+def model_config_from_args(args, src_vocab, tgt_vocab, max_len):
+    preset = dict(PRESETS[args.preset])
+    for name in SIZE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            preset[name] = value
+    return ModelConfig(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, max_len=max_len, **preset)
+
+
+def _log(message, stream=None):
+    print(message, file=stream or sys.stderr, flush=True)
+
+
+class Trainer:
+    """Owns the model, optimizer, data stream and checkpoints of one run."""
+
+    def __init__(self, args, model, optimizer, src_tokenizer, tgt_tokenizer, batches_for_epoch,
+                 examples, dev, state=None, task=None):
+        self.args = args
+        self.model = model
+        self.optimizer = optimizer
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+        self.batches_for_epoch = batches_for_epoch   # epoch -> list of index lists (real data)
+        self.examples = examples
+        self.dev = dev                               # list of (src_text, tgt_text)
+        self.state = state or TrainState()
+        self.task = task
+
+    # -- data ---------------------------------------------------------------------------------
+    def next_batch(self):
+        """The batch for the current state; advances the data position."""
+        cfg = self.model.config
+        if self.task is not None:
+            rng = np.random.default_rng([self.args.seed, self.state.step])
+            pairs = self.task.sample(rng, self.args.batch_size)
+            examples = [make_example(self.src_tokenizer.encode(s), self.tgt_tokenizer.encode(t),
+                                     cfg.bos_id, cfg.eos_id) for s, t in pairs]
+            return collate(examples, range(len(examples)), cfg.pad_id)
+        batches = self.batches_for_epoch(self.state.epoch)
+        if self.state.batch_in_epoch >= len(batches):
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+            batches = self.batches_for_epoch(self.state.epoch)
+        indices = batches[self.state.batch_in_epoch]
+        self.state.batch_in_epoch += 1
+        return collate(self.examples, indices, cfg.pad_id)
+
+    # -- one step -----------------------------------------------------------------------------
+    def learning_rate(self, step):
+        return self.args.lr_scale * noam_lr(step, d_model=self.model.config.d_model, warmup=self.args.warmup)
+
+    def step(self):
+        src, tgt_in, tgt_out = self.next_batch()
+        self.model.zero_grad()
+        loss = self.model.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing)
+        if not math.isfinite(loss):
+            raise NonFiniteLoss(f"non-finite loss ({loss}) at step {self.state.step + 1}")
+        if self.args.clip_norm > 0:
+            norm = clip_grad_norm(self.model, self.args.clip_norm)
+            if not math.isfinite(norm):
+                raise NonFiniteLoss(f"non-finite gradient norm ({norm}) at step {self.state.step + 1}")
+        self.state.step += 1
+        lr = self.learning_rate(self.state.step)
+        self.optimizer.step(lr=lr)
+        tokens = int((tgt_out != self.model.config.pad_id).sum())
+        self.state.tokens += tokens
+        return loss, tokens, lr
+
+    # -- evaluation ---------------------------------------------------------------------------
+    def translate(self, texts, beam=1, max_len=None):
+        return translate_texts(self.model, self.src_tokenizer, self.tgt_tokenizer, texts, beam=beam,
+                               max_len=max_len)
+
+    def evaluate(self, limit=None):
+        """Dev loss and, with sacrebleu, BLEU and chrF of greedy translations."""
+        dev = self.dev[:limit] if limit else self.dev
+        if not dev:
+            return {}
+        cfg = self.model.config
+        examples = [make_example(self.src_tokenizer.encode(s)[:cfg.max_len],
+                                 self.tgt_tokenizer.encode(t)[:cfg.max_len - 1], cfg.bos_id, cfg.eos_id)
+                    for s, t in dev]
+        total, count = 0.0, 0
+        for indices in length_batches(examples, self.args.batch_tokens, shuffle=False):
+            src, tgt_in, tgt_out = collate(examples, indices, cfg.pad_id)
+            logits = self.model.forward(src, tgt_in)
+            loss, n = _C.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1),
+                                       ignore_index=cfg.pad_id)
+            total, count = total + loss * n, count + n
+        result = {"dev_loss": total / max(count, 1)}
+        hyps = self.translate([s for s, _ in dev])
+        result.update(score_translations(hyps, [t for _, t in dev]))
+        return result
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def save(self):
+        save_checkpoint(self.args.out, self.model, self.optimizer, self.state.__dict__,
+                        self.src_tokenizer, self.tgt_tokenizer, vars(self.args))
+        save_inference_files(self.args.out, self.model, self.src_tokenizer, self.tgt_tokenizer)
+
+    # -- the loop -----------------------------------------------------------------------------
+    def run(self, stream=None):
+        args = self.args
+        deadline = None if args.minutes is None else time.monotonic() + 60.0 * args.minutes
+        max_steps = args.max_steps
+        from tqdm import tqdm
+
+        bar = tqdm(total=max_steps, initial=min(self.state.step, max_steps or 0) if max_steps else 0,
+                   unit="step", dynamic_ncols=True, file=stream or sys.stderr, disable=args.quiet,
+                   mininterval=0.5)
+        last_save = time.monotonic()
+        window_tokens, window_start = 0, time.perf_counter()
+        status = 0
+        with StopFlag() as stop:
+            try:
+                while True:
+                    if max_steps is not None and self.state.step >= max_steps:
+                        break
+                    if deadline is not None and time.monotonic() >= deadline:
+                        break
+                    started = time.perf_counter()
+                    loss, tokens, lr = self.step()
+                    self.state.seconds += time.perf_counter() - started
+                    window_tokens += tokens
+                    bar.update(1)
+                    elapsed = time.perf_counter() - window_start
+                    if elapsed >= 1.0 or self.state.step == 1:
+                        bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{window_tokens / elapsed:,.0f}",
+                                        lr=f"{lr:.2e}", refresh=False)
+                        window_tokens, window_start = 0, time.perf_counter()
+                    if args.eval_every and self.state.step % args.eval_every == 0:
+                        metrics = self.evaluate(limit=args.eval_limit)
+                        bar.write(f"step {self.state.step}: " + json.dumps(_rounded(metrics)))
+                    if (args.save_every and self.state.step % args.save_every == 0) or \
+                            (args.save_minutes and time.monotonic() - last_save >= 60 * args.save_minutes):
+                        self.save()
+                        last_save = time.monotonic()
+                    if stop.signal is not None:
+                        name = signal.Signals(stop.signal).name
+                        bar.write(f"{name} received: saving a checkpoint at step {self.state.step} and stopping")
+                        status = 128 + stop.signal
+                        break
+            except NonFiniteLoss as exc:
+                bar.close()
+                _log(f"training stopped: {exc}. The last checkpoint in {args.out} is left as it was; "
+                     "lower the learning rate or clip gradients (--clip-norm) and resume.")
+                return 1
+            finally:
+                bar.close()
+        self.save()
+        _log(f"saved checkpoint at step {self.state.step} to {args.out}")
+        return status
+
+
+def _rounded(metrics):
+    return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}
+
+
+def score_translations(hyps, refs):
+    try:
+        import sacrebleu
+    except ImportError:
+        return {}
+    return {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
+            "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score}
+
+
+def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=None, batch_size=64):
+    """Translate a list of strings, batching sentences of similar length; results in input order."""
+    cfg = model.config
+    encoded = [src_tokenizer.encode(t)[:cfg.max_len] or [cfg.pad_id] for t in texts]
+    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
+    results = [None] * len(texts)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        src = collate([(encoded[i], [], []) for i in chunk], range(len(chunk)), cfg.pad_id)[0]
+        limit = min(cfg.max_len, max_len or (2 * src.shape[1] + 10))
+        if beam > 1:
+            hyps = model.beam_search(src, beam_size=beam, max_len=limit)
+        else:
+            hyps = model.greedy_decode(src, max_len=limit)
+        for i, hyp in zip(chunk, hyps):
+            results[i] = tgt_tokenizer.decode(hyp)
+    return results
+
+
+# -- entry points used by the CLI ------------------------------------------------------------------
+
+def _resume_or_new(args, make_model, src_tokenizer, tgt_tokenizer):
+    if args.resume:
+        ckpt = load_checkpoint(args.resume)
+        model, optimizer = ckpt.model, ckpt.optimizer
+        state = TrainState(**ckpt.train_state)
+        return model, optimizer, ckpt.src_tokenizer, ckpt.tgt_tokenizer, state
+    model = make_model()
+    optimizer = Adam(model, lr=0.0, betas=(0.9, 0.98), eps=1e-9)
+    return model, optimizer, src_tokenizer, tgt_tokenizer, TrainState()
+
+
+def train_builtin(args):
+    """The default run: learn the reverse task in a couple of minutes, then show it decoding."""
+    task = ReverseTask()
+    _log("No --data given: training on the built-in task (reverse a word and capitalise it, "
+         "'attention' -> 'NOITNETTA'), generated in process.")
+
+    def make_model():
+        cfg = model_config_from_args(args, task.src_tokenizer.vocab_size, task.tgt_tokenizer.vocab_size,
+                                     max_len=task.max_len + 2)
+        return Seq2SeqTransformer(cfg, seed=args.seed)
+
+    model, optimizer, src_tok, tgt_tok, state = _resume_or_new(args, make_model, task.src_tokenizer,
+                                                               task.tgt_tokenizer)
+    rng = np.random.default_rng([args.seed, 10**9])
+    dev = task.sample(rng, 500)
+    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, None, None, dev, state, task=task)
+    cfg = model.config
+    _log(f"model: d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+         f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {model.num_parameters():,} parameters; "
+         f"threads {_C.get_num_threads()} ({_C.isa()})")
+    status = trainer.run()
+    if status:
+        return status
+    hyps = trainer.translate([s for s, _ in dev])
+    exact = np.mean([h == t for h, (_, t) in zip(hyps, dev)])
+    chars = np.mean([sum(a == b for a, b in zip(h, t)) / len(t) for h, (_, t) in zip(hyps, dev)])
+    print(f"\nafter {trainer.state.step} steps ({trainer.state.seconds:.0f} s): exact-match accuracy on "
+          f"{len(dev)} fresh words {exact:.1%}, character accuracy {chars:.1%}")
+    for (src, tgt), hyp in list(zip(dev, hyps))[:6]:
+        mark = "ok" if hyp == tgt else "  "
+        print(f"  {mark} {src:<14} -> {hyp:<14} (expected {tgt})")
+    examples = ["attention", "transformer", "encoder", "decoder"]
+    for src, hyp in zip(examples, trainer.translate(examples)):
+        print(f"     {src:<14} -> {hyp}")
+    print(f"\nmodel saved in {args.out}; try: transformer translate --model {args.out} hello world")
+    return 0
+
+
+def train_on_data(args):
+    """Train a translation model on tab-separated sentence pairs."""
+    pairs, report = read_pairs(args.data, args.src_col, args.tgt_col)
+    _log(report.summary())
+    train_pairs, dev_pairs = split_pairs(pairs, dev_fraction=args.dev_fraction, max_dev=args.dev_max)
+    _log(f"split: {len(train_pairs)} training pairs, {len(dev_pairs)} held out for evaluation")
+
+    if args.resume:
+        ckpt = load_checkpoint(args.resume)
+        src_tok, tgt_tok = ckpt.src_tokenizer, ckpt.tgt_tokenizer
+    else:
+        src_tok = SubwordTokenizer.train([s for s, _ in train_pairs], vocab_size=args.vocab_size)
+        tgt_tok = SubwordTokenizer.train([t for _, t in train_pairs], vocab_size=args.vocab_size)
+        _log(f"BPE vocabularies: source {src_tok.vocab_size}, target {tgt_tok.vocab_size}")
+
+    max_tokens = args.max_sentence_tokens
+    src_ids = src_tok.encode_batch([s for s, _ in train_pairs])
+    tgt_ids = tgt_tok.encode_batch([t for _, t in train_pairs])
+    examples = []
+    dropped = 0
+    for s, t in zip(src_ids, tgt_ids):
+        if not s or not t or len(s) > max_tokens or len(t) + 1 > max_tokens:
+            dropped += 1
+            continue
+        examples.append(make_example(s, t, 1, 2))
+    if dropped:
+        _log(f"skipped {dropped} training pairs that are empty after tokenisation or longer than "
+             f"{max_tokens} subwords")
+    if not examples:
+        raise ValueError(f"{args.data}: no training pairs left after tokenisation")
+
+    def make_model():
+        cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)
+        return Seq2SeqTransformer(cfg, seed=args.seed)
+
+    model, optimizer, src_tok, tgt_tok, state = _resume_or_new(args, make_model, src_tok, tgt_tok)
+    cache = {}
+
+    def batches_for_epoch(epoch):
+        if epoch not in cache:
+            cache.clear()
+            cache[epoch] = length_batches(examples, args.batch_tokens, seed=args.seed, epoch=epoch)
+        return cache[epoch]
+
+    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, batches_for_epoch, examples, dev_pairs, state)
+    cfg = model.config
+    _log(f"model: d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+         f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {model.num_parameters():,} parameters; "
+         f"threads {_C.get_num_threads()} ({_C.isa()})")
+    status = trainer.run()
+    if status:
+        return status
+    metrics = trainer.evaluate()
+    print(json.dumps({"step": trainer.state.step, "seconds": round(trainer.state.seconds, 1),
+                      **_rounded(metrics)}))
+    samples = [s for s, _ in dev_pairs[:5]]
+    for src, hyp in zip(samples, trainer.translate(samples)):
+        print(f"  {src}  ->  {hyp}")
+    return 0
+
+
+def prepare_out_dir(args):
+    if args.resume and not args.out:
+        args.out = args.resume
+    if not args.out:
+        args.out = "runs/builtin" if not args.data else "runs/" + os.path.splitext(os.path.basename(args.data))[0]
+    os.makedirs(args.out, exist_ok=True)
