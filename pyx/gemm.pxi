@@ -1,5 +1,177 @@
 # GEMM (csrc/gemm.h). Included by _C.pyx.
 
+cimport numpy as cnp
+
+cdef extern from "gemm.h" nogil:
+    void c_gemm_batched "gemm_batched"(
+        int trans_a, int trans_b, long batch0, long batch1, long M, long N, long K, float alpha,
+        const float *A, long lda, long a_stride0, long a_stride1,
+        const float *B, long ldb, long b_stride0, long b_stride1,
+        int accumulate, float *C, long ldc, long c_stride0, long c_stride1)
+    void c_gemm_reference "gemm_reference"(
+        int trans_a, int trans_b, long batch0, long batch1, long M, long N, long K, float alpha,
+        const float *A, long lda, long a_stride0, long a_stride1,
+        const float *B, long ldb, long b_stride0, long b_stride1,
+        int accumulate, float *C, long ldc, long c_stride0, long c_stride1)
+
+
+cdef void _gemm_operand(object x, str name, int ndim) except *:
+    """x must be a float32 ndarray of rank 2..4 (or `ndim` when > 0), aligned, with a unit-stride
+    last axis and non-negative strides that are whole floats."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"{name} must be a numpy.ndarray, got {type(x).__name__}")
+    cdef cnp.ndarray arr = <cnp.ndarray>x
+    if cnp.PyArray_TYPE(arr) != cnp.NPY_FLOAT32:
+        raise TypeError(f"{name} must have dtype float32, got {x.dtype}")
+    cdef int nd = cnp.PyArray_NDIM(arr)
+    if ndim > 0:
+        if nd != ndim:
+            raise ValueError(f"{name} must have the rank of a ({ndim}-D), got shape {x.shape}")
+    elif nd < 2 or nd > 4:
+        raise ValueError(f"{name} must be 2-D, 3-D or 4-D, got shape {x.shape}")
+    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(arr)
+    cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(arr)
+    cdef int axis
+    for axis in range(nd):
+        if shape[axis] == 0:   # nothing is read or written: any strides will do
+            return
+    if not cnp.PyArray_ISALIGNED(arr):
+        raise ValueError(f"{name} must be aligned to 4 bytes")
+    for axis in range(nd):
+        if shape[axis] > 1 and (strides[axis] < 0 or strides[axis] % 4):
+            raise ValueError(f"{name} must have non-negative strides that are multiples of 4 bytes, "
+                             f"got strides {x.strides}")
+    if shape[nd - 1] > 1 and strides[nd - 1] != 4:
+        raise ValueError(f"{name} must have a unit-stride last axis, got strides {x.strides}")
+
+
+cdef bint _rows_overlap(cnp.ndarray x):
+    """True unless every element of x has its own address: sorted by stride, each axis of
+    size > 1 must step past everything the smaller-stride axes span (exact for nested
+    layouts such as head views, conservative for exotic interleavings)."""
+    cdef cnp.npy_intp st[4]
+    cdef cnp.npy_intp sz[4]
+    cdef int n = 0, i, j, nd = cnp.PyArray_NDIM(x)
+    cdef cnp.npy_intp *shape = cnp.PyArray_DIMS(x)
+    cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(x)
+    for i in range(nd):
+        if shape[i] > 1:
+            j = n
+            while j > 0 and st[j - 1] > strides[i]:   # insertion sort by stride
+                st[j], sz[j] = st[j - 1], sz[j - 1]
+                j -= 1
+            st[j], sz[j] = strides[i], shape[i]
+            n += 1
+    cdef cnp.npy_intp span = 1   # bytes covered by the axes seen so far, plus one element
+    for i in range(n):
+        if st[i] < span:
+            return True
+        span += st[i] * (sz[i] - 1)
+    return False
+
+
+cdef inline bint _extents_meet(cnp.ndarray x, cnp.ndarray y):
+    """Whether the byte ranges [first, last] of x and y intersect (strides are >= 0)."""
+    cdef char *x0 = <char *>cnp.PyArray_DATA(x)
+    cdef char *y0 = <char *>cnp.PyArray_DATA(y)
+    cdef char *x1 = x0 + 4
+    cdef char *y1 = y0 + 4
+    cdef int i
+    for i in range(cnp.PyArray_NDIM(x)):
+        x1 += (cnp.PyArray_DIMS(x)[i] - 1) * cnp.PyArray_STRIDES(x)[i]
+    for i in range(cnp.PyArray_NDIM(y)):
+        y1 += (cnp.PyArray_DIMS(y)[i] - 1) * cnp.PyArray_STRIDES(y)[i]
+    return x0 < y1 and y0 < x1
+
+
+cdef void _gemm_no_overlap(cnp.ndarray out, cnp.ndarray x, str xname) except *:
+    if cnp.PyArray_SIZE(x) == 0 or not _extents_meet(out, x):
+        return
+    try:   # the ranges meet: decide exactly (interleaved head views of one buffer are fine)
+        overlap = np.shares_memory(out, x, max_work=100000)
+    except Exception:   # too hard to decide exactly: refuse
+        overlap = True
+    if overlap:
+        raise ValueError(f"out must not overlap {xname}")
+
+
+cdef inline void _gemm_layout(cnp.ndarray x, int nd, long *ld, long *stride0, long *stride1):
+    """Leading dimension and batch strides of x in floats (0 for a batch axis of size 1 or absent)."""
+    cdef cnp.npy_intp *dims = cnp.PyArray_DIMS(x)
+    cdef cnp.npy_intp *strides = cnp.PyArray_STRIDES(x)
+    ld[0] = strides[nd - 2] // 4 if dims[nd - 2] > 1 else max(1, dims[nd - 1])
+    stride0[0] = strides[0] // 4 if nd == 4 and dims[0] > 1 else 0
+    stride1[0] = strides[nd - 3] // 4 if nd >= 3 and dims[nd - 3] > 1 else 0
+
+
+cdef object _gemm_call(object a, object b, object out, bint trans_a, bint trans_b, float alpha,
+                       bint accumulate, bint reference):
+    _gemm_operand(a, "a", 0)
+    cdef cnp.ndarray xa = <cnp.ndarray>a
+    cdef int nd = cnp.PyArray_NDIM(xa)
+    _gemm_operand(b, "b", nd)
+    _gemm_operand(out, "out", nd)
+    cdef cnp.ndarray xb = <cnp.ndarray>b
+    cdef cnp.ndarray xc = <cnp.ndarray>out
+    if not cnp.PyArray_ISWRITEABLE(xc):
+        raise ValueError("out must be writeable")
+    cdef cnp.npy_intp *sa = cnp.PyArray_DIMS(xa)
+    cdef cnp.npy_intp *sb = cnp.PyArray_DIMS(xb)
+    cdef cnp.npy_intp *sc = cnp.PyArray_DIMS(xc)
+    cdef long M, N, K, K2
+    if trans_a:
+        K, M = sa[nd - 2], sa[nd - 1]
+    else:
+        M, K = sa[nd - 2], sa[nd - 1]
+    if trans_b:
+        N, K2 = sb[nd - 2], sb[nd - 1]
+    else:
+        K2, N = sb[nd - 2], sb[nd - 1]
+    if K != K2:
+        raise ValueError(f"a and b have mismatched inner dimensions: op(a) is {M}x{K}, op(b) is {K2}x{N} "
+                         f"(trans_a={trans_a}, trans_b={trans_b})")
+    cdef int axis
+    for axis in range(nd - 2):
+        if sa[axis] != sc[axis]:
+            raise ValueError(f"a must have the batch axes of out {out.shape[:nd - 2]}, got shape {a.shape}")
+        if sb[axis] != sc[axis]:
+            raise ValueError(f"b must have the batch axes of out {out.shape[:nd - 2]}, got shape {b.shape}")
+    if sc[nd - 2] != M or sc[nd - 1] != N:
+        raise ValueError(f"out must have shape {out.shape[:nd - 2] + (M, N)} for op(a) {M}x{K} @ op(b) "
+                         f"{K}x{N}, got {out.shape}")
+    if cnp.PyArray_SIZE(xc) == 0:
+        return out
+    if _rows_overlap(xc):
+        raise ValueError(f"out must not overlap itself (rows or batch entries share memory), "
+                         f"got strides {out.strides}")
+    _gemm_no_overlap(xc, xa, "a")
+    _gemm_no_overlap(xc, xb, "b")
+
+    # batch axes: [batch0, batch1] (absent axes have size 1); strides in floats, 0 for size 1
+    cdef long batch0 = 1, batch1 = 1
+    cdef long lda, ldb, ldc, as0, as1, bs0, bs1, cs0, cs1
+    if nd >= 3:
+        batch1 = sc[nd - 3]
+    if nd == 4:
+        batch0 = sc[0]
+    _gemm_layout(xa, nd, &lda, &as0, &as1)
+    _gemm_layout(xb, nd, &ldb, &bs0, &bs1)
+    _gemm_layout(xc, nd, &ldc, &cs0, &cs1)
+    cdef const float *pa = <const float *>cnp.PyArray_DATA(xa)
+    cdef const float *pb = <const float *>cnp.PyArray_DATA(xb)
+    cdef float *pc = <float *>cnp.PyArray_DATA(xc)
+    cdef int ta = trans_a, tb = trans_b, acc = accumulate
+    if reference:
+        with nogil:
+            c_gemm_reference(ta, tb, batch0, batch1, M, N, K, alpha, pa, lda, as0, as1,
+                             pb, ldb, bs0, bs1, acc, pc, ldc, cs0, cs1)
+    else:
+        with nogil:
+            c_gemm_batched(ta, tb, batch0, batch1, M, N, K, alpha, pa, lda, as0, as1,
+                           pb, ldb, bs0, bs1, acc, pc, ldc, cs0, cs1)
+    return out
+
+
 def gemm(a, b, out, bint trans_a=False, bint trans_b=False, float alpha=1.0, bint accumulate=False):
     """out = alpha * op(a) @ op(b), or out += alpha * op(a) @ op(b) when accumulate.
 
@@ -9,10 +181,12 @@ def gemm(a, b, out, bint trans_a=False, bint trans_b=False, float alpha=1.0, bin
     such as q.reshape(B, T, H, dh).transpose(0, 2, 1, 3) are used in place, without copies.
     op(x) swaps the last two axes of x when trans_x. out must be writeable, its rows must not overlap
     each other, and it must not overlap a or b. Result bits do not depend on the thread count.
+    Returns out.
     """
-    raise NotImplementedError("gemm")
+    return _gemm_call(a, b, out, trans_a, trans_b, alpha, accumulate, False)
 
 
 def gemm_reference(a, b, out, bint trans_a=False, bint trans_b=False, float alpha=1.0, bint accumulate=False):
-    """Same contract as gemm, computed by the naive triple loop in C (the tests' second opinion)."""
-    raise NotImplementedError("gemm_reference")
+    """Same contract as gemm, computed by the naive triple loop in C (the tests' second opinion):
+    a double-precision sum per element, scaled by alpha (and added to out) in double, rounded once."""
+    return _gemm_call(a, b, out, trans_a, trans_b, alpha, accumulate, True)

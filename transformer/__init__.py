@@ -51,3 +51,6 @@ def _init_from_environment():
 _init_from_environment()
 
 from . import ops  # noqa: E402
+from .config import ModelConfig, PRESETS  # noqa: E402
+from .model import Seq2SeqTransformer  # noqa: E402
+from .optim import Adam, noam_lr, clip_grad_norm  # noqa: E402

@@ -22,7 +22,7 @@ class DecoderCache:
     """
 
     def __init__(self, model, memory, src_pad, rows_per_sentence, max_steps, keep_attention=False):
-        cfg = model.config
+        cfg = model.cfg
         weights = model.params.data
         B, S, D = memory.shape
         H = cfg.n_heads
@@ -152,7 +152,7 @@ class DecoderCache:
 
 
 def _check_decode_args(model, src, max_len, min_len):
-    cfg = model.config
+    cfg = model.cfg
     src = model.check_ids(src, "src", cfg.src_vocab_size)
     for name, value in (("max_len", max_len), ("min_len", min_len)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
@@ -173,7 +173,7 @@ def greedy_decode(model, src, max_len=128, min_len=0, return_attention=False):
     """Batched greedy decoding. Returns a list of token-id lists (BOS dropped, cut before EOS);
     with return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
     src, max_len, min_len = _check_decode_args(model, src, max_len, min_len)
-    cfg = model.config
+    cfg = model.cfg
     B = src.shape[0]
     memory = model.encode(src)
     cache = DecoderCache(model, memory, src == cfg.pad_id, 1, max_len, keep_attention=return_attention)
@@ -225,7 +225,7 @@ def beam_search(model, src, beam_size=4, max_len=128, length_penalty=0.6, min_le
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) \
             or not math.isfinite(length_penalty) or length_penalty < 0:
         raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty!r}")
-    cfg = model.config
+    cfg = model.cfg
     K, V, eos = int(beam_size), cfg.tgt_vocab_size, cfg.eos_id
     B = src.shape[0]
     memory = model.encode(src)

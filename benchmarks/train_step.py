@@ -1,0 +1,36 @@
+"""Training-step benchmark: ours vs PyTorch, same run, interleaved; prints ONE JSON line.
+
+    python benchmarks/train_step.py [--threads 1,2] [--configs tiny,base] [--repeats N] [--no-memory]
+
+Each result has target tokens/s of both engines and ratio = torch step time / our step time
+(> 1: we are faster); the memory results give each engine's peak resident set in MB for the
+base step, each measured in its own subprocess.
+"""
+import argparse
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from transformer.bench import train  # noqa: E402
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--configs", default="tiny,base")
+    p.add_argument("--repeats", type=int, default=None)
+    p.add_argument("--no-memory", action="store_true")
+    a = p.parse_args(argv)
+    import transformer as T
+    threads = tuple(int(t) for t in a.threads.split(","))
+    configs = tuple(a.configs.split(","))
+    records = train.run(threads=threads, repeats=a.repeats, configs=configs, memory=not a.no_memory)
+    print(json.dumps({"benchmark": "train_step", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      "build": T.build_info(), "results": records}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,618 @@
+/* Residual add, bias, ReLU/GELU forward and backward (see elementwise.h). */
+#include "elementwise.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define TF_X86 1
+#define AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
+#define AVX2_TARGET __attribute__((target("avx2,fma")))
+#endif
+
+/* Elements per thread below which a call stays on fewer threads (waking a team costs a few
+ * microseconds; a memory-bound op moves ~10 GB/s per core). GELU is compute-heavier. */
+#define COPY_GRAIN 32768
+#define GELU_GRAIN 8192
+/* bias_grad sums rows in blocks of this many, then the block sums: error ~(64 + N/64) ulp. */
+#define BIAS_ROW_BLOCK 64
+
+/* Thread t's share [*i0, *i1) of n elements, cut at multiples of 16 (one cache line). */
+static inline void split_range(size_t n, int t, int team, size_t *i0, size_t *i1)
+{
+    *i0 = (n * (size_t)t / (size_t)team) & ~(size_t)15;
+    *i1 = t == team - 1 ? n : (n * (size_t)(t + 1) / (size_t)team) & ~(size_t)15;
+}
+
+static inline size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+
+/* Keep a product rounded on its own (no FMA contraction by the compiler), so dx += dout * act'
+ * gives the same bits as computing dout * act' and adding it afterwards. */
+#define ROUNDED(v) __asm__("" : "+v"(v))
+
+/* ---- GELU, scalar (generic level and references): double-precision libm ------------------ */
+
+#define INV_SQRT_2PI 0.39894228040143267794
+
+static inline float gelu_scalar(float x)
+{
+    double xd = x;
+    return (float)(xd * 0.5 * erfc(-xd * M_SQRT1_2));
+}
+
+static inline float gelu_grad_scalar(float x)
+{
+    double xd = x;
+    double cdf = 0.5 * erfc(-xd * M_SQRT1_2);
+    double pdf = exp(-0.5 * xd * xd) * INV_SQRT_2PI;
+    return (float)(cdf + xd * pdf);
+}
+
+static inline float act_scalar(float x, int act)
+{
+    if (act == TF_ACT_GELU) return gelu_scalar(x);
+    return x < 0.0f ? 0.0f : x;   /* keeps NaN, as torch.relu */
+}
+
+/* dout * act'(x); ReLU gives +0 where x <= 0 and passes dout elsewhere (PyTorch's) */
+static inline float act_grad_scalar(float x, float dout, int act)
+{
+    if (act == TF_ACT_GELU) return dout * gelu_grad_scalar(x);
+    return x <= 0.0f ? 0.0f : dout;   /* NaN passes dout, as torch's threshold_backward */
+}
+
+/* ---- GELU, vector: Phi(x) = t Q(t) exp(-x^2/2) for x < 0, 1 - Phi(-x) for x >= 0 ---------
+ * t = 1 / (1 + |x| / (2 sqrt 2)); Q(t) = Phi(-|x|) exp(x^2/2) / t fitted on t in [0.17, 1]
+ * (|x| <= 13.3) by a degree-10 polynomial, relative error 3e-9 in exact arithmetic, ~1 ulp
+ * evaluated in float. exp(-x^2/2) takes x^2/2 = h + l exactly (FMA), reduces by n ln 2
+ * (Cody-Waite) and uses a degree-6 polynomial (~1 ulp). Below x = -13.19 (h > 87) Phi is
+ * flushed to 0 (it is < 1.2e-38 there). */
+#define GELU_T_SCALE 0.35355339059327373f   /* 1 / (2 sqrt 2) */
+#define GQ0 0x1.20db98p-3f
+#define GQ1 0x1.210bb6p-3f
+#define GQ2 0x1.f5bf9cp-4f
+#define GQ3 0x1.7e35d8p-4f
+#define GQ4 0x1.a3cc2cp-6f
+#define GQ5 0x1.6764dep-6f
+#define GQ6 (-0x1.206498p-6f)
+#define GQ7 (-0x1.1a7112p-3f)
+#define GQ8 0x1.7d3a58p-3f
+#define GQ9 (-0x1.8016eep-4f)
+#define GQ10 0x1.2034d6p-6f
+#define EXP_P2 0x1.fffff8p-2f
+#define EXP_P3 0x1.55548cp-3f
+#define EXP_P4 0x1.555b54p-5f
+#define EXP_P5 0x1.123d32p-7f
+#define EXP_P6 0x1.688510p-10f
+#define LN2_HI 0.693359375f             /* 9 significant bits: n * LN2_HI is exact */
+#define LN2_LO (-2.12194440e-4f)
+#define LOG2E 1.44269504088896341f
+#define EXP_FLUSH 87.0f                 /* h = x^2/2 above this: exp(-h) flushed to 0 */
+
+#ifdef TF_X86
+/* Phi(x) and *ex = exp(-x^2/2) (0 where flushed), 16 lanes. */
+AVX512_TARGET static inline __m512 gelu_phi_avx512(__m512 x, __m512 *ex_out)
+{
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 ax = _mm512_abs_ps(x);
+    __m512 t = _mm512_div_ps(one, _mm512_fmadd_ps(ax, _mm512_set1_ps(GELU_T_SCALE), one));
+    __m512 q = _mm512_set1_ps(GQ10);
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ9));
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ8));
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ7));
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ6));
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ5));
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ4));
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ3));
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ2));
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ1));
+    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(GQ0));
+    /* x^2 / 2 = h + l exactly */
+    __m512 hx = _mm512_mul_ps(x, _mm512_set1_ps(0.5f));
+    __m512 h = _mm512_mul_ps(hx, x);
+    __m512 l = _mm512_fmsub_ps(hx, x, h);
+    __mmask16 flush = _mm512_cmp_ps_mask(h, _mm512_set1_ps(EXP_FLUSH), _CMP_GT_OQ);
+    h = _mm512_min_ps(_mm512_set1_ps(EXP_FLUSH), h);   /* NaN stays NaN (second operand) */
+    /* exp(-h - l) = 2^n exp(r), r = -h - l - n ln2 */
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(h, _mm512_set1_ps(-LOG2E)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HI), _mm512_sub_ps(_mm512_setzero_ps(), h));
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LO), r);
+    r = _mm512_sub_ps(r, l);
+    __m512 p = _mm512_set1_ps(EXP_P6);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P5));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P4));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(EXP_P2));
+    p = _mm512_fmadd_ps(p, r, one);
+    p = _mm512_fmadd_ps(p, r, one);
+    __m512 ex = _mm512_maskz_mov_ps((__mmask16)~flush, _mm512_scalef_ps(p, n));
+    __m512 e = _mm512_mul_ps(_mm512_mul_ps(t, q), ex);              /* Phi(-|x|) */
+    __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
+    *ex_out = ex;
+    return _mm512_mask_blend_ps(neg, _mm512_sub_ps(one, e), e);
+}
+
+AVX2_TARGET static inline __m256 gelu_phi_avx2(__m256 x, __m256 *ex_out)
+{
+    const __m256 one = _mm256_set1_ps(1.0f);
+    __m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(ax, _mm256_set1_ps(GELU_T_SCALE), one));
+    __m256 q = _mm256_set1_ps(GQ10);
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ9));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ8));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ7));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ6));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ5));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ4));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ3));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ2));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ1));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(GQ0));
+    __m256 hx = _mm256_mul_ps(x, _mm256_set1_ps(0.5f));
+    __m256 h = _mm256_mul_ps(hx, x);
+    __m256 l = _mm256_fmsub_ps(hx, x, h);
+    __m256 flush = _mm256_cmp_ps(h, _mm256_set1_ps(EXP_FLUSH), _CMP_GT_OQ);
+    h = _mm256_min_ps(_mm256_set1_ps(EXP_FLUSH), h);
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(h, _mm256_set1_ps(-LOG2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), _mm256_sub_ps(_mm256_setzero_ps(), h));
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), r);
+    r = _mm256_sub_ps(r, l);
+    __m256 p = _mm256_set1_ps(EXP_P6);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P5));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P4));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(EXP_P2));
+    p = _mm256_fmadd_ps(p, r, one);
+    p = _mm256_fmadd_ps(p, r, one);
+    /* 2^n for n in [-126, 0]: build the exponent field (NaN lanes: garbage times NaN = NaN) */
+    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 ex = _mm256_andnot_ps(flush, _mm256_mul_ps(p, _mm256_castsi256_ps(bits)));
+    __m256 e = _mm256_mul_ps(_mm256_mul_ps(t, q), ex);
+    __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+    *ex_out = ex;
+    return _mm256_blendv_ps(_mm256_sub_ps(one, e), e, neg);
+}
+
+/* act(x), 16 / 8 lanes */
+AVX512_TARGET static inline __m512 act_avx512(__m512 x, int act)
+{
+    if (act == TF_ACT_GELU) {
+        __m512 ex;
+        return _mm512_mul_ps(x, gelu_phi_avx512(x, &ex));
+    }
+    return _mm512_max_ps(_mm512_setzero_ps(), x);   /* NaN stays NaN */
+}
+
+AVX2_TARGET static inline __m256 act_avx2(__m256 x, int act)
+{
+    if (act == TF_ACT_GELU) {
+        __m256 ex;
+        return _mm256_mul_ps(x, gelu_phi_avx2(x, &ex));
+    }
+    return _mm256_max_ps(_mm256_setzero_ps(), x);
+}
+
+/* act'(x) * g, 16 / 8 lanes */
+AVX512_TARGET static inline __m512 act_grad_avx512(__m512 x, __m512 g, int act)
+{
+    if (act == TF_ACT_GELU) {
+        __m512 ex;
+        __m512 phi = gelu_phi_avx512(x, &ex);
+        __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(x, ex), _mm512_set1_ps((float)INV_SQRT_2PI), phi);
+        return _mm512_mul_ps(g, d);
+    }
+    __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NLE_UQ);   /* !(x <= 0) */
+    return _mm512_maskz_mov_ps(pos, g);
+}
+
+AVX2_TARGET static inline __m256 act_grad_avx2(__m256 x, __m256 g, int act)
+{
+    if (act == TF_ACT_GELU) {
+        __m256 ex;
+        __m256 phi = gelu_phi_avx2(x, &ex);
+        __m256 d = _mm256_fmadd_ps(_mm256_mul_ps(x, ex), _mm256_set1_ps((float)INV_SQRT_2PI), phi);
+        return _mm256_mul_ps(g, d);
+    }
+    return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_NLE_UQ), g);
+}
+
+AVX2_TARGET static inline __m256i tail_mask_avx2(size_t rem)
+{
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
+/* ---- residual add ----------------------------------------------------------------------- */
+
+static void add_range_generic(const float *a, const float *b, float *out, size_t i0, size_t i1)
+{
+    for (size_t i = i0; i < i1; i++) out[i] = a[i] + b[i];
+}
+
+#ifdef TF_X86
+AVX512_TARGET static void add_range_avx512(const float *a, const float *b, float *out, size_t i0,
+                                           size_t i1)
+{
+    size_t i = i0;
+    for (; i + 32 <= i1; i += 32) {
+        __m512 s0 = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+        __m512 s1 = _mm512_add_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16));
+        _mm512_storeu_ps(out + i, s0);
+        _mm512_storeu_ps(out + i + 16, s1);
+    }
+    for (; i < i1; i += 16) {
+        __mmask16 m = i1 - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (i1 - i)) - 1);
+        _mm512_mask_storeu_ps(out + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i),
+                                                        _mm512_maskz_loadu_ps(m, b + i)));
+    }
+}
+
+AVX2_TARGET static void add_range_avx2(const float *a, const float *b, float *out, size_t i0,
+                                       size_t i1)
+{
+    size_t i = i0;
+    for (; i + 16 <= i1; i += 16) {
+        __m256 s0 = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+        __m256 s1 = _mm256_add_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
+        _mm256_storeu_ps(out + i, s0);
+        _mm256_storeu_ps(out + i + 8, s1);
+    }
+    for (; i < i1; i += 8) {
+        __m256i m = tail_mask_avx2(i1 - i);
+        _mm256_maskstore_ps(out + i, m, _mm256_add_ps(_mm256_maskload_ps(a + i, m),
+                                                      _mm256_maskload_ps(b + i, m)));
+    }
+}
+#endif
+
+void residual_add(const float *a, const float *b, float *out, size_t n)
+{
+    if (n == 0) return;
+    void (*fn)(const float *, const float *, float *, size_t, size_t) = add_range_generic;
+#ifdef TF_X86
+    if (tf_isa() >= TF_ISA_AVX512) fn = add_range_avx512;
+    else if (tf_isa() >= TF_ISA_AVX2) fn = add_range_avx2;
+#endif
+    const int team = tf_team((long)n, COPY_GRAIN);
+    #pragma omp parallel for schedule(static) num_threads(team)
+    for (int t = 0; t < team; t++) {
+        size_t i0, i1;
+        split_range(n, t, team, &i0, &i1);
+        if (i0 < i1) fn(a, b, out, i0, i1);
+    }
+}
+
+/* ---- bias add and its gradient ---------------------------------------------------------- */
+
+static void bias_rows_generic(float *x, const float *bias, size_t r0, size_t r1, size_t D)
+{
+    for (size_t r = r0; r < r1; r++) {
+        float *row = x + r * D;
+        for (size_t j = 0; j < D; j++) row[j] += bias[j];
+    }
+}
+
+#ifdef TF_X86
+AVX512_TARGET static void bias_rows_avx512(float *x, const float *bias, size_t r0, size_t r1, size_t D)
+{
+    const __mmask16 m = (__mmask16)((1u << (D % 16)) - 1);
+    const size_t Dv = D - D % 16;
+    for (size_t r = r0; r < r1; r++) {
+        float *row = x + r * D;
+        size_t j = 0;
+        for (; j < Dv; j += 16)
+            _mm512_storeu_ps(row + j, _mm512_add_ps(_mm512_loadu_ps(row + j), _mm512_loadu_ps(bias + j)));
+        if (j < D)
+            _mm512_mask_storeu_ps(row + j, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, row + j),
+                                                            _mm512_maskz_loadu_ps(m, bias + j)));
+    }
+}
+
+AVX2_TARGET static void bias_rows_avx2(float *x, const float *bias, size_t r0, size_t r1, size_t D)
+{
+    for (size_t r = r0; r < r1; r++) {
+        float *row = x + r * D;
+        size_t j = 0;
+        for (; j + 8 <= D; j += 8)
+            _mm256_storeu_ps(row + j, _mm256_add_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(bias + j)));
+        if (j < D) {
+            __m256i m = tail_mask_avx2(D - j);
+            _mm256_maskstore_ps(row + j, m, _mm256_add_ps(_mm256_maskload_ps(row + j, m),
+                                                          _mm256_maskload_ps(bias + j, m)));
+        }
+    }
+}
+#endif
+
+void bias_add(float *x, const float *bias, size_t N, size_t D)
+{
+    if (N == 0 || D == 0) return;
+    void (*fn)(float *, const float *, size_t, size_t, size_t) = bias_rows_generic;
+#ifdef TF_X86
+    if (tf_isa() >= TF_ISA_AVX512) fn = bias_rows_avx512;
+    else if (tf_isa() >= TF_ISA_AVX2) fn = bias_rows_avx2;
+#endif
+    int team = tf_team((long)(N * D), COPY_GRAIN);
+    if (team > (long)N) team = (int)N;
+    #pragma omp parallel for schedule(static) num_threads(team)
+    for (int t = 0; t < team; t++) {
+        size_t r0 = N * (size_t)t / (size_t)team, r1 = N * (size_t)(t + 1) / (size_t)team;
+        if (r0 < r1) fn(x, bias, r0, r1, D);
+    }
+}
+
+/* Columns [c0, c1) of dbias += column sums of dout. Every level sums each column in the same
+ * order (blocks of BIAS_ROW_BLOCK rows, then the block sums), so all give the same bits. */
+static void bias_grad_cols_generic(const float *dout, float *dbias, size_t N, size_t D, size_t c0,
+                                   size_t c1)
+{
+    for (size_t j0 = c0; j0 < c1; j0 += 64) {
+        size_t w = min_size(64, c1 - j0);
+        float total[64], block[64];
+        for (size_t j = 0; j < w; j++) total[j] = 0.0f;
+        for (size_t r0 = 0; r0 < N; r0 += BIAS_ROW_BLOCK) {
+            size_t r1 = min_size(N, r0 + BIAS_ROW_BLOCK);
+            for (size_t j = 0; j < w; j++) block[j] = 0.0f;
+            for (size_t r = r0; r < r1; r++) {
+                const float *row = dout + r * D + j0;
+                for (size_t j = 0; j < w; j++) block[j] += row[j];
+            }
+            for (size_t j = 0; j < w; j++) total[j] += block[j];
+        }
+        for (size_t j = 0; j < w; j++) dbias[j0 + j] += total[j];
+    }
+}
+
+#ifdef TF_X86
+AVX512_TARGET static void bias_grad_cols_avx512(const float *dout, float *dbias, size_t N, size_t D,
+                                                size_t c0, size_t c1)
+{
+    for (size_t j0 = c0; j0 < c1; j0 += 64) {
+        __mmask16 m[4];
+        for (int k = 0; k < 4; k++) {
+            size_t j = j0 + 16 * (size_t)k;
+            m[k] = j >= c1 ? 0 : c1 - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - j)) - 1);
+        }
+        __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+        for (size_t r0 = 0; r0 < N; r0 += BIAS_ROW_BLOCK) {
+            size_t r1 = min_size(N, r0 + BIAS_ROW_BLOCK);
+            __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+            for (size_t r = r0; r < r1; r++) {
+                const float *row = dout + r * D + j0;
+                b0 = _mm512_add_ps(b0, _mm512_maskz_loadu_ps(m[0], row));
+                b1 = _mm512_add_ps(b1, _mm512_maskz_loadu_ps(m[1], row + 16));
+                b2 = _mm512_add_ps(b2, _mm512_maskz_loadu_ps(m[2], row + 32));
+                b3 = _mm512_add_ps(b3, _mm512_maskz_loadu_ps(m[3], row + 48));
+            }
+            t0 = _mm512_add_ps(t0, b0);
+            t1 = _mm512_add_ps(t1, b1);
+            t2 = _mm512_add_ps(t2, b2);
+            t3 = _mm512_add_ps(t3, b3);
+        }
+        __m512 t[4] = {t0, t1, t2, t3};
+        for (int k = 0; k < 4; k++) {
+            float *d = dbias + j0 + 16 * k;
+            _mm512_mask_storeu_ps(d, m[k], _mm512_add_ps(_mm512_maskz_loadu_ps(m[k], d), t[k]));
+        }
+    }
+}
+
+AVX2_TARGET static void bias_grad_cols_avx2(const float *dout, float *dbias, size_t N, size_t D,
+                                            size_t c0, size_t c1)
+{
+    for (size_t j0 = c0; j0 < c1; j0 += 32) {
+        __m256i m[4];
+        for (int k = 0; k < 4; k++) {
+            size_t j = j0 + 8 * (size_t)k;
+            m[k] = tail_mask_avx2(j >= c1 ? 0 : c1 - j);
+        }
+        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
+        for (size_t r0 = 0; r0 < N; r0 += BIAS_ROW_BLOCK) {
+            size_t r1 = min_size(N, r0 + BIAS_ROW_BLOCK);
+            __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
+            for (size_t r = r0; r < r1; r++) {
+                const float *row = dout + r * D + j0;
+                b0 = _mm256_add_ps(b0, _mm256_maskload_ps(row, m[0]));
+                b1 = _mm256_add_ps(b1, _mm256_maskload_ps(row + 8, m[1]));
+                b2 = _mm256_add_ps(b2, _mm256_maskload_ps(row + 16, m[2]));
+                b3 = _mm256_add_ps(b3, _mm256_maskload_ps(row + 24, m[3]));
+            }
+            t0 = _mm256_add_ps(t0, b0);
+            t1 = _mm256_add_ps(t1, b1);
+            t2 = _mm256_add_ps(t2, b2);
+            t3 = _mm256_add_ps(t3, b3);
+        }
+        __m256 t[4] = {t0, t1, t2, t3};
+        for (int k = 0; k < 4; k++) {
+            float *d = dbias + j0 + 8 * k;
+            _mm256_maskstore_ps(d, m[k], _mm256_add_ps(_mm256_maskload_ps(d, m[k]), t[k]));
+        }
+    }
+}
+#endif
+
+void bias_grad(const float *dout, float *dbias, size_t N, size_t D)
+{
+    if (N == 0 || D == 0) return;
+    void (*fn)(const float *, float *, size_t, size_t, size_t, size_t) = bias_grad_cols_generic;
+#ifdef TF_X86
+    if (tf_isa() >= TF_ISA_AVX512) fn = bias_grad_cols_avx512;
+    else if (tf_isa() >= TF_ISA_AVX2) fn = bias_grad_cols_avx2;
+#endif
+    /* parallel over column chunks of 16 (what a thread writes); each walks all rows in order */
+    long chunks = (long)((D + 15) / 16);
+    int team = tf_team((long)(N * D), COPY_GRAIN);
+    if (team > chunks) team = (int)chunks;
+    #pragma omp parallel for schedule(static) num_threads(team)
+    for (int t = 0; t < team; t++) {
+        size_t c0 = 16 * (size_t)(chunks * t / team), c1 = min_size(D, 16 * (size_t)(chunks * (t + 1) / team));
+        if (c0 < c1) fn(dout, dbias, N, D, c0, c1);
+    }
+}
+
+/* ---- fused bias + activation, and the activation's backward ----------------------------- */
+
+static void bias_act_rows_generic(float *x, const float *bias, float *out, size_t r0, size_t r1,
+                                  size_t D, int act)
+{
+    for (size_t r = r0; r < r1; r++) {
+        float *xr = x + r * D, *outr = out + r * D;
+        for (size_t j = 0; j < D; j++) {
+            float v = xr[j] + bias[j];
+            xr[j] = v;
+            outr[j] = act_scalar(v, act);
+        }
+    }
+}
+
+#ifdef TF_X86
+AVX512_TARGET static void bias_act_rows_avx512(float *x, const float *bias, float *out, size_t r0,
+                                               size_t r1, size_t D, int act)
+{
+    const __mmask16 m = (__mmask16)((1u << (D % 16)) - 1);
+    const size_t Dv = D - D % 16;
+    for (size_t r = r0; r < r1; r++) {
+        float *xr = x + r * D, *outr = out + r * D;
+        size_t j = 0;
+        for (; j < Dv; j += 16) {
+            __m512 v = _mm512_add_ps(_mm512_loadu_ps(xr + j), _mm512_loadu_ps(bias + j));
+            _mm512_storeu_ps(xr + j, v);
+            _mm512_storeu_ps(outr + j, act_avx512(v, act));
+        }
+        if (j < D) {
+            __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, xr + j), _mm512_maskz_loadu_ps(m, bias + j));
+            _mm512_mask_storeu_ps(xr + j, m, v);
+            _mm512_mask_storeu_ps(outr + j, m, act_avx512(v, act));
+        }
+    }
+}
+
+AVX2_TARGET static void bias_act_rows_avx2(float *x, const float *bias, float *out, size_t r0,
+                                           size_t r1, size_t D, int act)
+{
+    for (size_t r = r0; r < r1; r++) {
+        float *xr = x + r * D, *outr = out + r * D;
+        size_t j = 0;
+        for (; j + 8 <= D; j += 8) {
+            __m256 v = _mm256_add_ps(_mm256_loadu_ps(xr + j), _mm256_loadu_ps(bias + j));
+            _mm256_storeu_ps(xr + j, v);
+            _mm256_storeu_ps(outr + j, act_avx2(v, act));
+        }
+        if (j < D) {
+            __m256i m = tail_mask_avx2(D - j);
+            __m256 v = _mm256_add_ps(_mm256_maskload_ps(xr + j, m), _mm256_maskload_ps(bias + j, m));
+            _mm256_maskstore_ps(xr + j, m, v);
+            _mm256_maskstore_ps(outr + j, m, act_avx2(v, act));
+        }
+    }
+}
+#endif
+
+void bias_act_forward(float *x, const float *bias, float *out, size_t N, size_t D, int act)
+{
+    if (N == 0 || D == 0) return;
+    void (*fn)(float *, const float *, float *, size_t, size_t, size_t, int) = bias_act_rows_generic;
+#ifdef TF_X86
+    if (tf_isa() >= TF_ISA_AVX512) fn = bias_act_rows_avx512;
+    else if (tf_isa() >= TF_ISA_AVX2) fn = bias_act_rows_avx2;
+#endif
+    int team = tf_team((long)(N * D), act == TF_ACT_GELU ? GELU_GRAIN : COPY_GRAIN);
+    if (team > (long)N) team = (int)N;
+    #pragma omp parallel for schedule(static) num_threads(team)
+    for (int t = 0; t < team; t++) {
+        size_t r0 = N * (size_t)t / (size_t)team, r1 = N * (size_t)(t + 1) / (size_t)team;
+        if (r0 < r1) fn(x, bias, out, r0, r1, D, act);
+    }
+}
+
+static void act_backward_range_generic(const float *dout, const float *pre, float *dx, size_t i0,
+                                       size_t i1, int act, int accumulate)
+{
+    if (accumulate)
+        for (size_t i = i0; i < i1; i++) dx[i] += act_grad_scalar(pre[i], dout[i], act);
+    else
+        for (size_t i = i0; i < i1; i++) dx[i] = act_grad_scalar(pre[i], dout[i], act);
+}
+
+#ifdef TF_X86
+AVX512_TARGET static void act_backward_range_avx512(const float *dout, const float *pre, float *dx,
+                                                    size_t i0, size_t i1, int act, int accumulate)
+{
+    size_t i = i0;
+    for (; i + 16 <= i1; i += 16) {   /* unmasked main loop: masked stores are slower */
+        __m512 g = act_grad_avx512(_mm512_loadu_ps(pre + i), _mm512_loadu_ps(dout + i), act);
+        if (accumulate) {
+            ROUNDED(g);
+            g = _mm512_add_ps(_mm512_loadu_ps(dx + i), g);
+        }
+        _mm512_storeu_ps(dx + i, g);
+    }
+    if (i < i1) {
+        __mmask16 m = (__mmask16)((1u << (i1 - i)) - 1);
+        __m512 g = act_grad_avx512(_mm512_maskz_loadu_ps(m, pre + i), _mm512_maskz_loadu_ps(m, dout + i), act);
+        if (accumulate) {
+            ROUNDED(g);
+            g = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dx + i), g);
+        }
+        _mm512_mask_storeu_ps(dx + i, m, g);
+    }
+}
+
+AVX2_TARGET static void act_backward_range_avx2(const float *dout, const float *pre, float *dx,
+                                                size_t i0, size_t i1, int act, int accumulate)
+{
+    size_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+        __m256 g = act_grad_avx2(_mm256_loadu_ps(pre + i), _mm256_loadu_ps(dout + i), act);
+        if (accumulate) {
+            ROUNDED(g);
+            g = _mm256_add_ps(_mm256_loadu_ps(dx + i), g);
+        }
+        _mm256_storeu_ps(dx + i, g);
+    }
+    if (i < i1) {
+        __m256i m = tail_mask_avx2(i1 - i);
+        __m256 g = act_grad_avx2(_mm256_maskload_ps(pre + i, m), _mm256_maskload_ps(dout + i, m), act);
+        if (accumulate) {
+            ROUNDED(g);
+            g = _mm256_add_ps(_mm256_maskload_ps(dx + i, m), g);
+        }
+        _mm256_maskstore_ps(dx + i, m, g);
+    }
+}
+#endif
+
+void act_backward(const float *dout, const float *pre, float *dx, size_t n, int act, int accumulate)
+{
+    if (n == 0) return;
+    void (*fn)(const float *, const float *, float *, size_t, size_t, int, int) = act_backward_range_generic;
+#ifdef TF_X86
+    if (tf_isa() >= TF_ISA_AVX512) fn = act_backward_range_avx512;
+    else if (tf_isa() >= TF_ISA_AVX2) fn = act_backward_range_avx2;
+#endif
+    const int team = tf_team((long)n, act == TF_ACT_GELU ? GELU_GRAIN : COPY_GRAIN);
+    #pragma omp parallel for schedule(static) num_threads(team)
+    for (int t = 0; t < team; t++) {
+        size_t i0, i1;
+        split_range(n, t, team, &i0, &i1);
+        if (i0 < i1) fn(dout, pre, dx, i0, i1, act, accumulate);
+    }
+}
+
+/* ---- naive references ------------------------------------------------------------------- */
+
+void bias_act_forward_reference(float *x, const float *bias, float *out, size_t N, size_t D, int act)
+{
+    bias_act_rows_generic(x, bias, out, 0, N, D, act);
+}
+
+void act_backward_reference(const float *dout, const float *pre, float *dx, size_t n, int act,
+                            int accumulate)
+{
+    act_backward_range_generic(dout, pre, dx, 0, n, act, accumulate);
+}

@@ -1,0 +1,781 @@
+/* GEMM: packed, cache-blocked, register-blocked (see gemm.h for the contract).
+ *
+ * The structure is the classic BLIS/GotoBLAS one:
+ *
+ *   for jc in N by NC:                        B block  [K x NC]  packed once, shared (L3)
+ *     for ic in this thread's rows by MC:
+ *       for pc in K by KC:                    (fixed K blocking: result bits never depend on threads)
+ *         pack A[ic:ic+mc, pc:pc+kc] -> Ap    A block [MC x KC] per thread (L2), micro-panels [kc][MR]
+ *         for jr in this thread's NR panels:  B micro-panel [kc x NR] stays in L1
+ *           for ir in mc by MR:
+ *             micro-kernel: C[MR x NR] (+)= alpha * Ap[MR x kc] @ Bp[kc x NR]
+ *
+ * The micro-kernel keeps the MR x NR tile of C in registers (AVX-512: 14 x 32 =
+ * 28 zmm accumulators, one broadcast per row and two FMAs; AVX2 + FMA: 6 x 16 in
+ * 12 ymm; plain C: 4 x 8) and runs one FMA chain per element of C over the kc
+ * values of a K block. Packing reads every transposition variant and leading
+ * dimension (AVX-512: 16 x 16 register transposes), so no copy of the caller's
+ * data exists outside the packing buffers. Edge tiles: rows via kernels
+ * specialised for 1..MR rows (no wasted FMAs on short panels), columns via
+ * zero-padded B panels and masked stores (AVX-512) or a small spill tile.
+ *
+ * Three schedules, all computing each element of C with the same instruction
+ * sequence (so the bits depend on K and the ISA only, never on threads):
+ *  - shared:  large M on several threads: threads pack one B block together,
+ *             then each computes its rows (and/or NR-panel range) of C;
+ *  - private: one thread owns a range of NR panels of C and packs its own B;
+ *  - narrow:  few rows (decoding, attention heads): all of op(A) is packed once,
+ *             then each B micro-panel is packed (or, for a row-major B and at
+ *             most two row panels, read in place) and consumed at once from L1.
+ * A batch of small GEMMs is split over threads by batch entry.
+ */
+#include "gemm.h"
+#include "cpu.h"
+
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GEMM_X86 1
+#endif
+
+#define MAX_MR 14
+
+/* C[mr x nr] = alpha * Ap @ Bp (load_c = 0) or C += alpha * Ap @ Bp (load_c = 1).
+ * Ap: [kc][MR] packed rows of op(A). Bp: kc rows of op(B), row k at Bp + k*bs (bs = NR
+ * when packed; columns past nr are zero in packed panels, never read when in place). */
+typedef void (*gemm_kernel)(long kc, const float *Ap, const float *Bp, long bs, float *C, long ldc,
+                            int nr, const float *alpha, int load_c);
+
+/* Pack rows [0, m) (pack_a) or columns [0, n) (pack_b) of an operand block into micro-panels. */
+typedef void (*gemm_pack)(int trans, const float *X, long ldx, long n, long kc, float *dst);
+
+typedef struct {
+    int mr, nr;            /* register tile */
+    long kc, mc, nc;       /* cache blocks: K (maximum), M per thread block, N */
+    gemm_kernel kernel[MAX_MR + 1];   /* kernel[r] computes r <= mr rows */
+    gemm_pack pack_a, pack_b;
+} gemm_isa;
+
+/* Multiply-adds per thread below which a GEMM does not start another thread. */
+#define GEMM_GRAIN (1L << 19)
+/* The shared B block holds at most this many floats (8 MiB, a quarter of L3). */
+#define GEMM_SHARED_B (1L << 21)
+/* The narrow schedule packs all of op(A) when it has at most this many floats (1 MiB). */
+#define GEMM_NARROW_A (1L << 18)
+
+/* ------------------------------------------------------------------------- */
+/* Portable packing: any MR / NR. */
+
+/* Ap <- rows [0, m) x columns [0, kc) of op(A), as ceil(m/MR) micro-panels [kc][MR]
+ * (panel p at Ap + p*MR*kc; rows past m are zero).
+ * A points at element (0, 0) of the block: op(A)[i][k] = trans_a ? A[k*lda + i] : A[i*lda + k]. */
+static void pack_a_any(int trans_a, const float *A, long lda, long m, long kc, int MR, float *Ap)
+{
+    for (long ip = 0; ip < m; ip += MR) {
+        int mr = m - ip < MR ? (int)(m - ip) : MR;
+        float *dst = Ap + ip * kc;
+        if (!trans_a) {
+            for (int i = 0; i < mr; i++) {
+                const float *src = A + (ip + i) * lda;
+                for (long k = 0; k < kc; k++) dst[k * MR + i] = src[k];
+            }
+            for (int i = mr; i < MR; i++)
+                for (long k = 0; k < kc; k++) dst[k * MR + i] = 0.0f;
+        } else {
+            for (long k = 0; k < kc; k++) {
+                const float *src = A + k * lda + ip;
+                float *d = dst + k * MR;
+                for (int i = 0; i < mr; i++) d[i] = src[i];
+                for (int i = mr; i < MR; i++) d[i] = 0.0f;
+            }
+        }
+    }
+}
+
+/* Bp <- rows [0, kc) x columns [0, n) of op(B), as ceil(n/NR) micro-panels [kc][NR]
+ * (panel p at Bp + p*NR*kc; columns past n are zero).
+ * op(B)[k][j] = trans_b ? B[j*ldb + k] : B[k*ldb + j]. */
+static void pack_b_any(int trans_b, const float *B, long ldb, long n, long kc, int NR, float *Bp)
+{
+    for (long jp = 0; jp < n; jp += NR) {
+        int nr = n - jp < NR ? (int)(n - jp) : NR;
+        float *dst = Bp + jp * kc;
+        if (!trans_b) {
+            for (long k = 0; k < kc; k++) {
+                const float *src = B + k * ldb + jp;
+                float *d = dst + k * NR;
+                for (int j = 0; j < nr; j++) d[j] = src[j];
+                for (int j = nr; j < NR; j++) d[j] = 0.0f;
+            }
+        } else {
+            for (int j = 0; j < nr; j++) {
+                const float *src = B + (jp + j) * ldb;
+                for (long k = 0; k < kc; k++) dst[k * NR + j] = src[k];
+            }
+            for (int j = nr; j < NR; j++)
+                for (long k = 0; k < kc; k++) dst[k * NR + j] = 0.0f;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* Plain C micro-kernel: 4 x 8. */
+
+#define GEN_MR 4
+#define GEN_NR 8
+
+static void kernel_generic(long kc, const float *Ap, const float *Bp, long bs, float *C, long ldc,
+                           int nr, const float *alpha, int load_c, int mr)
+{
+    float acc[GEN_MR][GEN_NR] = {{0}};
+    for (long k = 0; k < kc; k++) {
+        const float *a = Ap + k * GEN_MR, *b = Bp + k * bs;
+        for (int i = 0; i < GEN_MR; i++)
+            for (int j = 0; j < GEN_NR; j++)
+                acc[i][j] += a[i] * b[j];
+    }
+    for (int i = 0; i < mr; i++) {
+        float *c = C + i * ldc;
+        if (load_c)
+            for (int j = 0; j < nr; j++) c[j] += *alpha * acc[i][j];
+        else
+            for (int j = 0; j < nr; j++) c[j] = *alpha * acc[i][j];
+    }
+}
+
+#define GEN_KERNEL(R)                                                                      \
+    static void kernel_generic_##R(long kc, const float *Ap, const float *Bp, long bs,       \
+                                   float *C, long ldc, int nr, const float *alpha,          \
+                                   int load_c)                                              \
+    { kernel_generic(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R); }
+GEN_KERNEL(1) GEN_KERNEL(2) GEN_KERNEL(3) GEN_KERNEL(4)
+
+static void pack_a_generic(int t, const float *X, long ldx, long n, long kc, float *dst)
+{ pack_a_any(t, X, ldx, n, kc, GEN_MR, dst); }
+static void pack_b_generic(int t, const float *X, long ldx, long n, long kc, float *dst)
+{ pack_b_any(t, X, ldx, n, kc, GEN_NR, dst); }
+
+static const gemm_isa isa_generic = {
+    GEN_MR, GEN_NR, 256, 128, 2048,
+    {0, kernel_generic_1, kernel_generic_2, kernel_generic_3, kernel_generic_4},
+    pack_a_generic, pack_b_generic};
+
+#ifdef GEMM_X86
+/* ------------------------------------------------------------------------- */
+/* AVX2 + FMA micro-kernel: 6 x 16, 12 ymm accumulators. */
+
+#define AVX2_MR 6
+#define AVX2_NR 16
+#define TARGET_AVX2 __attribute__((target("avx2,fma")))
+
+static inline __attribute__((always_inline)) TARGET_AVX2 void
+kernel_avx2(long kc, const float *restrict Ap, const float *restrict Bp, long bs, float *restrict C,
+            long ldc, int nr, const float *alpha, int load_c, const int mr)
+{
+    __m256 c0[AVX2_MR], c1[AVX2_MR];
+#pragma GCC unroll 6
+    for (int i = 0; i < AVX2_MR; i++)
+        if (i < mr) { c0[i] = _mm256_setzero_ps(); c1[i] = _mm256_setzero_ps(); }
+    for (long k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_loadu_ps(Bp + k * bs), b1 = _mm256_loadu_ps(Bp + k * bs + 8);
+        const float *a = Ap + k * AVX2_MR;
+#pragma GCC unroll 6
+        for (int i = 0; i < AVX2_MR; i++)
+            if (i < mr) {
+                __m256 ai = _mm256_broadcast_ss(a + i);
+                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+            }
+    }
+    __m256 va = _mm256_set1_ps(*alpha);   /* read late: keeps a register free in the loop */
+    if (nr == AVX2_NR) {
+#pragma GCC unroll 6
+        for (int i = 0; i < AVX2_MR; i++)
+            if (i < mr) {
+                float *c = C + i * ldc;
+                if (load_c) {
+                    _mm256_storeu_ps(c, _mm256_fmadd_ps(va, c0[i], _mm256_loadu_ps(c)));
+                    _mm256_storeu_ps(c + 8, _mm256_fmadd_ps(va, c1[i], _mm256_loadu_ps(c + 8)));
+                } else {
+                    _mm256_storeu_ps(c, _mm256_mul_ps(va, c0[i]));
+                    _mm256_storeu_ps(c + 8, _mm256_mul_ps(va, c1[i]));
+                }
+            }
+    } else {
+        float tile[AVX2_NR] __attribute__((aligned(32)));
+#pragma GCC unroll 6
+        for (int i = 0; i < AVX2_MR; i++)
+            if (i < mr) {
+                float *c = C + i * ldc;
+                _mm256_store_ps(tile, c0[i]);
+                _mm256_store_ps(tile + 8, c1[i]);
+                /* the same fused rounding as the full-tile path */
+                if (load_c)
+                    for (int j = 0; j < nr; j++) c[j] = __builtin_fmaf(*alpha, tile[j], c[j]);
+                else
+                    for (int j = 0; j < nr; j++) c[j] = *alpha * tile[j];
+            }
+    }
+}
+
+#define AVX2_KERNEL(R)                                                                     \
+    static TARGET_AVX2 void kernel_avx2_##R(long kc, const float *Ap, const float *Bp,      \
+                                            long bs, float *C, long ldc, int nr,            \
+                                            const float *alpha, int load_c)                 \
+    { kernel_avx2(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R); }
+AVX2_KERNEL(1) AVX2_KERNEL(2) AVX2_KERNEL(3) AVX2_KERNEL(4) AVX2_KERNEL(5) AVX2_KERNEL(6)
+
+static void pack_a_avx2(int t, const float *X, long ldx, long n, long kc, float *dst)
+{ pack_a_any(t, X, ldx, n, kc, AVX2_MR, dst); }
+static void pack_b_avx2(int t, const float *X, long ldx, long n, long kc, float *dst)
+{ pack_b_any(t, X, ldx, n, kc, AVX2_NR, dst); }
+
+static const gemm_isa isa_avx2 = {
+    AVX2_MR, AVX2_NR, 256, 144, 4096,
+    {0, kernel_avx2_1, kernel_avx2_2, kernel_avx2_3, kernel_avx2_4, kernel_avx2_5,
+     kernel_avx2_6},
+    pack_a_avx2, pack_b_avx2};
+
+/* ------------------------------------------------------------------------- */
+/* AVX-512 micro-kernel: 14 x 32, 28 zmm accumulators. */
+
+#define AVX512_MR 14
+#define AVX512_NR 32
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
+
+static inline __attribute__((always_inline)) TARGET_AVX512 void
+kernel_avx512(long kc, const float *restrict Ap, const float *restrict Bp, long bs,
+              float *restrict C, long ldc, int nr, const float *alpha, int load_c, const int mr)
+{
+    __m512 c0[AVX512_MR], c1[AVX512_MR];
+#pragma GCC unroll 14
+    for (int i = 0; i < AVX512_MR; i++)
+        if (i < mr) {
+            c0[i] = _mm512_setzero_ps();
+            c1[i] = _mm512_setzero_ps();
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
+        }
+    for (long k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_loadu_ps(Bp + k * bs);
+        __m512 b1 = _mm512_loadu_ps(Bp + k * bs + 16);
+        const float *a = Ap + k * AVX512_MR;
+#pragma GCC unroll 14
+        for (int i = 0; i < AVX512_MR; i++)
+            if (i < mr) {
+                __m512 ai = _mm512_set1_ps(a[i]);
+                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+            }
+    }
+    __m512 va = _mm512_set1_ps(*alpha);   /* read late: all 32 registers serve the loop */
+    if (nr == AVX512_NR) {
+#pragma GCC unroll 14
+        for (int i = 0; i < AVX512_MR; i++)
+            if (i < mr) {
+                float *c = C + i * ldc;
+                if (load_c) {
+                    _mm512_storeu_ps(c, _mm512_fmadd_ps(va, c0[i], _mm512_loadu_ps(c)));
+                    _mm512_storeu_ps(c + 16, _mm512_fmadd_ps(va, c1[i], _mm512_loadu_ps(c + 16)));
+                } else {
+                    _mm512_storeu_ps(c, _mm512_mul_ps(va, c0[i]));
+                    _mm512_storeu_ps(c + 16, _mm512_mul_ps(va, c1[i]));
+                }
+            }
+    } else {
+        __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+        __mmask16 m1 = nr <= 16 ? (__mmask16)0 : (__mmask16)((1u << (nr - 16)) - 1);
+#pragma GCC unroll 14
+        for (int i = 0; i < AVX512_MR; i++)
+            if (i < mr) {
+                float *c = C + i * ldc;
+                if (load_c) {
+                    _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(va, c0[i], _mm512_maskz_loadu_ps(m0, c)));
+                    _mm512_mask_storeu_ps(c + 16, m1,
+                                          _mm512_fmadd_ps(va, c1[i], _mm512_maskz_loadu_ps(m1, c + 16)));
+                } else {
+                    _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(va, c0[i]));
+                    _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(va, c1[i]));
+                }
+            }
+    }
+}
+
+#define AVX512_KERNEL(R)                                                                   \
+    static TARGET_AVX512 void kernel_avx512_##R(long kc, const float *Ap, const float *Bp,  \
+                                                long bs, float *C, long ldc, int nr,        \
+                                                const float *alpha, int load_c)             \
+    { kernel_avx512(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R); }
+AVX512_KERNEL(1) AVX512_KERNEL(2) AVX512_KERNEL(3) AVX512_KERNEL(4) AVX512_KERNEL(5)
+AVX512_KERNEL(6) AVX512_KERNEL(7) AVX512_KERNEL(8) AVX512_KERNEL(9) AVX512_KERNEL(10)
+AVX512_KERNEL(11) AVX512_KERNEL(12) AVX512_KERNEL(13) AVX512_KERNEL(14)
+
+/* r[0..15] <- its 16 x 16 transpose (r[i][j] <-> r[j][i]). */
+static inline __attribute__((always_inline)) TARGET_AVX512 void transpose16(__m512 r[16])
+{
+    __m512 t[16], u[16], v[8];
+    for (int i = 0; i < 16; i += 2) {   /* interleave pairs of rows, 32-bit */
+        t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 16; i += 4) {   /* u[i + e]: rows i..i+3, element e of each 128-bit lane */
+        u[i + 0] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+        u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+        u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    }
+    for (int e = 0; e < 4; e++) {      /* gather the 128-bit lanes */
+        v[0] = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x88);
+        v[1] = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xDD);
+        v[2] = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x88);
+        v[3] = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xDD);
+        r[e] = _mm512_shuffle_f32x4(v[0], v[2], 0x88);
+        r[e + 8] = _mm512_shuffle_f32x4(v[0], v[2], 0xDD);
+        r[e + 4] = _mm512_shuffle_f32x4(v[1], v[3], 0x88);
+        r[e + 12] = _mm512_shuffle_f32x4(v[1], v[3], 0xDD);
+    }
+}
+
+static inline __mmask16 mask16(long n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
+
+/* pack_a_any for MR = 14: a row-major A is transposed 16 k-values at a time. */
+static TARGET_AVX512 void pack_a_avx512(int trans_a, const float *A, long lda, long m, long kc, float *Ap)
+{
+    const int MR = AVX512_MR;
+    for (long ip = 0; ip < m; ip += MR) {
+        int mr = m - ip < MR ? (int)(m - ip) : MR;
+        float *dst = Ap + ip * kc;
+        if (trans_a) {
+            __mmask16 mm = mask16(mr);
+            for (long k = 0; k < kc; k++)
+                _mm512_mask_storeu_ps(dst + k * MR, 0x3FFF, _mm512_maskz_loadu_ps(mm, A + k * lda + ip));
+            continue;
+        }
+        for (long k0 = 0; k0 < kc; k0 += 16) {
+            __mmask16 mk = mask16(kc - k0);
+            __m512 r[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; i++)
+                r[i] = i < mr ? _mm512_maskz_loadu_ps(mk, A + (ip + i) * lda + k0) : _mm512_setzero_ps();
+            transpose16(r);
+            int kn = kc - k0 < 16 ? (int)(kc - k0) : 16;
+            for (int k = 0; k < kn; k++)
+                _mm512_mask_storeu_ps(dst + (k0 + k) * MR, 0x3FFF, r[k]);
+        }
+    }
+}
+
+/* pack_b_any for NR = 32: a transposed B is transposed 16 x 16 at a time. */
+static TARGET_AVX512 void pack_b_avx512(int trans_b, const float *B, long ldb, long n, long kc, float *Bp)
+{
+    const int NR = AVX512_NR;
+    for (long jp = 0; jp < n; jp += NR) {
+        int nr = n - jp < NR ? (int)(n - jp) : NR;
+        float *dst = Bp + jp * kc;
+        if (!trans_b) {
+            __mmask16 m0 = mask16(nr), m1 = mask16(nr - 16 < 0 ? 0 : nr - 16);
+            const float *src = B + jp;
+            for (long k = 0; k < kc; k++) {
+                _mm512_store_ps(dst + k * NR, _mm512_maskz_loadu_ps(m0, src + k * ldb));
+                _mm512_store_ps(dst + k * NR + 16, _mm512_maskz_loadu_ps(m1, src + k * ldb + 16));
+            }
+            continue;
+        }
+        for (int h = 0; h < 2; h++) {
+            int j0 = 16 * h, jn = nr - j0;   /* columns j0 .. j0+jn of this half */
+            for (long k0 = 0; k0 < kc; k0 += 16) {
+                __mmask16 mk = mask16(kc - k0);
+                __m512 r[16];
+#pragma GCC unroll 16
+                for (int j = 0; j < 16; j++)
+                    r[j] = j < jn ? _mm512_maskz_loadu_ps(mk, B + (jp + j0 + j) * ldb + k0) : _mm512_setzero_ps();
+                transpose16(r);
+                int kn = kc - k0 < 16 ? (int)(kc - k0) : 16;
+                for (int k = 0; k < kn; k++) _mm512_store_ps(dst + (k0 + k) * NR + j0, r[k]);
+            }
+        }
+    }
+}
+
+/* KC = 256: the B micro-panel (256 x 32 floats = 32 KiB) stays in the 48 KiB L1d;
+ * MC = 336: the A block (336 x 256 = 336 KiB) stays in the 1 MiB L2;
+ * NC = 4096: the B block (up to 8 MiB) stays in the 32 MiB L3. */
+static const gemm_isa isa_avx512 = {
+    AVX512_MR, AVX512_NR, 256, 336, 4096,
+    {0, kernel_avx512_1, kernel_avx512_2, kernel_avx512_3, kernel_avx512_4, kernel_avx512_5,
+     kernel_avx512_6, kernel_avx512_7, kernel_avx512_8, kernel_avx512_9, kernel_avx512_10,
+     kernel_avx512_11, kernel_avx512_12, kernel_avx512_13, kernel_avx512_14},
+    pack_a_avx512, pack_b_avx512};
+#endif
+
+static const gemm_isa *gemm_pick_isa(void)
+{
+#ifdef GEMM_X86
+    switch (tf_isa()) {
+    case TF_ISA_AVX512: return &isa_avx512;
+    case TF_ISA_AVX2: return &isa_avx2;
+    default: break;
+    }
+#endif
+    return &isa_generic;
+}
+
+/* ------------------------------------------------------------------------- */
+/* Schedules. */
+
+typedef struct {
+    const gemm_isa *isa;
+    int trans_a, trans_b;
+    long M, N, K;
+    float alpha;
+    const float *A; long lda;
+    const float *B; long ldb;
+    int accumulate;
+    float *C; long ldc;
+} gemm_problem;
+
+static long ceil_div(long a, long b) { return (a + b - 1) / b; }
+static long min_l(long a, long b) { return a < b ? a : b; }
+static long max_l(long a, long b) { return a > b ? a : b; }
+
+/* The K block: K split into equal blocks of at most isa->kc (depends on K only). */
+static long k_block(const gemm_isa *s, long K) { return ceil_div(K, ceil_div(K, s->kc)); }
+
+/* Element (i, k) of op(A) and (k, j) of op(B). */
+static const float *a_at(const gemm_problem *g, long i, long k)
+{ return g->trans_a ? g->A + k * g->lda + i : g->A + i * g->lda + k; }
+static const float *b_at(const gemm_problem *g, long k, long j)
+{ return g->trans_b ? g->B + j * g->ldb + k : g->B + k * g->ldb + j; }
+
+/* C[rows of the packed A block, panel] for one K block: every MR-row panel of Ap. */
+static void run_kernels(const gemm_problem *g, long mc, long kc, const float *Ap, const float *Bp,
+                        long bs, int nr, float *C, int load_c)
+{
+    const gemm_isa *s = g->isa;
+    for (long ip = 0; ip < mc; ip += s->mr) {
+        int mr = (int)min_l(s->mr, mc - ip);
+        s->kernel[mr](kc, Ap + ip * kc, Bp, bs, C + ip * g->ldc, g->ldc, nr, &g->alpha, load_c);
+    }
+}
+
+/* Narrow: NR panels [jp0, jp1) of C, all M rows; Ap holds all of op(A) packed, K block by
+ * K block (block q at Ap + q * kcb * Mpad); Bp has room for one panel [kcb][NR]. */
+static int narrow_fits(const gemm_isa *s, long M, long K)
+{
+    return M <= s->mc && ceil_div(M, s->mr) * s->mr * K <= GEMM_NARROW_A;
+}
+
+static void narrow_pack_a(const gemm_problem *g, float *Ap)
+{
+    const gemm_isa *s = g->isa;
+    const long kcb = k_block(s, g->K), mpad = ceil_div(g->M, s->mr) * s->mr;
+    for (long pc = 0; pc < g->K; pc += kcb)
+        s->pack_a(g->trans_a, a_at(g, 0, pc), g->lda, g->M, min_l(kcb, g->K - pc), Ap + pc * mpad);
+}
+
+static void narrow_panels(const gemm_problem *g, float *Bp, const float *Ap, long jp0, long jp1)
+{
+    const gemm_isa *s = g->isa;
+    const int NR = s->nr;
+    const long kcb = k_block(s, g->K), mpad = ceil_div(g->M, s->mr) * s->mr;
+    /* a row-major B is read in place when each panel serves at most two row panels */
+    const int in_place = !g->trans_b && mpad <= 2 * s->mr;
+    for (long jp = jp0; jp < jp1; jp++) {
+        long j = jp * NR;
+        int nr = (int)min_l(NR, g->N - j);
+        for (long pc = 0; pc < g->K; pc += kcb) {
+            long kc = min_l(kcb, g->K - pc);
+            const float *b = Bp;
+            long bs = NR;
+            if (in_place && nr == NR) {
+                b = b_at(g, pc, j);
+                bs = g->ldb;
+            } else {
+                s->pack_b(g->trans_b, b_at(g, pc, j), g->ldb, nr, kc, Bp);
+            }
+            run_kernels(g, g->M, kc, Ap + pc * mpad, b, bs, nr, g->C + j, g->accumulate || pc > 0);
+        }
+    }
+}
+
+/* Private: NR panels [jp0, jp1) of C, all M rows, with this thread's own Bp [kcb][NC]. */
+static void gemm_private(const gemm_problem *g, float *Bp, float *Ap, long jp0, long jp1)
+{
+    const gemm_isa *s = g->isa;
+    const int NR = s->nr;
+    const long kcb = k_block(s, g->K), ncp = s->nc / NR;
+    for (long jc = jp0; jc < jp1; jc += ncp) {
+        long j0 = jc * NR, nc = min_l((jc + ncp < jp1 ? jc + ncp : jp1) * NR, g->N) - j0;
+        for (long pc = 0; pc < g->K; pc += kcb) {
+            long kc = min_l(kcb, g->K - pc);
+            int load_c = g->accumulate || pc > 0;
+            s->pack_b(g->trans_b, b_at(g, pc, j0), g->ldb, nc, kc, Bp);
+            for (long ic = 0; ic < g->M; ic += s->mc) {
+                long mc = min_l(s->mc, g->M - ic);
+                s->pack_a(g->trans_a, a_at(g, ic, pc), g->lda, mc, kc, Ap);
+                for (long jp = 0; jp * NR < nc; jp++)
+                    run_kernels(g, mc, kc, Ap, Bp + jp * NR * kc, NR, (int)min_l(NR, nc - jp * NR),
+                                g->C + ic * g->ldc + j0 + jp * NR, load_c);
+            }
+        }
+    }
+}
+
+/* Columns of the shared B block: all of K times as many columns as fit GEMM_SHARED_B. */
+static long shared_nc(const gemm_isa *s, long N, long K)
+{
+    long nc = max_l(s->nr, GEMM_SHARED_B / max_l(K, 1) / s->nr * s->nr);
+    return min_l(min_l(nc, s->nc), N);
+}
+
+/* Rows per work unit of the shared schedule: about four units per thread, at most MC. */
+static long shared_rows(const gemm_isa *s, long M, int nt)
+{
+    return min_l(s->mc, ceil_div(ceil_div(M, s->mr), 4L * nt) * s->mr);
+}
+
+/* Shared: thread `tid` of a team of `nt`. For each block of columns, all threads pack the B
+ * block [K][nc] together (barrier), then take units of `shared_rows` rows of C (each split into
+ * tn = nt / tm column ranges) from the shared counter `next` until the block is done. Unit ids
+ * run on across blocks and batch entries (`seq` counts the blocks seen), so the counter is never
+ * reset; a thread that draws an id of a later block keeps it in *pending for that block. Who
+ * computes a unit never changes how its elements are computed. */
+static void gemm_shared(const gemm_problem *g, float *Bp, float *Ap, int tid, int nt, int tm,
+                        long *next, long *seq, long *pending)
+{
+    const gemm_isa *s = g->isa;
+    const int NR = s->nr;
+    const int tn = nt / tm;
+    const long kcb = k_block(s, g->K), nkb = ceil_div(g->K, kcb);
+    const long ncb = shared_nc(s, g->N, g->K);
+    const long mcu = shared_rows(s, g->M, nt), upb = ceil_div(g->M, mcu) * tn;   /* units per block */
+
+    for (long jc = 0; jc < g->N; jc += ncb, (*seq)++) {
+        long nc = min_l(ncb, g->N - jc), np = ceil_div(nc, NR);
+        /* pack: units of (K block q, panel p), split evenly over the team */
+        long units = nkb * np;
+        for (long u = units * tid / nt; u < units * (tid + 1) / nt; u++) {
+            long q = u / np, p = u % np, pc = q * kcb, kc = min_l(kcb, g->K - pc);
+            s->pack_b(g->trans_b, b_at(g, pc, jc + p * NR), g->ldb, min_l(NR, nc - p * NR), kc,
+                      Bp + q * kcb * np * NR + p * NR * kc);
+        }
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+        for (;;) {
+            long u = *pending >= 0 ? *pending : __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
+            *pending = -1;
+            if (u >= (*seq + 1) * upb) { *pending = u; break; }
+            u -= *seq * upb;
+            long ic = u / tn * mcu, mc = min_l(mcu, g->M - ic), part = u % tn;
+            long jp0 = np * part / tn, jp1 = np * (part + 1) / tn;
+            for (long q = 0; q < nkb; q++) {
+                long pc = q * kcb, kc = min_l(kcb, g->K - pc);
+                s->pack_a(g->trans_a, a_at(g, ic, pc), g->lda, mc, kc, Ap);
+                for (long jp = jp0; jp < jp1; jp++)
+                    run_kernels(g, mc, kc, Ap, Bp + q * kcb * np * NR + jp * NR * kc, NR,
+                                (int)min_l(NR, nc - jp * NR), g->C + ic * g->ldc + jc + jp * NR,
+                                g->accumulate || q > 0);
+            }
+        }
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+    }
+}
+
+/* Rows of the thread grid (tm x tn = nt) that minimise the largest share of work:
+ * tiles computed plus the A block each thread packs. Ties go to more row splits. */
+static int grid_rows(const gemm_isa *s, long M, long N, int nt)
+{
+    long mp = ceil_div(M, s->mr), np = ceil_div(N, s->nr);
+    int best = 1;
+    long best_cost = -1;
+    for (int tm = nt; tm >= 1; tm--) {
+        if (nt % tm) continue;
+        int tn = nt / tm;
+        long cost = ceil_div(mp, tm) * s->mr * (ceil_div(np, tn) * s->nr + 16);
+        if (best_cost < 0 || cost < best_cost) { best_cost = cost; best = tm; }
+    }
+    return best;
+}
+
+/* One thread's part of C when it works alone on NR panels [jp0, jp1). */
+static void gemm_alone(const gemm_problem *g, float *Bp, float *Ap, long jp0, long jp1)
+{
+    if (jp1 <= jp0) return;
+    if (narrow_fits(g->isa, g->M, g->K)) {
+        narrow_pack_a(g, Ap);
+        narrow_panels(g, Bp, Ap, jp0, jp1);
+    } else {
+        gemm_private(g, Bp, Ap, jp0, jp1);
+    }
+}
+
+/* Packing buffers: one process-wide buffer reused across calls (no page faults per
+ * call); a concurrent caller that finds it busy allocates its own. */
+static float *cached_buffer;
+static size_t cached_floats;
+static char cached_busy;
+
+static float *buffer_acquire(size_t floats, int *owned)
+{
+    size_t bytes = (floats * sizeof(float) + 63) / 64 * 64;
+    if (!__atomic_test_and_set(&cached_busy, __ATOMIC_ACQUIRE)) {
+        if (cached_floats < floats) {
+            free(cached_buffer);
+            cached_buffer = aligned_alloc(64, bytes);
+            cached_floats = cached_buffer ? floats : 0;
+        }
+        if (cached_buffer) { *owned = 0; return cached_buffer; }
+        __atomic_clear(&cached_busy, __ATOMIC_RELEASE);
+    }
+    *owned = 1;
+    return aligned_alloc(64, bytes);
+}
+
+static void buffer_release(float *buffer, int owned)
+{
+    if (owned) free(buffer);
+    else __atomic_clear(&cached_busy, __ATOMIC_RELEASE);
+}
+
+static size_t round16(size_t n) { return (n + 15) / 16 * 16; }
+
+void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
+                  long M, long N, long K, float alpha,
+                  const float *A, long lda, long a_stride0, long a_stride1,
+                  const float *B, long ldb, long b_stride0, long b_stride1,
+                  int accumulate,
+                  float *C, long ldc, long c_stride0, long c_stride1)
+{
+    if (batch0 <= 0 || batch1 <= 0 || M <= 0 || N <= 0) return;
+    const long nb = batch0 * batch1;
+    if (K <= 0) {   /* empty sum: zeros, or C unchanged */
+        if (!accumulate)
+            for (long t = 0; t < nb; t++)
+                for (long i = 0; i < M; i++)
+                    memset(C + (t / batch1) * c_stride0 + (t % batch1) * c_stride1 + i * ldc, 0,
+                           (size_t)N * sizeof(float));
+        return;
+    }
+    const gemm_isa *s = gemm_pick_isa();
+    const long item = M * N * K, np = ceil_div(N, s->nr);
+    int nt = tf_team(nb * item, GEMM_GRAIN);
+    /* Many small GEMMs: each thread a range of batch entries. Few large ones: all threads on each. */
+    const int by_batch = nt > 1 && nb >= nt && (nb % nt == 0 || nb >= 4 * nt || item < 4 * GEMM_GRAIN);
+    int tm = by_batch ? 1 : grid_rows(s, M, N, nt);
+
+    /* Buffers. Alone (private or narrow): per thread Bp + Ap. Shared: one Bp + per thread Ap. */
+    const long kcb = k_block(s, K), mpad = ceil_div(M, s->mr) * s->mr;
+    const int narrow = narrow_fits(s, M, K);
+    size_t a_floats, b_floats, total;
+    if (tm == 1) {
+        a_floats = round16((size_t)(narrow ? mpad * K : min_l(mpad, s->mc) * kcb));
+        b_floats = round16((size_t)(kcb * (narrow ? s->nr : min_l(np * s->nr, s->nc))));
+        total = (size_t)nt * (a_floats + b_floats);
+    } else {
+        long ncb = ceil_div(shared_nc(s, N, K), s->nr) * s->nr;
+        a_floats = round16((size_t)(min_l(mpad, s->mc) * kcb));   /* >= shared_rows(any team) */
+        b_floats = round16((size_t)(ceil_div(K, kcb) * kcb * ncb));
+        total = b_floats + (size_t)nt * a_floats;
+    }
+    int owned;
+    float *buffer = buffer_acquire(total, &owned);
+    if (!buffer) {   /* out of memory: the slow path still gives the right answer */
+        gemm_reference(trans_a, trans_b, batch0, batch1, M, N, K, alpha, A, lda, a_stride0, a_stride1,
+                       B, ldb, b_stride0, b_stride1, accumulate, C, ldc, c_stride0, c_stride1);
+        return;
+    }
+
+    long next = 0;   /* the next unit of work nobody has taken yet (dynamic schedules) */
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        int tid = 0, team = 1;
+#ifdef _OPENMP
+        tid = omp_get_thread_num();
+        team = omp_get_num_threads();
+#endif
+        gemm_problem g = {s, trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, accumulate, C, ldc};
+#define GEMM_ENTRY(t) do {                                       \
+            long i_ = (t) / batch1, j_ = (t) % batch1;          \
+            g.A = A + i_ * a_stride0 + j_ * a_stride1;          \
+            g.B = B + i_ * b_stride0 + j_ * b_stride1;          \
+            g.C = C + i_ * c_stride0 + j_ * c_stride1;          \
+        } while (0)
+        if (tm == 1) {
+            float *Bp = buffer + (size_t)tid * (a_floats + b_floats), *Ap = Bp + b_floats;
+            if (team == 1) {
+                for (long t = 0; t < nb; t++) { GEMM_ENTRY(t); gemm_alone(&g, Bp, Ap, 0, np); }
+            } else if (by_batch) {   /* units of `per` batch entries */
+                long per = ceil_div(nb, 8L * team), u;
+                while ((u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)) * per < nb)
+                    for (long t = u * per; t < min_l(nb, (u + 1) * per); t++) {
+                        GEMM_ENTRY(t);
+                        gemm_alone(&g, Bp, Ap, 0, np);
+                    }
+            } else if (narrow) {     /* units of `per` NR panels; op(A) packed once per entry */
+                long per = ceil_div(np, 8L * team), groups = ceil_div(np, per), packed = -1, u;
+                while ((u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)) < nb * groups) {
+                    long t = u / groups, p = u % groups;
+                    GEMM_ENTRY(t);
+                    if (t != packed) { narrow_pack_a(&g, Ap); packed = t; }
+                    narrow_panels(&g, Bp, Ap, p * per, min_l(np, (p + 1) * per));
+                }
+            } else {                 /* static ranges of NR panels */
+                for (long t = 0; t < nb; t++) {
+                    GEMM_ENTRY(t);
+                    gemm_alone(&g, Bp, Ap, np * tid / team, np * (tid + 1) / team);
+                }
+            }
+        } else {
+            float *Bp = buffer, *Ap = buffer + b_floats + (size_t)tid * a_floats;
+            int tm_team = team == nt ? tm : grid_rows(s, M, N, team);
+            long seq = 0, pending = -1;
+            for (long t = 0; t < nb; t++) {
+                GEMM_ENTRY(t);
+                gemm_shared(&g, Bp, Ap, tid, team, tm_team, &next, &seq, &pending);
+            }
+        }
+#undef GEMM_ENTRY
+    }
+    buffer_release(buffer, owned);
+}
+
+void gemm(int trans_a, int trans_b, long M, long N, long K, float alpha,
+          const float *A, long lda, const float *B, long ldb, int accumulate, float *C, long ldc)
+{
+    gemm_batched(trans_a, trans_b, 1, 1, M, N, K, alpha, A, lda, 0, 0, B, ldb, 0, 0,
+                 accumulate, C, ldc, 0, 0);
+}
+
+void gemm_reference(int trans_a, int trans_b, long batch0, long batch1,
+                    long M, long N, long K, float alpha,
+                    const float *A, long lda, long a_stride0, long a_stride1,
+                    const float *B, long ldb, long b_stride0, long b_stride1,
+                    int accumulate,
+                    float *C, long ldc, long c_stride0, long c_stride1)
+{
+    for (long b0 = 0; b0 < batch0; b0++)
+        for (long b1 = 0; b1 < batch1; b1++) {
+            const float *a = A + b0 * a_stride0 + b1 * a_stride1;
+            const float *b = B + b0 * b_stride0 + b1 * b_stride1;
+            float *c = C + b0 * c_stride0 + b1 * c_stride1;
+            for (long i = 0; i < M; i++)
+                for (long j = 0; j < N; j++) {
+                    double sum = 0.0;
+                    for (long k = 0; k < K; k++) {
+                        double x = trans_a ? a[k * lda + i] : a[i * lda + k];
+                        double y = trans_b ? b[j * ldb + k] : b[k * ldb + j];
+                        sum += x * y;
+                    }
+                    double r = (double)alpha * sum;
+                    if (accumulate) r += c[i * ldc + j];
+                    c[i * ldc + j] = (float)r;
+                }
+        }
+}

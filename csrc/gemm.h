@@ -1,0 +1,46 @@
+/* GEMM: C = alpha * op(A) @ op(B), or C += alpha * op(A) @ op(B).
+ *
+ * Row-major, float32. op(X) is X or its transpose. Every matrix is addressed by a
+ * pointer and a leading dimension (the distance, in floats, between consecutive
+ * stored rows), so transposed operands and views into larger arrays (attention
+ * heads) are read in place: the only copies are the kernel's own packing buffers.
+ *
+ *   op(A) is M x K:  A is stored M x K (lda >= K) or, when trans_a, K x M (lda >= M)
+ *   op(B) is K x N:  B is stored K x N (ldb >= N) or, when trans_b, N x K (ldb >= K)
+ *   C     is M x N:  ldc >= N, C must not overlap A or B
+ *
+ * Results are bitwise independent of the thread count: every element of C is one
+ * fused-multiply-add chain over k in a fixed blocking that depends only on K and
+ * the instruction set, and threads split the output, never the K sum.
+ */
+#ifndef TF_GEMM_H
+#define TF_GEMM_H
+
+/* One GEMM. accumulate = 0: C = alpha*op(A)@op(B) (C is not read);
+ * accumulate = 1: C += alpha*op(A)@op(B). K = 0 gives zeros (or leaves C as is). */
+void gemm(int trans_a, int trans_b, long M, long N, long K, float alpha,
+          const float *A, long lda,      /* op(A): M x K */
+          const float *B, long ldb,      /* op(B): K x N */
+          int accumulate,
+          float *C, long ldc);           /* C: M x N */
+
+/* Batched GEMM over two batch axes [batch0, batch1] (e.g. [B, H] attention heads).
+ * Matrix (i, j) of X starts at X + i * x_stride0 + j * x_stride1 (strides in floats,
+ * >= 0; a stride of 0 broadcasts one matrix to every entry of that axis, A and B only). */
+void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
+                  long M, long N, long K, float alpha,
+                  const float *A, long lda, long a_stride0, long a_stride1,
+                  const float *B, long ldb, long b_stride0, long b_stride1,
+                  int accumulate,
+                  float *C, long ldc, long c_stride0, long c_stride1);
+
+/* The naive reference: a triple loop with a double accumulator per element, then
+ * C = alpha * sum (or C += alpha * sum), rounded once to float. Same arguments. */
+void gemm_reference(int trans_a, int trans_b, long batch0, long batch1,
+                    long M, long N, long K, float alpha,
+                    const float *A, long lda, long a_stride0, long a_stride1,
+                    const float *B, long ldb, long b_stride0, long b_stride1,
+                    int accumulate,
+                    float *C, long ldc, long c_stride0, long c_stride1);
+
+#endif

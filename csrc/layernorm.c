@@ -1,0 +1,305 @@
+/* Layer normalisation, forward and backward (see layernorm.h).
+ *
+ * Each row is read from memory once per kernel: its D floats stay in L1 across
+ * the mean, variance and output sweeps (forward) and the two backward sweeps.
+ */
+#include "layernorm.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "simd_math.h"
+
+/* Elements per thread below which fewer threads are started. */
+#define LAYERNORM_GRAIN 16384L
+
+/* ------------------------------------------------------------------------- */
+/* Plain C: the reference (sums in double). */
+
+/* One row: y [D] out, x [D], w [D], b [D]; returns mean and rstd through m, rs. */
+static void layernorm_row_generic(float *y, float *m, float *rs, const float *x, const float *w,
+                                  const float *b, long D, float eps)
+{
+    double sum = 0.0;
+    for (long c = 0; c < D; c++) sum += x[c];
+    float mean = (float)(sum / (double)D);
+    double ss = 0.0;
+    for (long c = 0; c < D; c++) {
+        double d = (double)(x[c] - mean);
+        ss += d * d;
+    }
+    float var = (float)(ss / (double)D);
+    float rstd = 1.0f / sqrtf(var + eps);
+    for (long c = 0; c < D; c++) y[c] = (x[c] - mean) * rstd * w[c] + b[c];
+    *m = mean;
+    *rs = rstd;
+}
+
+/* One row of the backward: dx [D] out (+= when acc); dwp, dbp [D] partial sums added into. */
+static void layernorm_backward_row_generic(float *dx, float *dwp, float *dbp, const float *dy,
+                                           const float *x, const float *w, float mean, float rstd,
+                                           long D, int acc)
+{
+    double sg = 0.0, sgx = 0.0;
+    for (long c = 0; c < D; c++) {
+        float xh = (x[c] - mean) * rstd;
+        float g = dy[c] * w[c];
+        sg += g;
+        sgx += (double)g * xh;
+        dwp[c] += dy[c] * xh;
+        dbp[c] += dy[c];
+    }
+    float a = (float)(sg / (double)D), bb = (float)(sgx / (double)D);
+    for (long c = 0; c < D; c++) {
+        float xh = (x[c] - mean) * rstd;
+        float g = dy[c] * w[c];
+        float v = rstd * ((g - a) - xh * bb);
+        dx[c] = acc ? dx[c] + v : v;
+    }
+}
+
+#if TF_HAVE_X86
+/* ------------------------------------------------------------------------- */
+/* AVX-512 */
+
+TF_TARGET_AVX512 static inline __mmask16 ln_lanes16(long count)
+{
+    return count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1u);
+}
+
+TF_TARGET_AVX512 static void layernorm_row_avx512(float *y, float *m, float *rs, const float *x,
+                                                  const float *w, const float *b, long D, float eps)
+{
+    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    long c = 0;
+    for (; c + 32 <= D; c += 32) {
+        s0 = _mm512_add_ps(s0, _mm512_loadu_ps(x + c));
+        s1 = _mm512_add_ps(s1, _mm512_loadu_ps(x + c + 16));
+    }
+    for (; c < D; c += 16) s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(ln_lanes16(D - c), x + c));
+    float mean = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) / (float)D;
+    const __m512 vmean = _mm512_set1_ps(mean);
+    s0 = _mm512_setzero_ps();
+    s1 = _mm512_setzero_ps();
+    for (c = 0; c + 32 <= D; c += 32) {
+        __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + c), vmean);
+        __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 16), vmean);
+        s0 = _mm512_fmadd_ps(d0, d0, s0);
+        s1 = _mm512_fmadd_ps(d1, d1, s1);
+    }
+    for (; c < D; c += 16) {
+        __mmask16 k = ln_lanes16(D - c);
+        __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + c), vmean);
+        s0 = _mm512_fmadd_ps(d, d, s0);
+    }
+    float var = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) / (float)D;
+    float rstd = 1.0f / sqrtf(var + eps);
+    const __m512 vrstd = _mm512_set1_ps(rstd);
+    for (c = 0; c < D; c += 16) {
+        __mmask16 k = ln_lanes16(D - c);
+        __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vmean), vrstd);
+        __m512 v = _mm512_fmadd_ps(xh, _mm512_maskz_loadu_ps(k, w + c), _mm512_maskz_loadu_ps(k, b + c));
+        _mm512_mask_storeu_ps(y + c, k, v);
+    }
+    *m = mean;
+    *rs = rstd;
+}
+
+TF_TARGET_AVX512 static void layernorm_backward_row_avx512(float *dx, float *dwp, float *dbp,
+                                                           const float *dy, const float *x,
+                                                           const float *w, float mean, float rstd,
+                                                           long D, int acc)
+{
+    const __m512 vmean = _mm512_set1_ps(mean), vrstd = _mm512_set1_ps(rstd);
+    __m512 sg = _mm512_setzero_ps(), sgx = _mm512_setzero_ps();
+    for (long c = 0; c < D; c += 16) {
+        __mmask16 k = ln_lanes16(D - c);
+        __m512 vdy = _mm512_maskz_loadu_ps(k, dy + c);
+        __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vmean), vrstd);
+        __m512 g = _mm512_mul_ps(vdy, _mm512_maskz_loadu_ps(k, w + c));
+        sg = _mm512_add_ps(sg, g);
+        sgx = _mm512_fmadd_ps(g, xh, sgx);
+        _mm512_mask_storeu_ps(dwp + c, k, _mm512_fmadd_ps(vdy, xh, _mm512_maskz_loadu_ps(k, dwp + c)));
+        _mm512_mask_storeu_ps(dbp + c, k, _mm512_add_ps(vdy, _mm512_maskz_loadu_ps(k, dbp + c)));
+    }
+    const __m512 va = _mm512_set1_ps(_mm512_reduce_add_ps(sg) / (float)D);
+    const __m512 vb = _mm512_set1_ps(_mm512_reduce_add_ps(sgx) / (float)D);
+    for (long c = 0; c < D; c += 16) {
+        __mmask16 k = ln_lanes16(D - c);
+        __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vmean), vrstd);
+        __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, dy + c), _mm512_maskz_loadu_ps(k, w + c));
+        __m512 v = _mm512_mul_ps(vrstd, _mm512_fnmadd_ps(xh, vb, _mm512_sub_ps(g, va)));
+        if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, dx + c), v);
+        _mm512_mask_storeu_ps(dx + c, k, v);
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* AVX2 */
+
+TF_TARGET_AVX2 static inline __m256i ln_lanes8(long count)
+{
+    if (count > 8) count = 8;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+TF_TARGET_AVX2 static inline float ln_hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+TF_TARGET_AVX2 static inline void ln_store8(float *dst, long count, __m256 v)
+{
+    if (count >= 8) _mm256_storeu_ps(dst, v);
+    else _mm256_maskstore_ps(dst, ln_lanes8(count), v);
+}
+
+TF_TARGET_AVX2 static void layernorm_row_avx2(float *y, float *m, float *rs, const float *x,
+                                              const float *w, const float *b, long D, float eps)
+{
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    long c = 0;
+    for (; c + 16 <= D; c += 16) {
+        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(x + c));
+        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(x + c + 8));
+    }
+    for (; c < D; c += 8) s0 = _mm256_add_ps(s0, _mm256_maskload_ps(x + c, ln_lanes8(D - c)));
+    float mean = ln_hsum8(_mm256_add_ps(s0, s1)) / (float)D;
+    const __m256 vmean = _mm256_set1_ps(mean);
+    s0 = _mm256_setzero_ps();
+    s1 = _mm256_setzero_ps();
+    for (c = 0; c + 16 <= D; c += 16) {
+        __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(x + c), vmean);
+        __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(x + c + 8), vmean);
+        s0 = _mm256_fmadd_ps(d0, d0, s0);
+        s1 = _mm256_fmadd_ps(d1, d1, s1);
+    }
+    for (; c < D; c += 8) {
+        __m256i k = ln_lanes8(D - c);
+        __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, k), vmean), _mm256_castsi256_ps(k));
+        s0 = _mm256_fmadd_ps(d, d, s0);
+    }
+    float var = ln_hsum8(_mm256_add_ps(s0, s1)) / (float)D;
+    float rstd = 1.0f / sqrtf(var + eps);
+    const __m256 vrstd = _mm256_set1_ps(rstd);
+    for (c = 0; c < D; c += 8) {
+        __m256i k = ln_lanes8(D - c);
+        __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, k), vmean), vrstd);
+        __m256 v = _mm256_fmadd_ps(xh, _mm256_maskload_ps(w + c, k), _mm256_maskload_ps(b + c, k));
+        ln_store8(y + c, D - c, v);
+    }
+    *m = mean;
+    *rs = rstd;
+}
+
+TF_TARGET_AVX2 static void layernorm_backward_row_avx2(float *dx, float *dwp, float *dbp,
+                                                       const float *dy, const float *x,
+                                                       const float *w, float mean, float rstd,
+                                                       long D, int acc)
+{
+    const __m256 vmean = _mm256_set1_ps(mean), vrstd = _mm256_set1_ps(rstd);
+    __m256 sg = _mm256_setzero_ps(), sgx = _mm256_setzero_ps();
+    for (long c = 0; c < D; c += 8) {
+        __m256i k = ln_lanes8(D - c);
+        __m256 vdy = _mm256_maskload_ps(dy + c, k);
+        __m256 xh = _mm256_and_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, k), vmean), vrstd),
+                                  _mm256_castsi256_ps(k));
+        __m256 g = _mm256_mul_ps(vdy, _mm256_maskload_ps(w + c, k));
+        sg = _mm256_add_ps(sg, g);
+        sgx = _mm256_fmadd_ps(g, xh, sgx);
+        ln_store8(dwp + c, D - c, _mm256_fmadd_ps(vdy, xh, _mm256_maskload_ps(dwp + c, k)));
+        ln_store8(dbp + c, D - c, _mm256_add_ps(vdy, _mm256_maskload_ps(dbp + c, k)));
+    }
+    const __m256 va = _mm256_set1_ps(ln_hsum8(sg) / (float)D);
+    const __m256 vb = _mm256_set1_ps(ln_hsum8(sgx) / (float)D);
+    for (long c = 0; c < D; c += 8) {
+        __m256i k = ln_lanes8(D - c);
+        __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, k), vmean), vrstd);
+        __m256 g = _mm256_mul_ps(_mm256_maskload_ps(dy + c, k), _mm256_maskload_ps(w + c, k));
+        __m256 v = _mm256_mul_ps(vrstd, _mm256_fnmadd_ps(xh, vb, _mm256_sub_ps(g, va)));
+        if (acc) v = _mm256_add_ps(_mm256_maskload_ps(dx + c, k), v);
+        ln_store8(dx + c, D - c, v);
+    }
+}
+#endif /* TF_HAVE_X86 */
+
+/* ------------------------------------------------------------------------- */
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *x, const float *weight,
+                       const float *bias, long N, long D, float eps)
+{
+    if (N == 0 || D == 0) return;
+    const int isa = tf_isa();
+#pragma omp parallel for schedule(static) num_threads(tf_team(N * D, LAYERNORM_GRAIN))
+    for (long r = 0; r < N; r++) {
+        float *y = out + r * D;
+        const float *xr = x + r * D;
+#if TF_HAVE_X86
+        if (isa == TF_ISA_AVX512) { layernorm_row_avx512(y, mean + r, rstd + r, xr, weight, bias, D, eps); continue; }
+        if (isa == TF_ISA_AVX2) { layernorm_row_avx2(y, mean + r, rstd + r, xr, weight, bias, D, eps); continue; }
+#endif
+        layernorm_row_generic(y, mean + r, rstd + r, xr, weight, bias, D, eps);
+    }
+}
+
+size_t layernorm_backward_scratch(long N, long D)
+{
+    long chunks = (N + LAYERNORM_CHUNK - 1) / LAYERNORM_CHUNK;
+    return (size_t)(2 * chunks) * (size_t)D;
+}
+
+void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch, const float *dout,
+                        const float *x, const float *weight, const float *mean, const float *rstd,
+                        long N, long D, int accumulate)
+{
+    if (N == 0 || D == 0) return;
+    const int isa = tf_isa();
+    const long chunks = (N + LAYERNORM_CHUNK - 1) / LAYERNORM_CHUNK;
+#pragma omp parallel num_threads(tf_team(N * D, LAYERNORM_GRAIN))
+    {
+        /* dx by rows; each fixed chunk of rows sums its dweight/dbias partials. */
+#pragma omp for schedule(static)
+        for (long ch = 0; ch < chunks; ch++) {
+            float *dwp = scratch + 2 * ch * D, *dbp = dwp + D;
+            memset(dwp, 0, 2 * (size_t)D * sizeof(float));
+            long r1 = (ch + 1) * LAYERNORM_CHUNK < N ? (ch + 1) * LAYERNORM_CHUNK : N;
+            for (long r = ch * LAYERNORM_CHUNK; r < r1; r++) {
+                float *dxr = dx + r * D;
+                const float *dyr = dout + r * D, *xr = x + r * D;
+#if TF_HAVE_X86
+                if (isa == TF_ISA_AVX512) {
+                    layernorm_backward_row_avx512(dxr, dwp, dbp, dyr, xr, weight, mean[r], rstd[r], D, accumulate);
+                    continue;
+                }
+                if (isa == TF_ISA_AVX2) {
+                    layernorm_backward_row_avx2(dxr, dwp, dbp, dyr, xr, weight, mean[r], rstd[r], D, accumulate);
+                    continue;
+                }
+#endif
+                layernorm_backward_row_generic(dxr, dwp, dbp, dyr, xr, weight, mean[r], rstd[r], D, accumulate);
+            }
+        }
+        /* The partials, added in chunk order: columns in blocks of 64 per iteration. */
+#pragma omp for schedule(static)
+        for (long c0 = 0; c0 < D; c0 += 64) {
+            long width = D - c0 < 64 ? D - c0 : 64;
+            float sw[64], sb[64];
+            for (long j = 0; j < width; j++) sw[j] = sb[j] = 0.0f;
+            for (long ch = 0; ch < chunks; ch++) {
+                const float *dwp = scratch + 2 * ch * D + c0, *dbp = dwp + D;
+                for (long j = 0; j < width; j++) {
+                    sw[j] += dwp[j];
+                    sb[j] += dbp[j];
+                }
+            }
+            for (long j = 0; j < width; j++) {
+                dweight[c0 + j] += sw[j];
+                dbias[c0 + j] += sb[j];
+            }
+        }
+    }
+}

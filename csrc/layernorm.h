@@ -1,0 +1,37 @@
+/* Layer normalisation over the last axis (nn.LayerNorm), forward and backward.
+ *
+ * Forward: mean, then the biased variance as the mean of (x - mean)^2 (two
+ * passes, never E[x^2] - E[x]^2), rstd = 1/sqrt(var + eps),
+ * out = (x - mean) * rstd * weight + bias. Saves mean and rstd.
+ * Backward (g = dout * weight, xhat = (x - mean) * rstd):
+ *   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+ *   dweight += sum over rows of dout * xhat,  dbias += sum over rows of dout.
+ * Rows are split into fixed chunks of LAYERNORM_CHUNK rows; each chunk writes its
+ * own partial column sums and the partials are added in chunk order, so the bits
+ * of dweight/dbias do not depend on the thread count.
+ */
+#ifndef TF_LAYERNORM_H
+#define TF_LAYERNORM_H
+
+#include <stddef.h>
+
+#define LAYERNORM_CHUNK 32L   /* rows per partial sum of dweight/dbias */
+
+/* out    [N, D] output; may be x (in place)
+ * mean   [N] output, rstd [N] output
+ * x      [N, D], weight [D], bias [D] */
+void layernorm_forward(float *out, float *mean, float *rstd, const float *x, const float *weight,
+                       const float *bias, long N, long D, float eps);
+
+/* Floats of scratch layernorm_backward needs: 2 * ceil(N / LAYERNORM_CHUNK) * D. */
+size_t layernorm_backward_scratch(long N, long D);
+
+/* dx      [N, D] output (dx += when accumulate); may be dout when !accumulate
+ * dweight [D] added into, dbias [D] added into
+ * scratch [layernorm_backward_scratch(N, D)] floats, any contents
+ * dout, x [N, D], weight [D], mean [N], rstd [N] (from layernorm_forward) */
+void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch, const float *dout,
+                        const float *x, const float *weight, const float *mean, const float *rstd,
+                        long N, long D, int accumulate);
+
+#endif

@@ -1,0 +1,428 @@
+"""GEMM: out = alpha * op(a) @ op(b) (+ out when accumulate), batched over 0, 1 or 2 axes.
+
+Every result is compared with numpy in float64. Tolerance (stated once): float32 products summed
+over K in float32 may be off by about K * 2**-24 * |a| * |b| in the worst case and far less in
+practice, so we allow TOL * K * max|a| * max|b| * |alpha| (plus TOL * max|out| when adding into
+out) with TOL = 1e-6; every failure prints the largest difference found.
+"""
+import numpy as np
+import pytest
+
+import transformer as T
+from transformer import _C, ops
+
+TOL = 1e-6
+ISAS = [name for name in ("generic", "avx2", "avx512")
+        if _C.set_isa(name) == name or name == "generic"]
+_C.set_isa(_C.best_isa())
+TRANS = [(False, False), (False, True), (True, False), (True, True)]
+
+# Register tiles and cache blocks of each micro-kernel (csrc/gemm.c).
+MR = {"generic": 4, "avx2": 6, "avx512": 14}
+NR = {"generic": 8, "avx2": 16, "avx512": 32}
+KC = 256
+MC = {"generic": 128, "avx2": 144, "avx512": 336}
+
+
+@pytest.fixture(params=ISAS)
+def isa(request):
+    _C.set_isa(request.param)
+    yield request.param
+    _C.set_isa(_C.best_isa())
+
+
+@pytest.fixture
+def threads():
+    before = T.get_num_threads()
+    yield
+    T.set_num_threads(before)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def operand(r, rows, cols, trans):
+    """A random float32 matrix holding op(x) as rows x cols (stored transposed when trans)."""
+    x = r.uniform(-1, 1, (cols, rows) if trans else (rows, cols)).astype(np.float32)
+    return x
+
+
+def expected(a, b, trans_a, trans_b, alpha=1.0, out0=None):
+    a64 = np.swapaxes(a, -1, -2) if trans_a else a
+    b64 = np.swapaxes(b, -1, -2) if trans_b else b
+    r = alpha * (a64.astype(np.float64) @ b64.astype(np.float64))
+    return r if out0 is None else r + out0.astype(np.float64)
+
+
+def assert_close(got, a, b, trans_a, trans_b, alpha=1.0, out0=None):
+    want = expected(a, b, trans_a, trans_b, alpha, out0)
+    k = a.shape[-2] if trans_a else a.shape[-1]
+    scale = max(k, 1) * max(np.abs(a).max(initial=0), 1e-30) * max(np.abs(b).max(initial=0), 1e-30) * abs(alpha)
+    if out0 is not None:
+        scale += np.abs(out0).max(initial=0)
+    diff = np.abs(got.astype(np.float64) - want).max(initial=0)
+    assert diff <= TOL * scale, f"max difference {diff:.3g} > {TOL * scale:.3g}"
+
+
+def padded_out(shape, fill=np.nan):
+    """An out view inside a larger NaN-filled buffer: the kernel must write exactly the view
+    (no stray writes past an edge tile, and it must not read out when not accumulating)."""
+    rows, cols = shape[-2], shape[-1]
+    big = np.full(shape[:-2] + (rows + 2, cols + 7), fill, dtype=np.float32)
+    return big, big[..., 1:rows + 1, 3:cols + 3]
+
+
+def outside(big, shape):
+    mask = np.ones(big.shape, dtype=bool)
+    mask[..., 1:shape[-2] + 1, 3:shape[-1] + 3] = False
+    return big[mask]
+
+
+def shapes_past_boundaries(isa):
+    """(M, N, K) just around each tile and block edge of this micro-kernel."""
+    mr, nr, mc = MR[isa], NR[isa], MC[isa]
+    out = [(1, 1, 1), (1, 1, 7), (7, 1, 3), (1, 13, 5), (3, 5, 1), (17, 19, 23)]
+    for m in (mr - 1, mr, mr + 1, 2 * mr + 1):
+        out.append((m, nr + 3, 37))
+    for n in (nr - 1, nr, nr + 1, 2 * nr - 1, 2 * nr + 1):
+        out.append((mr + 2, n, 29))
+    for k in (KC - 1, KC, KC + 1, 2 * KC + 1):
+        out.append((mr + 1, nr + 1, k))
+    for m in (mc - 1, mc + 1):
+        out.append((m, nr - 1, 11))
+    return out
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_matches_float64_past_every_tile_and_block_edge(isa, trans_a, trans_b):
+    r = rng(1)
+    for m, n, k in shapes_past_boundaries(isa):
+        a, b = operand(r, m, k, trans_a), operand(r, k, n, trans_b)
+        big, out = padded_out((m, n))
+        _C.gemm(a, b, out, trans_a, trans_b)
+        assert_close(out, a, b, trans_a, trans_b)
+        assert np.isnan(outside(big, (m, n))).all(), f"wrote outside out for {(m, n, k)}"
+
+
+def test_wide_output_past_the_n_block():
+    r = rng(2)
+    for trans_a, trans_b in TRANS:
+        a, b = operand(r, 3, 5, trans_a), operand(r, 5, 4097, trans_b)
+        out = np.empty((3, 4097), np.float32)
+        _C.gemm(a, b, out, trans_a, trans_b)
+        assert_close(out, a, b, trans_a, trans_b)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_accumulate_adds_alpha_times_product(isa, trans_a, trans_b):
+    r = rng(3)
+    for m, n, k in [(1, 1, 1), (15, 33, 257), (29, 17, 40)]:
+        a, b = operand(r, m, k, trans_a), operand(r, k, n, trans_b)
+        out0 = r.uniform(-1, 1, (m, n)).astype(np.float32)
+        out = out0.copy()
+        _C.gemm(a, b, out, trans_a, trans_b, alpha=-0.75, accumulate=True)
+        assert_close(out, a, b, trans_a, trans_b, alpha=-0.75, out0=out0)
+        out = out0.copy()
+        _C.gemm(a, b, out, trans_a, trans_b, alpha=2.5)
+        assert_close(out, a, b, trans_a, trans_b, alpha=2.5)
+
+
+def test_empty_dimensions():
+    r = rng(4)
+    for m, n in [(0, 5), (5, 0), (0, 0)]:
+        a, b = operand(r, m, 3, False), operand(r, 3, n, False)
+        out = np.empty((m, n), np.float32)
+        assert _C.gemm(a, b, out) is out
+    # K = 0: an empty sum is zero, and accumulating it leaves out unchanged
+    for trans_a, trans_b in TRANS:
+        a, b = operand(r, 4, 0, trans_a), operand(r, 0, 6, trans_b)
+        out = np.full((4, 6), np.nan, np.float32)
+        _C.gemm(a, b, out, trans_a, trans_b)
+        assert (out == 0).all()
+        out[:] = 7
+        _C.gemm(a, b, out, trans_a, trans_b, accumulate=True)
+        assert (out == 7).all()
+    # empty batch
+    _C.gemm(np.ones((0, 2, 3), np.float32), np.ones((0, 3, 4), np.float32), np.empty((0, 2, 4), np.float32))
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_fast_kernel_agrees_with_the_naive_reference(isa, trans_a, trans_b):
+    r = rng(5)
+    for m, n, k in [(1, 1, 1), (MR[isa] + 1, NR[isa] - 1, 3), (31, 65, 257), (2, 300, 19)]:
+        a, b = operand(r, m, k, trans_a), operand(r, k, n, trans_b)
+        fast, slow = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+        _C.gemm(a, b, fast, trans_a, trans_b, alpha=0.5)
+        _C.gemm_reference(a, b, slow, trans_a, trans_b, alpha=0.5)
+        assert_close(fast, a, b, trans_a, trans_b, alpha=0.5)
+        # the reference sums in double and rounds once
+        want = expected(a, b, trans_a, trans_b, 0.5)
+        assert np.abs(slow - want).max() <= 1e-7 * (np.abs(want).max() + 1)
+        diff = np.abs(fast - slow).max()
+        assert diff <= TOL * k, f"fast vs reference max difference {diff:.3g}"
+
+
+def head_view(x, batch, length, heads):
+    """[B, T, H*dh] -> the [B, H, T, dh] view, no copy (as attention reads its heads)."""
+    return x.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_batched_head_views_in_place(isa, trans_a, trans_b):
+    """4-D [B, H, T, dh] views of [B, T, D] arrays as inputs and as out (Q K^T and P V shapes)."""
+    r = rng(6)
+    B, H, T, S, dh = 2, 3, 17, 13, 8
+    q = r.uniform(-1, 1, (B, T if not trans_a else dh * 0 + T, H * dh)).astype(np.float32)
+    # op(a) = [T, dh] or stored transposed [dh, T]: build a from a head view either way
+    qa = head_view(q, B, T, H)                          # [B, H, T, dh]
+    a = np.swapaxes(qa, -1, -2) if trans_a else qa      # stored so that op(a) = [T, dh]
+    if trans_a:  # a must have a unit-stride last axis: use a fresh [B, H, dh, T] array
+        a = np.ascontiguousarray(a)
+    kv = r.uniform(-1, 1, (B, S, H * dh)).astype(np.float32)
+    kh = head_view(kv, B, S, H)                         # [B, H, S, dh]
+    b = kh if trans_b else np.ascontiguousarray(np.swapaxes(kh, -1, -2))   # op(b) = [dh, S]
+    scores = np.full((B, T, H * S + 5), np.nan, np.float32)
+    out = scores[:, :, :H * S].reshape(B, T, H, S).transpose(0, 2, 1, 3)   # [B, H, T, S] view
+    assert not out.flags.c_contiguous
+    _C.gemm(a, b, out, trans_a, trans_b)
+    assert_close(out, a, b, trans_a, trans_b)
+    assert np.isnan(scores[:, :, H * S:]).all()
+    # and back: P [B, H, T, S] @ V [B, H, S, dh] written into a [B, T, H*dh] head view
+    p = r.uniform(0, 1, (B, H, T, S)).astype(np.float32)
+    pa = np.ascontiguousarray(np.swapaxes(p, -1, -2)) if trans_a else p
+    vb = np.ascontiguousarray(np.swapaxes(kh, -1, -2)) if trans_b else kh
+    ctx = np.full((B, T, H * dh), np.nan, np.float32)
+    _C.gemm(pa, vb, head_view(ctx, B, T, H), trans_a, trans_b, alpha=0.5)
+    assert_close(head_view(ctx, B, T, H), pa, vb, trans_a, trans_b, alpha=0.5)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_batched_broadcast_operands(isa, trans_a, trans_b):
+    r = rng(7)
+    m, n, k = 9, 35, 21
+    for nd in (3, 4):
+        batch = (4,) if nd == 3 else (2, 3)
+        w = operand(r, k, n, trans_b)
+        b = np.broadcast_to(w, batch + w.shape)          # batch strides 0
+        a = r.uniform(-1, 1, batch + ((k, m) if trans_a else (m, k))).astype(np.float32)
+        out = np.empty(batch + (m, n), np.float32)
+        _C.gemm(a, b, out, trans_a, trans_b)
+        assert_close(out, a, b, trans_a, trans_b)
+        x = operand(r, m, k, trans_a)
+        a = np.broadcast_to(x, batch + x.shape)
+        b = r.uniform(-1, 1, batch + ((n, k) if trans_b else (k, n))).astype(np.float32)
+        out0 = r.uniform(-1, 1, batch + (m, n)).astype(np.float32)
+        out = out0.copy()
+        _C.gemm(a, b, out, trans_a, trans_b, alpha=3.0, accumulate=True)
+        assert_close(out, a, b, trans_a, trans_b, alpha=3.0, out0=out0)
+    if nd == 4:  # broadcast along one of the two batch axes only
+        a = np.broadcast_to(r.uniform(-1, 1, (2, 1, m, k) if not trans_a else (2, 1, k, m)).astype(np.float32),
+                            (2, 3) + ((k, m) if trans_a else (m, k)))
+        b = r.uniform(-1, 1, (2, 3) + ((n, k) if trans_b else (k, n))).astype(np.float32)
+        out = np.empty((2, 3, m, n), np.float32)
+        _C.gemm(a, b, out, trans_a, trans_b)
+        assert_close(out, a, b, trans_a, trans_b)
+
+
+def test_many_small_batched_matrices_like_attention(isa):
+    r = rng(8)
+    for bh, t, dh in [(16, 8, 16), (12, 33, 17), (5, 64, 64)]:
+        q = r.uniform(-1, 1, (bh, t, dh)).astype(np.float32)
+        k = r.uniform(-1, 1, (bh, t, dh)).astype(np.float32)
+        s = np.empty((bh, t, t), np.float32)
+        _C.gemm(q, k, s, False, True, alpha=dh ** -0.5)
+        assert_close(s, q, k, False, True, alpha=dh ** -0.5)
+        o = np.empty((bh, t, dh), np.float32)
+        _C.gemm(s, k, o)
+        assert_close(o, s, k, False, False)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_result_bits_do_not_depend_on_thread_count(isa, threads, trans_a, trans_b):
+    r = rng(9)
+    # shared B block (large M, also with several N blocks and K blocks), per-thread column ranges
+    # (few rows), batch entries split over threads, and tiny products that stay on one thread
+    cases = [((), 300, 200, 300), ((), 100, 1100, 2050), ((), 5, 900, 300), ((), 20, 3000, 300),
+             ((), 700, 3, 64), ((8,), 60, 70, 80), ((3,), 200, 150, 100), ((2, 5), 33, 31, 65)]
+    for batch, m, n, k in cases:
+        a = r.uniform(-1, 1, batch + ((k, m) if trans_a else (m, k))).astype(np.float32)
+        b = r.uniform(-1, 1, batch + ((n, k) if trans_b else (k, n))).astype(np.float32)
+        results = []
+        for nthreads in (1, 2):
+            T.set_num_threads(nthreads)
+            out = np.ones(batch + (m, n), np.float32)
+            _C.gemm(a, b, out, trans_a, trans_b, alpha=0.3, accumulate=True)
+            results.append(out)
+        assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32)), \
+            f"1 vs 2 threads differ for {batch + (m, n, k)}: max {np.abs(results[0] - results[1]).max():.3g}"
+        assert_close(results[1], a, b, trans_a, trans_b, alpha=0.3, out0=np.ones(batch + (m, n), np.float32))
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_every_schedule_on_one_thread(isa, threads, trans_a, trans_b):
+    """Few rows with all of op(A) packed (B read in place or packed per panel), and many rows
+    with B packed per block, each across several K blocks and (for many rows) N blocks."""
+    T.set_num_threads(1)
+    r = rng(12)
+    for m, n, k in [(3, 70, 600), (MR[isa] * 2, NR[isa] * 3 + 1, 513), (2 * MR[isa] + 1, 70, 600),
+                    (MC[isa] + 1, 4097, 300), (MC[isa] - 1, 65, 1100)]:
+        a, b = operand(r, m, k, trans_a), operand(r, k, n, trans_b)
+        big, out = padded_out((m, n), fill=1.0)
+        _C.gemm(a, b, out, trans_a, trans_b, alpha=-1.5, accumulate=True)
+        assert_close(out, a, b, trans_a, trans_b, alpha=-1.5, out0=np.ones((m, n), np.float32))
+        assert (outside(big, (m, n)) == 1).all()
+
+
+# ---------------------------------------------------------------------------
+# Bad input: refused with an error naming the argument.
+
+def good(m=4, n=5, k=3):
+    return (np.ones((m, k), np.float32), np.ones((k, n), np.float32), np.zeros((m, n), np.float32))
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float16, np.int32, object])
+@pytest.mark.parametrize("which", [0, 1, 2])
+def test_wrong_dtype_is_a_type_error(dtype, which):
+    args = list(good())
+    args[which] = args[which].astype(dtype)
+    with pytest.raises(TypeError, match=["a", "b", "out"][which]):
+        _C.gemm(*args)
+
+
+def test_not_an_array_is_a_type_error():
+    a, b, out = good()
+    with pytest.raises(TypeError, match="a"):
+        _C.gemm(a.tolist(), b, out)
+    with pytest.raises(TypeError, match="out"):
+        _C.gemm(a, b, None)
+
+
+def test_wrong_rank_is_a_value_error():
+    a, b, out = good()
+    with pytest.raises(ValueError, match="a"):
+        _C.gemm(np.ones(3, np.float32), b, out)
+    with pytest.raises(ValueError, match="a"):
+        _C.gemm(np.ones((1, 1, 1, 4, 3), np.float32), np.ones((1, 1, 1, 3, 5), np.float32),
+                np.empty((1, 1, 1, 4, 5), np.float32))
+    with pytest.raises(ValueError, match="b"):
+        _C.gemm(a, b[None], out)
+    with pytest.raises(ValueError, match="out"):
+        _C.gemm(a, b, out[None])
+
+
+def test_mismatched_shapes_are_value_errors():
+    a, b, out = good()
+    with pytest.raises(ValueError, match="a and b"):
+        _C.gemm(a, np.ones((4, 5), np.float32), out)
+    with pytest.raises(ValueError, match="a and b"):
+        _C.gemm(a, b, out, trans_a=True)
+    with pytest.raises(ValueError, match="out"):
+        _C.gemm(a, b, np.empty((4, 6), np.float32))
+    with pytest.raises(ValueError, match="out"):
+        _C.gemm(a, b, np.empty((5, 4), np.float32))
+    # batch sizes
+    with pytest.raises(ValueError, match="b"):
+        _C.gemm(np.ones((2, 4, 3), np.float32), np.ones((3, 3, 5), np.float32), np.empty((2, 4, 5), np.float32))
+    with pytest.raises(ValueError, match="a"):
+        _C.gemm(np.ones((3, 4, 3), np.float32), np.ones((2, 3, 5), np.float32), np.empty((2, 4, 5), np.float32))
+    with pytest.raises(ValueError, match="a"):
+        _C.gemm(np.ones((2, 2, 4, 3), np.float32), np.ones((2, 3, 3, 5), np.float32),
+                np.empty((2, 3, 4, 5), np.float32))
+
+
+def test_bad_strides_are_value_errors():
+    a, b, out = good()
+    with pytest.raises(ValueError, match="a"):
+        _C.gemm(np.ones((4, 6), np.float32)[:, ::2], b, out)      # last axis not unit stride
+    with pytest.raises(ValueError, match="b"):
+        _C.gemm(a, b[::-1], out)                                   # negative stride
+    with pytest.raises(ValueError, match="out"):
+        _C.gemm(a, b, np.empty((5, 4), np.float32).T)
+    raw = np.zeros(4 * 15 + 1, np.uint8)
+    unaligned = np.frombuffer(raw.data, dtype=np.float32, count=15, offset=1).reshape(5, 3)
+    with pytest.raises(ValueError, match="a"):
+        _C.gemm(unaligned[:4], b, out)
+
+
+def test_read_only_out_is_refused():
+    a, b, out = good()
+    out.flags.writeable = False
+    with pytest.raises(ValueError, match="out"):
+        _C.gemm(a, b, out)
+
+
+def test_out_overlapping_an_input_is_refused():
+    x = np.ones((4, 4), np.float32)
+    with pytest.raises(ValueError, match="out must not overlap a"):
+        _C.gemm(x, np.ones((4, 4), np.float32), x)
+    with pytest.raises(ValueError, match="out must not overlap b"):
+        _C.gemm(np.ones((4, 4), np.float32), x, x)
+    buf = np.ones((4, 8), np.float32)
+    with pytest.raises(ValueError, match="out must not overlap a"):
+        _C.gemm(buf[:, :4], np.ones((4, 4), np.float32), buf[:, 2:6])
+    # interleaved but disjoint views of one buffer are fine (q and k heads of a qkv array)
+    _C.gemm(buf[:, :4], np.ones((4, 4), np.float32), buf[:, 4:])
+    assert (buf[:, 4:] == 4).all()
+
+
+def test_out_with_overlapping_rows_is_refused():
+    a, b, _ = good()
+    base = np.zeros(64, np.float32)
+    same_rows = np.lib.stride_tricks.as_strided(base, (4, 5), (0, 4))
+    with pytest.raises(ValueError, match="out"):
+        _C.gemm(a, b, same_rows)
+    short_rows = np.lib.stride_tricks.as_strided(base, (4, 5), (12, 4))   # row stride 3 < 5 columns
+    with pytest.raises(ValueError, match="out"):
+        _C.gemm(a, b, short_rows)
+    same_batch = np.lib.stride_tricks.as_strided(base, (2, 4, 5), (0, 20, 4))
+    with pytest.raises(ValueError, match="out"):
+        _C.gemm(np.ones((2, 4, 3), np.float32), np.ones((2, 3, 5), np.float32), same_batch)
+    overlapping_batch = np.lib.stride_tricks.as_strided(base, (2, 4, 5), (40, 20, 4))   # 2nd starts at row 2
+    with pytest.raises(ValueError, match="out"):
+        _C.gemm(np.ones((2, 4, 3), np.float32), np.ones((2, 3, 5), np.float32), overlapping_batch)
+
+
+# ---------------------------------------------------------------------------
+# transformer.ops.matmul (the friendly numpy API on top of _C.gemm)
+
+def test_ops_matmul_reads_fortran_ordered_and_transposed_inputs():
+    r = rng(10)
+    a = np.asfortranarray(r.uniform(-1, 1, (37, 19)).astype(np.float32))
+    b = r.uniform(-1, 1, (23, 19)).astype(np.float32)
+    assert_close(ops.matmul(a, b.T), a, b.T, False, False)
+    assert_close(ops.matmul(a, b, trans_b=True), a, b, False, True)
+    assert_close(ops.matmul(a.T, a), a.T, a, False, False)
+    assert_close(ops.matmul(a, a, trans_a=True), a, a, True, False)
+    sliced = r.uniform(-1, 1, (19, 60)).astype(np.float32)[:, ::3]   # non-unit last stride: copied
+    assert_close(ops.matmul(a, sliced), a, sliced, False, False)
+
+
+def test_ops_matmul_batched_with_a_shared_2d_operand():
+    r = rng(11)
+    x = r.uniform(-1, 1, (3, 10, 8)).astype(np.float32)
+    w = r.uniform(-1, 1, (6, 8)).astype(np.float32)
+    got = ops.matmul(x, w, trans_b=True)
+    assert got.shape == (3, 10, 6)
+    assert_close(got, x, np.broadcast_to(w, (3, 6, 8)), False, True)
+    v = r.uniform(-1, 1, (5, 10)).astype(np.float32)
+    got = ops.matmul(v, x)
+    assert_close(got, np.broadcast_to(v, (3, 5, 10)), x, False, False)
+    out0 = r.uniform(-1, 1, (3, 5, 8)).astype(np.float32)
+    out = out0.copy()
+    ops.matmul(v, x, out=out, accumulate=True)
+    assert_close(out, np.broadcast_to(v, (3, 5, 10)), x, False, False, out0=out0)
+
+
+def test_ops_matmul_refuses_bad_arguments():
+    a = np.ones((3, 4), np.float32)
+    with pytest.raises(ValueError, match="out"):
+        ops.matmul(a, a.T, accumulate=True)
+    with pytest.raises(TypeError, match="a"):
+        ops.matmul(a.astype(np.float64), a.T)
+    with pytest.raises(ValueError, match="a and b"):
+        ops.matmul(a, a)
+    with pytest.raises(ValueError, match="out"):
+        ops.matmul(a, a.T, out=np.empty((4, 4), np.float32))
+    with pytest.raises(ValueError, match="batch"):
+        ops.matmul(np.ones((2, 3, 4), np.float32), np.ones((3, 4, 5), np.float32))

@@ -1,0 +1,215 @@
+"""The model matches PyTorch (the oracle): the reference network of DESIGN.md, built by
+transformer.torch_compat, loaded with the same weights, must give the same logits, the same
+gradient for every parameter tensor and the same loss curve over 50 Adam steps.
+
+Tolerances (stated once; "relative" is per tensor: max|ours - torch| / max|torch|):
+"""
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import transformer as T  # noqa: E402
+from transformer import _C  # noqa: E402
+from transformer.params import parameter_specs  # noqa: E402
+from transformer.torch_compat import build_torch_model, torch_loss  # noqa: E402
+
+LOGITS_RTOL = 1e-4      # logits at non-pad target positions
+GRAD_RTOL = 1e-3        # every gradient tensor
+LOSS_ATOL = 1e-3        # every step of a 50-step Adam run
+LABEL_SMOOTHING = 0.1
+ZERO_FLOOR = 1e-5       # gradient elements below this fraction of the tensor's largest are rounding
+                        # noise of exactly-zero gradients (DESIGN's trap): zeroed on both sides
+
+# name: (config changes, batch, source length, target length)
+CASES = {
+    "post_ln_relu": (dict(norm_first=False, activation="relu"), 4, 7, 5),
+    "post_ln_gelu": (dict(norm_first=False, activation="gelu"), 3, 4, 9),
+    "pre_ln_relu": (dict(norm_first=True, activation="relu"), 3, 6, 6),
+    "pre_ln_gelu": (dict(norm_first=True, activation="gelu"), 4, 9, 4),
+}
+BASE = dict(src_vocab_size=37, tgt_vocab_size=41, d_model=96, n_heads=3, d_ff=80,
+            n_encoder_layers=1, n_decoder_layers=3, dropout=0.0, max_len=16)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torch_on_one_thread():
+    """The oracle's speed does not matter here; one thread keeps its OpenMP team from competing
+    with ours for the cores."""
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+def config(case):
+    return T.ModelConfig(**BASE, **CASES[case][0])
+
+
+def batch(case, seed=0):
+    """src [B, S], tgt_in/tgt_out [B, T]; row b ends with b pads (every row padded differently)."""
+    _, B, S, Tt = CASES[case]
+    cfg = config(case)
+    rng = np.random.default_rng(seed)
+    src = rng.integers(3, cfg.src_vocab_size, (B, S))
+    tgt = rng.integers(3, cfg.tgt_vocab_size, (B, Tt + 1))
+    tgt[:, 0] = cfg.bos_id
+    for b in range(B):
+        if b:
+            src[b, S - min(b, S - 1):] = cfg.pad_id
+            tgt[b, Tt + 1 - min(b, Tt - 1):] = cfg.pad_id
+    return src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
+
+
+def pair(case):
+    """A torch reference model and ours with the same (torch-initialised) weights."""
+    cfg = config(case)
+    torch.manual_seed(1234)
+    tm = build_torch_model(cfg)
+    ours = T.Seq2SeqTransformer(cfg, seed=0)
+    ours.load_state_dict({k: v.detach().numpy() for k, v in tm.state_dict().items()})
+    return tm, ours
+
+
+def rel(ours, ref):
+    ref = np.asarray(ref, dtype=np.float64)
+    diff = np.abs(np.asarray(ours, dtype=np.float64) - ref).max()
+    return diff / max(np.abs(ref).max(), 1e-30), diff
+
+
+_RESULTS = {}
+
+
+def results(case):
+    """Computed once per case: logits (eval) and gradients (train mode, dropout 0) of both."""
+    if case not in _RESULTS:
+        tm, ours = pair(case)
+        src, tgt_in, tgt_out = batch(case)
+        tm.eval()
+        with torch.no_grad():
+            ref_logits = tm(torch.from_numpy(src), torch.from_numpy(tgt_in)).numpy()
+        our_logits = ours.forward(src, tgt_in)
+        tm.train()
+        tm.zero_grad()
+        ref_loss = torch_loss(tm, src, tgt_in, tgt_out, LABEL_SMOOTHING)
+        ref_loss.backward()
+        ref_grads = {k: p.grad.numpy().copy() for k, p in tm.named_parameters()}
+        our_loss, our_grads = ours.loss_and_grads(src, tgt_in, tgt_out, LABEL_SMOOTHING)
+        _RESULTS[case] = dict(keep=tgt_in != config(case).pad_id, ref_logits=ref_logits,
+                              our_logits=our_logits, ref_loss=ref_loss.item(), our_loss=our_loss,
+                              ref_grads=ref_grads, our_grads=our_grads)
+    return _RESULTS[case]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_logits_match_torch_at_non_pad_positions(case):
+    r = results(case)
+    keep = r["keep"]
+    assert r["our_logits"].dtype == np.float32 and r["our_logits"].shape == r["ref_logits"].shape
+    err, diff = rel(r["our_logits"][keep], r["ref_logits"][keep])
+    assert err <= LOGITS_RTOL, f"{case}: logits relative difference {err:.3g} (max abs {diff:.3g})"
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_loss_matches_torch(case):
+    r = results(case)
+    diff = abs(r["our_loss"] - r["ref_loss"])
+    assert diff <= LOGITS_RTOL * abs(r["ref_loss"]), f"{case}: loss {r['our_loss']} vs {r['ref_loss']} (diff {diff:.3g})"
+
+
+@pytest.mark.parametrize("case,name", [(c, name) for c in CASES
+                                       for name, _, _ in parameter_specs(config(c))])
+def test_gradient_matches_torch(case, name):
+    r = results(case)
+    ours, ref = r["our_grads"][name], r["ref_grads"][name]
+    assert ours.shape == ref.shape
+    err, diff = rel(ours, ref)
+    assert err <= GRAD_RTOL, f"{case} {name}: gradient relative difference {err:.3g} (max abs {diff:.3g})"
+
+
+def test_every_torch_parameter_has_our_name():
+    tm, ours = pair("post_ln_relu")
+    assert list(ours.state_dict()) == list(tm.state_dict())
+    assert {k: v.shape for k, v in ours.state_dict().items()} == \
+        {k: tuple(v.shape) for k, v in tm.state_dict().items()}
+
+
+def _neutralise(grads):
+    """Zero the rounding noise of exactly-zero gradients (DESIGN's trap), in place."""
+    for g in grads:
+        big = np.abs(g).max() if g.size else 0.0
+        g[np.abs(g) < ZERO_FLOOR * big] = 0.0
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_fifty_adam_steps_follow_torch(case):
+    tm, ours = pair(case)
+    src, tgt_in, tgt_out = batch(case, seed=1)
+    opt = T.Adam(ours, lr=1e-3, betas=(0.9, 0.98), eps=1e-9)
+    ref_opt = torch.optim.Adam(tm.parameters(), lr=1e-3, betas=(0.9, 0.98), eps=1e-9, foreach=False)
+    tm.train()
+    worst = 0.0
+    for step in range(50):
+        ours.zero_grad()
+        loss = ours.forward_backward(src, tgt_in, tgt_out, LABEL_SMOOTHING)
+        _neutralise(ours.grads().values())
+        opt.step()
+        ref_opt.zero_grad()
+        ref = torch_loss(tm, src, tgt_in, tgt_out, LABEL_SMOOTHING)
+        ref.backward()
+        with torch.no_grad():
+            _neutralise(p.grad.numpy() for p in tm.parameters())
+        ref_opt.step()
+        diff = abs(loss - ref.item())
+        worst = max(worst, diff)
+        assert diff <= LOSS_ATOL, f"{case} step {step}: loss {loss:.6f} vs torch {ref.item():.6f}"
+    assert loss < 0.5 * results(case)["ref_loss"], "the run should learn the batch"
+    print(f"{case}: worst loss difference over 50 steps {worst:.3g}")
+
+
+@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+def test_parity_at_every_simd_level(isa):
+    best = _C.best_isa()
+    levels = ["generic", "avx2", "avx512"]
+    if levels.index(isa) > levels.index(best):
+        pytest.skip(f"this CPU's best level is {best}")
+    case = "pre_ln_gelu"
+    r = results(case)
+    _, ours = pair(case)
+    src, tgt_in, tgt_out = batch(case)
+    try:
+        _C.set_isa(isa)
+        logits = ours.forward(src, tgt_in)
+        _, grads = ours.loss_and_grads(src, tgt_in, tgt_out, LABEL_SMOOTHING)
+    finally:
+        _C.set_isa(best)
+    err, diff = rel(logits[r["keep"]], r["ref_logits"][r["keep"]])
+    assert err <= LOGITS_RTOL, f"{isa}: logits relative difference {err:.3g}"
+    worst = max((rel(grads[k], r["ref_grads"][k])[0], k) for k in grads)
+    assert worst[0] <= GRAD_RTOL, f"{isa}: gradient {worst[1]} relative difference {worst[0]:.3g}"
+
+
+def test_loads_torch_state_dict_with_extra_buffers_filtered():
+    tm, _ = pair("post_ln_relu")
+    ours = T.Seq2SeqTransformer(config("post_ln_relu"), seed=5)
+    names = set(ours.state_dict())
+    ours.load_state_dict({k: v.numpy() for k, v in tm.state_dict().items() if k in names})
+    for k, v in tm.state_dict().items():
+        assert np.array_equal(ours.state_dict()[k], v.numpy()), k
+
+
+@pytest.mark.parametrize("case", ["post_ln_relu", "pre_ln_gelu"])
+def test_encode_matches_torch_encoder_output_at_non_pad_positions(case):
+    tm, ours = pair(case)
+    src, _, _ = batch(case)
+    cfg = config(case)
+    tm.eval()
+    with torch.no_grad():
+        s = torch.from_numpy(src)
+        x = tm.src_embed(s) * cfg.d_model ** 0.5 + tm.pe[:src.shape[1]]
+        ref = tm.transformer.encoder(x, src_key_padding_mask=s == cfg.pad_id).numpy()
+    memory = ours.encode(src)
+    keep = src != cfg.pad_id
+    assert memory.shape == ref.shape and memory.dtype == np.float32
+    err, diff = rel(memory[keep], ref[keep])
+    assert err <= LOGITS_RTOL, f"{case}: memory relative difference {err:.3g} (max abs {diff:.3g})"

@@ -1,0 +1,471 @@
+"""The layers of "Attention Is All You Need", each with a hand-written backward pass.
+
+Conventions (llm.c's, see STYLE.md):
+- activations are row-major [N, D] with N = B * T rows; parameters are views into the model's
+  flat buffer and gradients views into the flat gradient buffer (transformer/params.py);
+- `forward(...)` saves what `backward` needs (its inputs, softmax probabilities, layer-norm
+  mean/rstd; dropout masks are regenerated from their seed, never stored) and returns an array
+  the layer owns: it stays valid until the layer's next forward;
+- `backward(dout, ...)` adds into the parameter gradients and returns the input gradient. A
+  layer may overwrite `dout` (it belongs to the layer above, which is done with it); `dx=` and
+  `accumulate=` let a caller have the input gradient written or added where it wants it, which
+  is how residual connections are summed without an extra pass over memory;
+- buffers are allocated once per batch shape (`Workspace`) and reused;
+- the kernels are transformer._C; numpy only makes views and small glue.
+"""
+import math
+
+import numpy as np
+
+from . import _C
+
+__all__ = ["Workspace", "DropoutStream", "Linear", "LayerNorm", "Dropout", "MultiHeadAttention",
+           "FeedForward", "Embedding", "EncoderLayer", "DecoderLayer"]
+
+_f32 = np.float32
+
+
+class Workspace:
+    """Buffers for the current batch shape. `persistent(owner, name, shape)` is an array that
+    belongs to one layer (what its forward saves for backward); `scratch(name, shape)` is shared
+    by every layer (temporaries that die within one layer's forward or backward call).
+
+    Each (owner, name) keeps one flat backing array that only grows; a batch shape gets
+    C-contiguous views into its first elements. So a trainer whose batch shapes vary from step to
+    step (length-bucketed batches) allocates, and page-faults, only until the largest shape has
+    been seen, and memory stays bounded by that largest shape."""
+
+    def __init__(self):
+        self.key = None
+        self.generation = 0   # bumped on every new shape: layers re-make their cached views
+        self._backing = {}
+        self._views = {}
+
+    def reset(self, key):
+        if key != self.key:
+            self._views = {}
+            self.key = key
+            self.generation += 1
+
+    def _get(self, k, shape):
+        v = self._views.get((k, shape))
+        if v is None:
+            n = 1
+            for s in shape:
+                n *= s
+            buf = self._backing.get(k)
+            if buf is None or buf.size < n:
+                buf = self._backing[k] = np.empty(n if buf is None else max(n, buf.size + buf.size // 4), dtype=_f32)
+            v = self._views[(k, shape)] = buf[:n].reshape(shape)
+        return v
+
+    def persistent(self, owner, name, shape):
+        return self._get((id(owner), name), shape)
+
+    def scratch(self, name, shape):
+        return self._get((None, name), shape)
+
+    def nbytes(self):
+        return sum(a.nbytes for a in self._backing.values())
+
+
+class DropoutStream:
+    """The counter-based random stream every dropout site draws from (section 5.4).
+
+    A call of the model sets `seed` from the model's seed and a call counter; each site adds its
+    own fixed offset, so element i of site s draws uniform(seed, offset_s + i): the masks depend on
+    neither the thread count nor the order of kernels, and backward regenerates them."""
+
+    SITE_STRIDE = 1 << 40  # elements one site may draw; offsets never overlap
+
+    def __init__(self, seed):
+        self.base_seed = int(seed) & 0xFFFFFFFFFFFFFFFF
+        self.calls = 0
+        self.seed = 0
+        self.training = False
+        self._sites = 0
+
+    def new_site(self):
+        offset = self._sites * self.SITE_STRIDE
+        self._sites += 1
+        return offset
+
+    def next_call(self):
+        """Advance to the next training call: a fresh seed mixed from (base seed, call counter)."""
+        self.calls += 1
+        self.seed = _splitmix64(self.base_seed ^ _splitmix64(self.calls))
+        return self.seed
+
+
+def _splitmix64(z):
+    z = (z + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return z ^ (z >> 31)
+
+
+class Dropout:
+    """Dropout (section 5.4): out = x * keep / (1 - p), active only in training calls."""
+
+    def __init__(self, p, stream):
+        self.p = float(p)
+        self.stream = stream
+        self.offset = stream.new_site()
+
+    @property
+    def active(self):
+        return self.p > 0.0 and self.stream.training
+
+    def forward_(self, x):
+        """In place on x (x's undropped values are not needed by any backward)."""
+        if self.p > 0.0 and self.stream.training:
+            _C.dropout_forward(x, x, self.p, self.stream.seed, self.offset)
+        return x
+
+    def backward(self, dout, dx):
+        """dx = dout * mask / (1 - p); returns dout itself when inactive (no copy)."""
+        if self.p > 0.0 and self.stream.training:
+            _C.dropout_backward(dout, dx, self.p, self.stream.seed, self.offset)
+            return dx
+        return dout
+
+
+class Linear:
+    """A learned linear map y = x Wᵀ + b (sections 3.2.2 and 3.3; the pre-softmax projection of 3.4)."""
+
+    def __init__(self, weight, bias, dweight, dbias):
+        self.weight, self.bias, self.dweight, self.dbias = weight, bias, dweight, dbias
+
+    def forward(self, x, out):
+        # x [N, in], out [N, out]
+        _C.gemm(x, self.weight, out, False, True)
+        _C.add_bias(out, self.bias)
+        return out
+
+    def backward(self, dout, x, dx=None, accumulate=False):
+        # dout [N, out], x [N, in] (the forward input), dx [N, in] or None
+        _C.gemm(dout, x, self.dweight, True, False, 1.0, True)     # dW += doutᵀ x
+        _C.bias_grad(dout, self.dbias)                             # db += colsum(dout)
+        if dx is not None:
+            _C.gemm(dout, self.weight, dx, False, False, 1.0, accumulate)   # dx (+)= dout W
+        return dx
+
+
+class LayerNorm:
+    """Layer normalisation (Ba et al. 2016) as nn.LayerNorm: biased variance, eps 1e-5."""
+
+    def __init__(self, weight, bias, dweight, dbias, ws, eps=1e-5):
+        self.weight, self.bias, self.dweight, self.dbias = weight, bias, dweight, dbias
+        self.ws, self.eps = ws, eps
+
+    def forward(self, x):
+        # x [N, D] (kept, not copied: the caller must not overwrite it before backward)
+        n, d = x.shape
+        out = self.ws.persistent(self, "out", (n, d))
+        self.mean = self.ws.persistent(self, "mean", (n,))
+        self.rstd = self.ws.persistent(self, "rstd", (n,))
+        _C.layernorm_forward(x, self.weight, self.bias, out, self.mean, self.rstd, self.eps)
+        self.x = x
+        return out
+
+    def backward(self, dout, dx, accumulate=False):
+        # dout [N, D]; dx [N, D] (may be dout when not accumulate)
+        _C.layernorm_backward(dout, self.x, self.weight, self.mean, self.rstd, dx,
+                              self.dweight, self.dbias, accumulate)
+        return dx
+
+
+class MultiHeadAttention:
+    """Multi-head scaled dot-product attention (sections 3.2.1-3.2.2), all heads at once.
+
+    Self-attention projects Q, K, V from x with one fused gemm ([N, 3D]); cross-attention projects
+    Q from x and K, V from the encoder memory. Heads are strided views ([B, T, 3, H, dh] ->
+    [B, H, T, dh]) fed to 4-D batched gemms: no copies, no loop over heads or batch rows."""
+
+    def __init__(self, params, grads, prefix, n_heads, dropout, stream, ws, cross=False):
+        w, b = params[f"{prefix}.in_proj_weight"], params[f"{prefix}.in_proj_bias"]
+        dw, db = grads[f"{prefix}.in_proj_weight"], grads[f"{prefix}.in_proj_bias"]
+        d = w.shape[1]
+        self.d_model, self.n_heads, self.d_head = d, n_heads, d // n_heads
+        self.scale = 1.0 / math.sqrt(self.d_head)
+        self.cross = cross
+        if cross:
+            self.q_proj = Linear(w[:d], b[:d], dw[:d], db[:d])
+            self.kv_proj = Linear(w[d:], b[d:], dw[d:], db[d:])
+        else:
+            self.qkv_proj = Linear(w, b, dw, db)
+        self.out_proj = Linear(params[f"{prefix}.out_proj.weight"], params[f"{prefix}.out_proj.bias"],
+                               grads[f"{prefix}.out_proj.weight"], grads[f"{prefix}.out_proj.bias"])
+        self.attn_dropout = Dropout(dropout, stream)
+        self.ws = ws
+        self._key = None
+
+    def _setup(self, B, Tq, Tk):
+        """Buffers and head views for one batch shape (views are made once, then reused)."""
+        ws, H, dh, D = self.ws, self.n_heads, self.d_head, self.d_model
+        self.B, self.Tq, self.Tk = B, Tq, Tk
+        if self.cross:
+            self.q = ws.persistent(self, "q", (B * Tq, D))
+            self.kv = ws.persistent(self, "kv", (B * Tk, 2 * D))
+            self.q4 = self.q.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
+            kv5 = self.kv.reshape(B, Tk, 2, H, dh)
+            self.k4 = kv5[:, :, 0].transpose(0, 2, 1, 3)
+            self.v4 = kv5[:, :, 1].transpose(0, 2, 1, 3)
+            self.dq = ws.scratch("attn.dq", (B * Tq, D))
+            self.dkv = ws.scratch("attn.dkv", (B * Tk, 2 * D))
+            self.dq4 = self.dq.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
+            dkv5 = self.dkv.reshape(B, Tk, 2, H, dh)
+            self.dk4 = dkv5[:, :, 0].transpose(0, 2, 1, 3)
+            self.dv4 = dkv5[:, :, 1].transpose(0, 2, 1, 3)
+        else:
+            self.qkv = ws.persistent(self, "qkv", (B * Tq, 3 * D))
+            qkv5 = self.qkv.reshape(B, Tq, 3, H, dh)
+            self.q4 = qkv5[:, :, 0].transpose(0, 2, 1, 3)
+            self.k4 = qkv5[:, :, 1].transpose(0, 2, 1, 3)
+            self.v4 = qkv5[:, :, 2].transpose(0, 2, 1, 3)
+            self.dqkv = ws.scratch("attn.dqkv", (B * Tq, 3 * D))
+            dqkv5 = self.dqkv.reshape(B, Tq, 3, H, dh)
+            self.dq4 = dqkv5[:, :, 0].transpose(0, 2, 1, 3)
+            self.dk4 = dqkv5[:, :, 1].transpose(0, 2, 1, 3)
+            self.dv4 = dqkv5[:, :, 2].transpose(0, 2, 1, 3)
+        # softmax probabilities, written over the raw scores (backward needs only the probs)
+        self.probs = ws.persistent(self, "probs", (B, H, Tq, Tk))
+        # the context is written head by head straight into [B, T, H, dh] = [N, D]: the concat of 3.2.2
+        self.ctx = ws.persistent(self, "ctx", (B * Tq, D))
+        self.ctx4 = self.ctx.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
+        self.out = ws.scratch("attn.out", (B * Tq, D))   # consumed by the caller at once
+        self.dctx = ws.scratch("attn.dctx", (B * Tq, D))
+        self.dctx4 = self.dctx.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
+        self.dprobs = ws.scratch("attn.dprobs", (B, H, Tq, Tk))
+
+    def forward(self, x, memory, B, Tq, Tk, key_padding_mask, causal):
+        # x [B*Tq, D]; memory [B*Tk, D] (cross) or None (self); key_padding_mask bool [B, Tk] or None
+        key = (self.ws.generation, B, Tq, Tk)
+        if key != self._key:
+            self._setup(B, Tq, Tk)
+            self._key = key
+        self.x, self.memory = x, memory
+        if self.cross:
+            self.q_proj.forward(x, self.q)
+            self.kv_proj.forward(memory, self.kv)
+        else:
+            self.qkv_proj.forward(x, self.qkv)
+        probs = self.probs
+        _C.gemm(self.q4, self.k4, probs, False, True)                       # Q Kᵀ
+        _C.softmax_forward(probs, probs, self.scale, causal, key_padding_mask)  # softmax(QKᵀ/sqrt(dk))
+        if self.attn_dropout.active:
+            self.probs_d = self.ws.persistent(self, "probs_d", probs.shape)
+            _C.dropout_forward(probs, self.probs_d, self.attn_dropout.p,
+                               self.attn_dropout.stream.seed, self.attn_dropout.offset)
+        else:
+            self.probs_d = probs
+        _C.gemm(self.probs_d, self.v4, self.ctx4)                            # (.) V, heads concatenated
+        return self.out_proj.forward(self.ctx, self.out)                     # Concat(heads) W^O
+
+    def backward(self, dout, dx, accumulate=False, dmemory=None, accumulate_memory=False):
+        # dout [B*Tq, D] (read before dx is written, so dx may be dout); dx [B*Tq, D];
+        # dmemory [B*Tk, D] receives (or, accumulate_memory, adds) the gradient of memory (cross)
+        self.out_proj.backward(dout, self.ctx, self.dctx)
+        dprobs = self.dprobs
+        _C.gemm(self.dctx4, self.v4, dprobs, False, True)                    # dP = dC Vᵀ
+        _C.gemm(self.probs_d, self.dctx4, self.dv4, True, False)             # dV = Pᵀ dC
+        if self.attn_dropout.active:
+            _C.dropout_backward(dprobs, dprobs, self.attn_dropout.p,
+                                self.attn_dropout.stream.seed, self.attn_dropout.offset)
+        _C.softmax_backward(self.probs, dprobs, dprobs, self.scale)          # dS (scaled)
+        _C.gemm(dprobs, self.k4, self.dq4)                                   # dQ = dS K
+        _C.gemm(dprobs, self.q4, self.dk4, True, False)                      # dK = dSᵀ Q
+        if self.cross:
+            self.kv_proj.backward(self.dkv, self.memory, dmemory, accumulate_memory)
+            self.q_proj.backward(self.dq, self.x, dx, accumulate)
+        else:
+            self.qkv_proj.backward(self.dqkv, self.x, dx, accumulate)
+        return dx
+
+
+class FeedForward:
+    """Position-wise feed-forward network (section 3.3): FFN(x) = act(x W1ᵀ + b1) W2ᵀ + b2,
+    with PyTorch's dropout between the activation and the second linear map."""
+
+    def __init__(self, params, grads, prefix, activation, dropout, stream, ws):
+        self.linear1 = Linear(params[f"{prefix}.linear1.weight"], params[f"{prefix}.linear1.bias"],
+                              grads[f"{prefix}.linear1.weight"], grads[f"{prefix}.linear1.bias"])
+        self.linear2 = Linear(params[f"{prefix}.linear2.weight"], params[f"{prefix}.linear2.bias"],
+                              grads[f"{prefix}.linear2.weight"], grads[f"{prefix}.linear2.bias"])
+        self.activation = activation
+        self.dropout = Dropout(dropout, stream)
+        self.ws = ws
+        self.d_ff, self.d_model = self.linear1.weight.shape
+
+    def forward(self, x):
+        # x [N, D] -> [N, D]
+        n = x.shape[0]
+        ws = self.ws
+        self.pre = ws.persistent(self, "pre", (n, self.d_ff))     # x W1ᵀ + b1 (act_backward needs it)
+        self.hidden = ws.persistent(self, "hidden", (n, self.d_ff))
+        out = ws.scratch("ffn.out", (n, self.d_model))     # consumed by the caller at once
+        self.x = x
+        _C.gemm(x, self.linear1.weight, self.pre, False, True)
+        _C.bias_act_forward(self.pre, self.linear1.bias, self.hidden, self.activation)
+        self.dropout.forward_(self.hidden)
+        _C.gemm(self.hidden, self.linear2.weight, out, False, True)
+        _C.add_bias(out, self.linear2.bias)
+        return out
+
+    def backward(self, dout, dx, accumulate=False):
+        # dout [N, D] (read before dx is written: dx may be dout); dx [N, D]
+        dhidden = self.ws.scratch("ffn.dhidden", self.pre.shape)
+        self.linear2.backward(dout, self.hidden, dhidden)
+        self.dropout.backward(dhidden, dhidden)
+        _C.act_backward(dhidden, self.pre, dhidden, self.activation)
+        return self.linear1.backward(dhidden, self.x, dx, accumulate)
+
+
+class Embedding:
+    """Embeddings and positional encoding (sections 3.4-3.5): table[ids] * sqrt(d_model) + PE,
+    then dropout."""
+
+    def __init__(self, table, dtable, pe, dropout, stream, ws):
+        self.table, self.dtable, self.pe = table, dtable, pe
+        self.d_model = table.shape[1]
+        self.scale = math.sqrt(self.d_model)
+        self.dropout = Dropout(dropout, stream)
+        self.ws = ws
+
+    def forward(self, ids):
+        # ids int64 [B, T] -> [B*T, D]
+        B, T = ids.shape
+        out = self.ws.persistent(self, "out", (B * T, self.d_model))
+        _C.embedding_forward(ids, self.table, out.reshape(B, T, self.d_model), self.scale, self.pe, 0)
+        self.ids = ids
+        return self.dropout.forward_(out)
+
+    def backward(self, dout):
+        # dout [B*T, D] (overwritten)
+        B, T = self.ids.shape
+        dout = self.dropout.backward(dout, dout)
+        _C.embedding_backward(self.ids, dout.reshape(B, T, self.d_model), self.dtable, self.scale)
+
+
+def _norm(params, grads, name, ws):
+    return LayerNorm(params[f"{name}.weight"], params[f"{name}.bias"],
+                     grads[f"{name}.weight"], grads[f"{name}.bias"], ws)
+
+
+class EncoderLayer:
+    """One encoder layer (section 3.1): self-attention, then feed-forward, each wrapped in a
+    residual connection and layer norm: LayerNorm(x + Sublayer(x)) (norm_first=False, the paper's)
+    or x + Sublayer(LayerNorm(x)) (norm_first=True), as torch.nn.TransformerEncoderLayer."""
+
+    def __init__(self, params, grads, prefix, cfg, stream, ws):
+        p = cfg.dropout
+        self.self_attn = MultiHeadAttention(params, grads, f"{prefix}.self_attn", cfg.n_heads, p, stream, ws)
+        self.feed_forward = FeedForward(params, grads, prefix, cfg.activation, p, stream, ws)
+        self.norm1 = _norm(params, grads, f"{prefix}.norm1", ws)
+        self.norm2 = _norm(params, grads, f"{prefix}.norm2", ws)
+        self.dropout1 = Dropout(p, stream)
+        self.dropout2 = Dropout(p, stream)
+        self.norm_first = cfg.norm_first
+        self.ws = ws
+
+    def forward(self, x, B, S, src_pad):
+        # x [B*S, D] -> [B*S, D]
+        ws = self.ws
+        s1 = ws.persistent(self, "s1", x.shape)
+        if self.norm_first:
+            a = self.self_attn.forward(self.norm1.forward(x), None, B, S, S, src_pad, False)
+            _C.add(x, self.dropout1.forward_(a), s1)
+            f = self.feed_forward.forward(self.norm2.forward(s1))
+            out = ws.persistent(self, "s2", x.shape)
+            _C.add(s1, self.dropout2.forward_(f), out)
+            return out
+        a = self.self_attn.forward(x, None, B, S, S, src_pad, False)
+        _C.add(x, self.dropout1.forward_(a), s1)
+        h1 = self.norm1.forward(s1)
+        f = self.feed_forward.forward(h1)
+        s2 = ws.persistent(self, "s2", x.shape)
+        _C.add(h1, self.dropout2.forward_(f), s2)
+        return self.norm2.forward(s2)
+
+    def backward(self, dout):
+        # dout [B*S, D], overwritten with and returned as the input gradient
+        tmp = self.ws.scratch("layer.tmp", dout.shape) if self.dropout1.active else None
+        if self.norm_first:
+            d = self.feed_forward.backward(self.dropout2.backward(dout, tmp), self.ws.scratch("layer.dn", dout.shape))
+            self.norm2.backward(d, dout, accumulate=True)                    # dout = d s1
+            d = self.self_attn.backward(self.dropout1.backward(dout, tmp), self.ws.scratch("layer.dn", dout.shape))
+            self.norm1.backward(d, dout, accumulate=True)                    # dout = d x
+            return dout
+        self.norm2.backward(dout, dout)                                      # dout = d s2
+        self.feed_forward.backward(self.dropout2.backward(dout, tmp), dout, accumulate=True)  # d h1
+        self.norm1.backward(dout, dout)                                      # dout = d s1
+        self.self_attn.backward(self.dropout1.backward(dout, tmp), dout, accumulate=True)     # d x
+        return dout
+
+
+class DecoderLayer:
+    """One decoder layer (section 3.1): masked self-attention, attention over the encoder output,
+    feed-forward, each with a residual connection and layer norm in either placement, as
+    torch.nn.TransformerDecoderLayer."""
+
+    def __init__(self, params, grads, prefix, cfg, stream, ws):
+        p = cfg.dropout
+        self.self_attn = MultiHeadAttention(params, grads, f"{prefix}.self_attn", cfg.n_heads, p, stream, ws)
+        self.cross_attn = MultiHeadAttention(params, grads, f"{prefix}.multihead_attn", cfg.n_heads, p,
+                                             stream, ws, cross=True)
+        self.feed_forward = FeedForward(params, grads, prefix, cfg.activation, p, stream, ws)
+        self.norm1 = _norm(params, grads, f"{prefix}.norm1", ws)
+        self.norm2 = _norm(params, grads, f"{prefix}.norm2", ws)
+        self.norm3 = _norm(params, grads, f"{prefix}.norm3", ws)
+        self.dropout1 = Dropout(p, stream)
+        self.dropout2 = Dropout(p, stream)
+        self.dropout3 = Dropout(p, stream)
+        self.norm_first = cfg.norm_first
+        self.ws = ws
+
+    def forward(self, y, memory, B, T, S, tgt_pad, src_pad):
+        # y [B*T, D], memory [B*S, D] -> [B*T, D]
+        ws = self.ws
+        s1 = ws.persistent(self, "s1", y.shape)
+        s2 = ws.persistent(self, "s2", y.shape)
+        s3 = ws.persistent(self, "s3", y.shape)
+        if self.norm_first:
+            a = self.self_attn.forward(self.norm1.forward(y), None, B, T, T, tgt_pad, True)
+            _C.add(y, self.dropout1.forward_(a), s1)
+            c = self.cross_attn.forward(self.norm2.forward(s1), memory, B, T, S, src_pad, False)
+            _C.add(s1, self.dropout2.forward_(c), s2)
+            f = self.feed_forward.forward(self.norm3.forward(s2))
+            _C.add(s2, self.dropout3.forward_(f), s3)
+            return s3
+        a = self.self_attn.forward(y, None, B, T, T, tgt_pad, True)
+        _C.add(y, self.dropout1.forward_(a), s1)
+        h1 = self.norm1.forward(s1)
+        c = self.cross_attn.forward(h1, memory, B, T, S, src_pad, False)
+        _C.add(h1, self.dropout2.forward_(c), s2)
+        h2 = self.norm2.forward(s2)
+        f = self.feed_forward.forward(h2)
+        _C.add(h2, self.dropout3.forward_(f), s3)
+        return self.norm3.forward(s3)
+
+    def backward(self, dout, dmemory, accumulate_memory):
+        # dout [B*T, D], overwritten with and returned as the input gradient;
+        # dmemory [B*S, D] receives (accumulate_memory: adds) the gradient of the encoder output
+        tmp = self.ws.scratch("layer.tmp", dout.shape) if self.dropout1.active else None
+        if self.norm_first:
+            dn = self.ws.scratch("layer.dn", dout.shape)
+            d = self.feed_forward.backward(self.dropout3.backward(dout, tmp), dn)
+            self.norm3.backward(d, dout, accumulate=True)
+            d = self.cross_attn.backward(self.dropout2.backward(dout, tmp), dn,
+                                         dmemory=dmemory, accumulate_memory=accumulate_memory)
+            self.norm2.backward(d, dout, accumulate=True)
+            d = self.self_attn.backward(self.dropout1.backward(dout, tmp), dn)
+            self.norm1.backward(d, dout, accumulate=True)
+            return dout
+        self.norm3.backward(dout, dout)
+        self.feed_forward.backward(self.dropout3.backward(dout, tmp), dout, accumulate=True)
+        self.norm2.backward(dout, dout)
+        self.cross_attn.backward(self.dropout2.backward(dout, tmp), dout, accumulate=True,
+                                 dmemory=dmemory, accumulate_memory=accumulate_memory)
+        self.norm1.backward(dout, dout)
+        self.self_attn.backward(self.dropout1.backward(dout, tmp), dout, accumulate=True)
+        return dout

@@ -1,0 +1,346 @@
+"""The encoder-decoder of "Attention Is All You Need" (Figure 1), composed from transformer/layers.py.
+
+Read top to bottom like the figure: source embedding + positional encoding -> N encoder layers ->
+(nn.Transformer's) final encoder norm = memory; target embedding + positional encoding -> N
+decoder layers attending to memory -> final decoder norm -> linear -> softmax (cross-entropy).
+Parameter names, shapes and numerics follow the PyTorch reference of DESIGN.md
+(transformer/torch_compat.py).
+"""
+import json
+import os
+import tempfile
+import threading
+
+import numpy as np
+
+from . import _C
+from .config import ModelConfig
+from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, LayerNorm, Linear,
+                     Workspace)
+from .params import Parameters
+from .serialization import load_file, save_file
+
+__all__ = ["Seq2SeqTransformer", "Encoder", "Decoder"]
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class Encoder:
+    """The encoder (section 3.1): a stack of N identical layers, then the final LayerNorm that
+    nn.Transformer always has (transformer.encoder.norm)."""
+
+    def __init__(self, layers, norm):
+        self.layers, self.norm = layers, norm
+
+    def forward(self, x, B, S, src_pad):
+        for layer in self.layers:
+            x = layer.forward(x, B, S, src_pad)
+        return self.norm.forward(x)
+
+    def backward(self, dmemory):
+        # dmemory [B*S, D], overwritten with the gradient of the encoder input
+        d = self.norm.backward(dmemory, dmemory)
+        for layer in reversed(self.layers):
+            d = layer.backward(d)
+        return d
+
+
+class Decoder:
+    """The decoder (section 3.1): N identical layers with masked self-attention and attention over
+    the encoder output, then the final LayerNorm (transformer.decoder.norm)."""
+
+    def __init__(self, layers, norm):
+        self.layers, self.norm = layers, norm
+
+    def forward(self, y, memory, B, T, S, tgt_pad, src_pad):
+        for layer in self.layers:
+            y = layer.forward(y, memory, B, T, S, tgt_pad, src_pad)
+        return self.norm.forward(y)
+
+    def backward(self, dout, dmemory):
+        # dout [B*T, D], overwritten with the gradient of the decoder input; dmemory [B*S, D] is
+        # written with the sum over layers of the gradients of the encoder output
+        d = self.norm.backward(dout, dout)
+        for i, layer in enumerate(reversed(self.layers)):
+            d = layer.backward(d, dmemory, accumulate_memory=i > 0)
+        return d
+
+
+class Seq2SeqTransformer:
+    """The Transformer encoder-decoder (Figure 1) with hand-written backward passes.
+
+    All parameters live in one flat float32 buffer and all gradients in another
+    (`self.params.flat`, `self.params.flat_grad`); layers hold named views into both."""
+
+    def __init__(self, cfg, seed=0):
+        if not isinstance(cfg, ModelConfig):
+            raise TypeError(f"cfg must be a ModelConfig, got {type(cfg).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise TypeError(f"seed must be an int, got {type(seed).__name__}")
+        self.cfg = cfg
+        self.seed = int(seed)
+        self.params = Parameters(cfg, self.seed)
+        self.ws = Workspace()
+        self.stream = DropoutStream(self.seed)
+        self._lock = threading.Lock()
+        P, G, p = self.params.data, self.params.grad, cfg.dropout
+        self.pe = np.empty((cfg.max_len, cfg.d_model), dtype=np.float32)
+        _C.positional_encoding(self.pe)
+        # Figure 1, left to right, bottom to top
+        self.src_embed = Embedding(P["src_embed.weight"], G["src_embed.weight"], self.pe, p, self.stream, self.ws)
+        self.tgt_embed = Embedding(P["tgt_embed.weight"], G["tgt_embed.weight"], self.pe, p, self.stream, self.ws)
+        self.encoder = Encoder(
+            [EncoderLayer(P, G, f"transformer.encoder.layers.{i}", cfg, self.stream, self.ws)
+             for i in range(cfg.n_encoder_layers)],
+            self._norm("transformer.encoder.norm"))
+        self.decoder = Decoder(
+            [DecoderLayer(P, G, f"transformer.decoder.layers.{i}", cfg, self.stream, self.ws)
+             for i in range(cfg.n_decoder_layers)],
+            self._norm("transformer.decoder.norm"))
+        self.generator = Linear(P["generator.weight"], P["generator.bias"],
+                                G["generator.weight"], G["generator.bias"])
+
+    def _norm(self, name):
+        P, G = self.params.data, self.params.grad
+        return LayerNorm(P[f"{name}.weight"], P[f"{name}.bias"], G[f"{name}.weight"], G[f"{name}.bias"], self.ws)
+
+    @property
+    def config(self):
+        """The ModelConfig (also `cfg`)."""
+        return self.cfg
+
+    def positional_table(self, n):
+        """The sinusoidal table PE[:n] (section 3.5), float32 [n, d_model], C-contiguous."""
+        if not 0 <= n <= self.cfg.max_len:
+            raise ValueError(f"n must be in [0, max_len={self.cfg.max_len}], got {n}")
+        return self.pe[:n]
+
+    # ------------------------------------------------------------------ running
+
+    def encode(self, src):
+        """The encoder output (memory) float32 [B, S, d_model] for src [B, S], eval mode (a new array)."""
+        src = self.check_ids(src, "src", self.cfg.src_vocab_size)
+        B, S = src.shape
+        with self._lock:
+            self.stream.training = False
+            self.ws.reset((B, S, 0))
+            memory = self.encoder.forward(self.src_embed.forward(src), B, S,
+                                          _padding_mask(src, self.cfg.pad_id))
+            return memory.reshape(B, S, -1).copy()
+
+    def greedy_decode(self, src, max_len=128, min_len=0, return_attention=False):
+        """Greedy decoding with a key/value cache: list of token-id lists (BOS dropped, cut at EOS).
+        With return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
+        from .decoding import greedy_decode
+        return greedy_decode(self, src, max_len=max_len, min_len=min_len,
+                             return_attention=return_attention)
+
+    def beam_search(self, src, beam_size=4, max_len=128, length_penalty=0.6, min_len=0):
+        """Beam search with a key/value cache: the best hypothesis per sentence."""
+        from .decoding import beam_search
+        return beam_search(self, src, beam_size=beam_size, max_len=max_len,
+                           length_penalty=length_penalty, min_len=min_len)
+
+    def forward(self, src, tgt_in):
+        """Logits float32 [B, T, tgt_vocab] for src [B, S] and the shifted target tgt_in [B, T]
+        (teacher forcing), in eval mode (no dropout)."""
+        src, tgt_in, _ = self._check_inputs(src, tgt_in)
+        B, T = tgt_in.shape
+        logits = np.empty((B * T, self.cfg.tgt_vocab_size), dtype=np.float32)
+        with self._lock:
+            self.stream.training = False
+            h = self._encode_decode(src, tgt_in)
+            self.generator.forward(h, logits)
+        return logits.reshape(B, T, -1)
+
+    def forward_backward(self, src, tgt_in, tgt_out, label_smoothing=0.1):
+        """One training pass (dropout on): ADDS d loss / d params into the gradient buffer and
+        returns the loss, F.cross_entropy(logits, tgt_out, ignore_index=pad_id,
+        label_smoothing=label_smoothing), the mean over non-pad targets."""
+        src, tgt_in, tgt_out = self._check_inputs(src, tgt_in, tgt_out)
+        label_smoothing = _check_smoothing(label_smoothing)
+        B, T = tgt_in.shape
+        S = src.shape[1]
+        D, V = self.cfg.d_model, self.cfg.tgt_vocab_size
+        with self._lock:
+            self.stream.training = self.cfg.dropout > 0.0
+            self.stream.next_call()
+            try:
+                h = self._encode_decode(src, tgt_in)
+                ws = self.ws
+                logits = ws.scratch("model.logits", (B * T, V))
+                self.generator.forward(h, logits)
+                # softmax + cross-entropy; the gradient of the mean loss overwrites the logits
+                loss, _ = _C.cross_entropy(logits, tgt_out.reshape(-1), logits, self.cfg.pad_id,
+                                           label_smoothing, 1.0)
+                dh = ws.persistent(self, "dh", (B * T, D))
+                dmemory = ws.persistent(self, "dmemory", (B * S, D))
+                self.generator.backward(logits, h, dh)
+                self.tgt_embed.backward(self.decoder.backward(dh, dmemory))
+                self.src_embed.backward(self.encoder.backward(dmemory))
+            finally:
+                self.stream.training = False
+        return loss
+
+    def _encode_decode(self, src, tgt_in):
+        B, S = src.shape
+        T = tgt_in.shape[1]
+        self.ws.reset((B, S, T))
+        pad = self.cfg.pad_id
+        src_pad = _padding_mask(src, pad)
+        tgt_pad = _padding_mask(tgt_in, pad)
+        memory = self.encoder.forward(self.src_embed.forward(src), B, S, src_pad)
+        return self.decoder.forward(self.tgt_embed.forward(tgt_in), memory, B, T, S, tgt_pad, src_pad)
+
+    def loss_and_grads(self, src, tgt_in, tgt_out, label_smoothing=0.0):
+        """zero_grad + forward_backward; returns (loss, {name: gradient copy})."""
+        self.zero_grad()
+        loss = self.forward_backward(src, tgt_in, tgt_out, label_smoothing)
+        return loss, {k: v.copy() for k, v in self.params.grad.items()}
+
+    def grads(self):
+        """{name: gradient view} (views into the flat gradient buffer)."""
+        return dict(self.params.grad)
+
+    def zero_grad(self):
+        self.params.zero_grad()
+
+    def num_parameters(self):
+        return self.params.count()
+
+    # ------------------------------------------------------------------ weights
+
+    def state_dict(self):
+        """{name: np.ndarray copy} with PyTorch's names and shapes (DESIGN)."""
+        return {k: v.copy() for k, v in self.params.data.items()}
+
+    def load_state_dict(self, sd):
+        """Copy weights in from {name: np.ndarray}; every name of state_dict() must be present,
+        no other, with the same shape (ValueError), and each value a real-valued ndarray (TypeError).
+        Nothing is changed unless everything is right."""
+        if not isinstance(sd, dict):
+            raise TypeError(f"state_dict must be a dict, got {type(sd).__name__}")
+        data = self.params.data
+        missing = [k for k in data if k not in sd]
+        unexpected = [k for k in sd if k not in data]
+        if missing or unexpected:
+            raise ValueError(f"state_dict does not match the model: missing {missing[:5]}"
+                             f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
+                             f"{'...' if len(unexpected) > 5 else ''}")
+        for k, v in sd.items():
+            if not isinstance(v, np.ndarray):
+                raise TypeError(f"state_dict[{k!r}] must be a numpy.ndarray, got {type(v).__name__}")
+            if v.dtype.kind not in "fiu":
+                raise TypeError(f"state_dict[{k!r}] must be real-valued, got dtype {v.dtype}")
+            if v.shape != data[k].shape:
+                raise ValueError(f"state_dict[{k!r}] has shape {v.shape}, expected {data[k].shape}")
+        with self._lock:
+            for k, v in sd.items():
+                np.copyto(data[k], v, casting="unsafe")
+
+    def save(self, path):
+        """Write the directory `path`: config.json and model.safetensors (atomic writes, no pickle)."""
+        path = os.fspath(path)
+        os.makedirs(path, exist_ok=True)
+        _atomic_write_text(os.path.join(path, CONFIG_FILE),
+                           json.dumps(self.cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+        with self._lock:
+            save_file(self.params.data, os.path.join(path, WEIGHTS_FILE),
+                      metadata={"format": "transformer.Seq2SeqTransformer"})
+
+    @classmethod
+    def load(cls, path):
+        """A model from a directory written by save(); ValueError if anything is damaged."""
+        path = os.fspath(path)
+        cfg_path = os.path.join(path, CONFIG_FILE)
+        try:
+            with open(cfg_path, "r", encoding="utf-8") as f:
+                raw = json.load(f)
+        except FileNotFoundError:
+            raise
+        except (OSError, ValueError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{cfg_path}: not a valid config file ({exc})") from None
+        try:
+            cfg = ModelConfig.from_dict(raw)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{cfg_path}: invalid config ({exc})") from None
+        sd = load_file(os.path.join(path, WEIGHTS_FILE))
+        model = cls(cfg)
+        try:
+            model.load_state_dict(sd)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{os.path.join(path, WEIGHTS_FILE)}: {exc}") from None
+        return model
+
+    # ------------------------------------------------------------------ input checks
+
+    def check_ids(self, x, name, vocab):
+        """x as checked token ids: int64 C-contiguous [B, L], 1 <= L <= max_len, ids in [0, vocab)."""
+        return _ids(x, name, vocab, self.cfg.max_len)
+
+    def _check_inputs(self, src, tgt_in, tgt_out=None):
+        cfg = self.cfg
+        src = _ids(src, "src", cfg.src_vocab_size, cfg.max_len)
+        tgt_in = _ids(tgt_in, "tgt_in", cfg.tgt_vocab_size, cfg.max_len)
+        if src.shape[0] != tgt_in.shape[0]:
+            raise ValueError(f"src and tgt_in must have the same batch size, got {src.shape[0]} and {tgt_in.shape[0]}")
+        if tgt_out is not None:
+            tgt_out = _ids(tgt_out, "tgt_out", cfg.tgt_vocab_size, cfg.max_len)
+            if tgt_out.shape != tgt_in.shape:
+                raise ValueError(f"tgt_out must have the shape of tgt_in {tgt_in.shape}, got {tgt_out.shape}")
+        return src, tgt_in, tgt_out
+
+
+def _ids(x, name, vocab, max_len):
+    """Token ids as int64 C-contiguous [B, L], checked: integers, 2-D, B >= 1, 1 <= L <= max_len,
+    every id in [0, vocab)."""
+    if not isinstance(x, np.ndarray):
+        try:
+            x = np.asarray(x)
+        except Exception as exc:  # ragged lists and the like
+            raise TypeError(f"{name} must be an integer array: {exc}") from None
+    if x.dtype.kind not in "iu":
+        raise TypeError(f"{name} must be an integer array, got dtype {x.dtype}")
+    if x.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [batch, length], got shape {x.shape}")
+    if x.shape[0] < 1 or x.shape[1] < 1:
+        raise ValueError(f"{name} must have at least one row and one position, got shape {x.shape}")
+    if x.shape[1] > max_len:
+        raise ValueError(f"{name} has length {x.shape[1]} > max_len {max_len}")
+    lo, hi = int(x.min()), int(x.max())
+    if lo < 0 or hi >= vocab:
+        raise ValueError(f"{name} ids must be in [0, {vocab}), got values in [{lo}, {hi}]")
+    return np.ascontiguousarray(x, dtype=np.int64)
+
+
+def _padding_mask(ids, pad):
+    """bool [B, L], True = padding (PyTorch's key_padding_mask convention); None if no padding."""
+    mask = ids == pad
+    return mask if mask.any() else None
+
+
+def _check_smoothing(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"label_smoothing must be a float, got {type(value).__name__}")
+    value = float(value)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"label_smoothing must be in [0, 1], got {value}")
+    return value
+
+
+def _atomic_write_text(path, text):
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

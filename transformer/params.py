@@ -1,0 +1,129 @@
+"""Every parameter in one flat float32 buffer, every gradient in another (DESIGN, Data layout).
+
+`parameter_specs(cfg)` is the weight-name contract: PyTorch's state_dict names and shapes of the
+reference network (transformer/torch_compat.py), in its order. `Parameters` lays them out in one
+contiguous buffer (each tensor starting on a 64-byte boundary), hands out named views into it and
+into the gradient buffer of the same size, and initialises them the way PyTorch does.
+"""
+import math
+
+import numpy as np
+
+__all__ = ["parameter_specs", "Parameters"]
+
+_ALIGN = 16  # floats: every tensor starts on a 64-byte boundary (the gaps stay zero forever)
+
+
+def _attention_specs(prefix, d):
+    return [(f"{prefix}.in_proj_weight", (3 * d, d), "xavier"),
+            (f"{prefix}.in_proj_bias", (3 * d,), "zeros"),
+            (f"{prefix}.out_proj.weight", (d, d), "xavier"),
+            (f"{prefix}.out_proj.bias", (d,), "zeros")]
+
+
+def _feed_forward_specs(prefix, d, d_ff):
+    return [(f"{prefix}.linear1.weight", (d_ff, d), "xavier"),
+            (f"{prefix}.linear1.bias", (d_ff,), "fan_in"),
+            (f"{prefix}.linear2.weight", (d, d_ff), "xavier"),
+            (f"{prefix}.linear2.bias", (d,), "fan_in")]
+
+
+def _norm_specs(name, d):
+    return [(f"{name}.weight", (d,), "ones"), (f"{name}.bias", (d,), "zeros")]
+
+
+def parameter_specs(cfg):
+    """[(name, shape, init)] in PyTorch state_dict order. init is one of 'normal', 'xavier',
+    'zeros', 'ones', 'fan_in' (U(+-1/sqrt(fan_in)), fan_in = the layer's input size)."""
+    d, d_ff = cfg.d_model, cfg.d_ff
+    specs = [("src_embed.weight", (cfg.src_vocab_size, d), "normal"),
+             ("tgt_embed.weight", (cfg.tgt_vocab_size, d), "normal")]
+    for i in range(cfg.n_encoder_layers):
+        p = f"transformer.encoder.layers.{i}"
+        specs += _attention_specs(f"{p}.self_attn", d)
+        specs += _feed_forward_specs(p, d, d_ff)
+        specs += _norm_specs(f"{p}.norm1", d) + _norm_specs(f"{p}.norm2", d)
+    specs += _norm_specs("transformer.encoder.norm", d)
+    for i in range(cfg.n_decoder_layers):
+        p = f"transformer.decoder.layers.{i}"
+        specs += _attention_specs(f"{p}.self_attn", d)
+        specs += _attention_specs(f"{p}.multihead_attn", d)
+        specs += _feed_forward_specs(p, d, d_ff)
+        specs += (_norm_specs(f"{p}.norm1", d) + _norm_specs(f"{p}.norm2", d)
+                  + _norm_specs(f"{p}.norm3", d))
+    specs += _norm_specs("transformer.decoder.norm", d)
+    specs += [("generator.weight", (cfg.tgt_vocab_size, d), "fan_in"),
+              ("generator.bias", (cfg.tgt_vocab_size,), "generator_bias")]
+    return specs
+
+
+def _aligned_zeros(n):
+    """float32 zeros [n] starting on a 64-byte boundary."""
+    raw = np.zeros(n + _ALIGN, dtype=np.float32)
+    start = (-raw.ctypes.data % 64) // 4
+    return raw[start:start + n]
+
+
+class Parameters:
+    """The flat parameter and gradient buffers of one model, with named views into both."""
+
+    def __init__(self, cfg, seed=0):
+        self.specs = parameter_specs(cfg)
+        offsets, total = [], 0
+        for _, shape, _ in self.specs:
+            offsets.append(total)
+            size = int(np.prod(shape))
+            total += -(-size // _ALIGN) * _ALIGN
+        self.size = total
+        self.flat = _aligned_zeros(total)
+        self.flat_grad = _aligned_zeros(total)
+        self.data, self.grad, self.shapes = {}, {}, {}
+        for (name, shape, _), start in zip(self.specs, offsets):
+            size = int(np.prod(shape))
+            self.data[name] = self.flat[start:start + size].reshape(shape)
+            self.grad[name] = self.flat_grad[start:start + size].reshape(shape)
+            self.shapes[name] = tuple(shape)
+        self.d_model = cfg.d_model
+        self.initialize(seed)
+
+    @property
+    def names(self):
+        return [name for name, _, _ in self.specs]
+
+    def count(self):
+        """Number of parameters (without the alignment gaps)."""
+        return sum(int(np.prod(s)) for s in self.shapes.values())
+
+    def initialize(self, seed):
+        """PyTorch's initialisation (nn.Transformer._reset_parameters and the modules' defaults),
+        drawn from numpy's Generator seeded by `seed` (not PyTorch's stream)."""
+        rng = np.random.default_rng(seed)
+        for name, shape, init in self.specs:
+            view = self.data[name]
+            if init == "normal":                      # nn.Embedding: N(0, 1)
+                view[...] = rng.standard_normal(shape, dtype=np.float32)
+            elif init == "xavier":                    # xavier_uniform_ on every weight with dim > 1
+                fan_out, fan_in = shape
+                bound = math.sqrt(6.0 / (fan_in + fan_out))
+                view[...] = rng.uniform(-bound, bound, shape).astype(np.float32)
+            elif init == "fan_in":                    # nn.Linear's default bias / generator weight
+                fan_in = self._fan_in(name)
+                bound = 1.0 / math.sqrt(fan_in)
+                view[...] = rng.uniform(-bound, bound, shape).astype(np.float32)
+            elif init == "generator_bias":
+                bound = 1.0 / math.sqrt(self.d_model)
+                view[...] = rng.uniform(-bound, bound, shape).astype(np.float32)
+            elif init == "zeros":
+                view[...] = 0.0
+            elif init == "ones":
+                view[...] = 1.0
+            else:  # pragma: no cover - the spec list above is closed
+                raise AssertionError(init)
+
+    def _fan_in(self, name):
+        if name.endswith(".bias"):
+            return self.shapes[name[:-len("bias")] + "weight"][1]
+        return self.shapes[name][1]
+
+    def zero_grad(self):
+        self.flat_grad.fill(0.0)

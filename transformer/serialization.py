@@ -1,0 +1,165 @@
+"""safetensors files, read and written here (no pickle, no extra dependency).
+
+Layout: 8 bytes little-endian unsigned header length N, then N bytes of JSON
+{name: {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {str: str}},
+then the raw little-endian data; offsets are relative to the end of the header and the tensors
+tile the data area exactly. Writes go to a temporary file in the same directory, are fsync'ed and
+renamed over the target (atomic). Reads check everything and raise ValueError naming the file.
+"""
+import json
+import os
+import tempfile
+
+import numpy as np
+
+__all__ = ["save_file", "load_file", "read_metadata"]
+
+_DTYPES = {"F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "F16": np.dtype("<f2"),
+           "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
+           "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?")}
+_MAX_HEADER = 100 * 1024 * 1024
+
+
+def _code(dtype):
+    for code, dt in _DTYPES.items():
+        if dt.kind == dtype.kind and dt.itemsize == dtype.itemsize:
+            return code
+    return None
+
+
+def save_file(tensors, path, metadata=None):
+    """Write {name: ndarray} to `path` atomically. Arrays keep their dtype (one of _DTYPES)."""
+    path = os.fspath(path)
+    if not isinstance(tensors, dict):
+        raise TypeError(f"tensors must be a dict, got {type(tensors).__name__}")
+    header, arrays, offset = {}, [], 0
+    if metadata is not None:
+        if not isinstance(metadata, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                      for k, v in metadata.items()):
+            raise TypeError("metadata must be a dict of str to str")
+        header["__metadata__"] = dict(metadata)
+    for name, arr in tensors.items():
+        if not isinstance(name, str) or not name or name == "__metadata__":
+            raise ValueError(f"invalid tensor name {name!r}")
+        if not isinstance(arr, np.ndarray):
+            raise TypeError(f"tensors[{name!r}] must be a numpy.ndarray, got {type(arr).__name__}")
+        code = _code(arr.dtype)
+        if code is None:
+            raise TypeError(f"tensors[{name!r}] has unsupported dtype {arr.dtype}")
+        arr = np.ascontiguousarray(arr, dtype=_DTYPES[code])
+        header[name] = {"dtype": code, "shape": list(arr.shape),
+                        "data_offsets": [offset, offset + arr.nbytes]}
+        arrays.append(arr)
+        offset += arr.nbytes
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)  # the data area starts 8-byte aligned, as safetensors does
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text)
+            for arr in arrays:
+                if arr.nbytes:
+                    f.write(memoryview(arr.reshape(-1)).cast("B"))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:  # make the rename itself durable
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def read_metadata(path):
+    """The "__metadata__" dict of a safetensors file ({} when it has none), reading only the
+    header; ValueError (naming the file) when the header is damaged."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        header, _, _ = _read_header(f, path)
+    return dict(header.get("__metadata__") or {})
+
+
+def _read_header(f, path):
+    size = os.fstat(f.fileno()).st_size
+
+    def bad(why):
+        return ValueError(f"{path}: not a valid safetensors file: {why}")
+
+    if size < 8:
+        raise bad(f"{size} bytes, shorter than the 8-byte header length")
+    n = int.from_bytes(f.read(8), "little")
+    if n < 2 or n > _MAX_HEADER or 8 + n > size:
+        raise bad(f"header length {n} does not fit the file size {size} (truncated?)")
+    raw = f.read(n)
+    if len(raw) != n:
+        raise bad("truncated header")
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise bad(f"header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise bad("header is not a JSON object")
+    metadata = header.get("__metadata__")
+    if metadata is not None and not (isinstance(metadata, dict) and
+                                     all(isinstance(v, str) for v in metadata.values())):
+        raise bad("__metadata__ must map strings to strings")
+    return header, n, size
+
+
+def load_file(path):
+    """{name: ndarray} from a safetensors file; ValueError (naming the file) on any damage."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        def bad(why):
+            return ValueError(f"{path}: not a valid safetensors file: {why}")
+
+        header, n, size = _read_header(f, path)
+        header.pop("__metadata__", None)
+        entries = []
+        for name, info in header.items():
+            if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
+                raise bad(f"entry {name!r} must have exactly dtype, shape, data_offsets")
+            dtype = _DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
+            if dtype is None:
+                raise bad(f"entry {name!r} has unsupported dtype {info['dtype']!r}")
+            shape = info["shape"]
+            if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+                raise bad(f"entry {name!r} has invalid shape {shape!r}")
+            offs = info["data_offsets"]
+            if (not isinstance(offs, list) or len(offs) != 2
+                    or not all(type(o) is int and o >= 0 for o in offs) or offs[0] > offs[1]):
+                raise bad(f"entry {name!r} has invalid data_offsets {offs!r}")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            if offs[1] - offs[0] != nbytes:
+                raise bad(f"entry {name!r}: data_offsets {offs} do not hold shape {shape} of {info['dtype']}")
+            entries.append((offs[0], offs[1], name, dtype, tuple(shape)))
+        entries.sort(key=lambda e: (e[0], e[1]))
+        data_size = size - 8 - n
+        expected = 0
+        for begin, end, name, _, _ in entries:
+            if begin != expected:
+                raise bad(f"entry {name!r} starts at {begin}, expected {expected} (gap or overlap)")
+            expected = end
+        if expected != data_size:
+            raise bad(f"tensors cover {expected} bytes but the data area has {data_size} (truncated or trailing bytes)")
+        out = {}
+        for begin, end, name, dtype, shape in entries:
+            arr = np.empty(shape, dtype=dtype)
+            if end > begin:
+                got = f.readinto(memoryview(arr.reshape(-1)).cast("B"))
+                if got != end - begin:
+                    raise bad(f"entry {name!r} is truncated")
+            out[name] = arr.astype(dtype.newbyteorder("="), copy=False)
+        # keep the writer's order (the order of the header), not the offset order
+        return {name: out[name] for name in header}

@@ -1,0 +1,117 @@
+"""The PyTorch reference network of DESIGN.md and weight movers in both directions.
+
+torch is imported lazily, here only: the package itself never needs it.
+"""
+import numpy as np
+
+__all__ = ["build_torch_model", "to_torch", "from_torch", "torch_loss", "torch_state_dict_numpy",
+           "positional_table"]
+
+_CLASS = None
+
+
+def positional_table(max_len, d_model):
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), float64 rounded once."""
+    pos = np.arange(max_len, dtype=np.float64)[:, None]
+    div = np.power(10000.0, np.arange(0, d_model, 2, dtype=np.float64) / d_model)
+    pe = np.zeros((max_len, d_model), dtype=np.float64)
+    pe[:, 0::2] = np.sin(pos / div)
+    pe[:, 1::2] = np.cos(pos / div)[:, : d_model // 2]
+    return pe.astype(np.float32)
+
+
+def _reference_class():
+    global _CLASS
+    if _CLASS is not None:
+        return _CLASS
+    import math
+    import warnings
+
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class TorchSeq2SeqTransformer(nn.Module):
+        """DESIGN's reference: embeddings * sqrt(d) + PE, dropout, nn.Transformer, generator."""
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.cfg = cfg
+            self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model)
+            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model)
+            with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." is noise here
+                warnings.simplefilter("ignore", UserWarning)
+                self.transformer = nn.Transformer(
+                    cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff,
+                    cfg.dropout, cfg.activation, batch_first=True, norm_first=cfg.norm_first)
+            self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size)
+            self.dropout = nn.Dropout(cfg.dropout)
+            # not persistent: state_dict() holds exactly the parameters, as ours does
+            self.register_buffer("pe", torch.from_numpy(positional_table(cfg.max_len, cfg.d_model)),
+                                 persistent=False)
+            self.scale = math.sqrt(cfg.d_model)
+
+        def forward(self, src, tgt_in):
+            S, T = src.shape[1], tgt_in.shape[1]
+            pad = self.cfg.pad_id
+            x = self.dropout(self.src_embed(src) * self.scale + self.pe[:S])
+            y = self.dropout(self.tgt_embed(tgt_in) * self.scale + self.pe[:T])
+            causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=src.device), diagonal=1)
+            src_pad = src == pad
+            h = self.transformer(x, y, tgt_mask=causal, src_key_padding_mask=src_pad,
+                                 tgt_key_padding_mask=tgt_in == pad, memory_key_padding_mask=src_pad)
+            return self.generator(h)
+
+        def loss(self, src, tgt_in, tgt_out, label_smoothing=0.0):
+            logits = self.forward(src, tgt_in)
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1),
+                                   ignore_index=self.cfg.pad_id, label_smoothing=label_smoothing)
+
+    _CLASS = TorchSeq2SeqTransformer
+    return _CLASS
+
+
+def build_torch_model(cfg, seed=None):
+    """The PyTorch reference network for `cfg` (a ModelConfig), initialised by PyTorch
+    (torch.manual_seed(seed) first when seed is given)."""
+    import torch
+    if seed is not None:
+        torch.manual_seed(seed)
+    return _reference_class()(cfg)
+
+
+def torch_state_dict_numpy(torch_model):
+    """{name: float32 ndarray copy} of a torch model's state_dict."""
+    return {k: v.detach().cpu().numpy().astype(np.float32, copy=True)
+            for k, v in torch_model.state_dict().items()}
+
+
+def to_torch(model, torch_model=None):
+    """A PyTorch reference network holding `model`'s weights (built when torch_model is None)."""
+    import torch
+    if torch_model is None:
+        torch_model = build_torch_model(model.cfg)
+    sd = {k: torch.from_numpy(v) for k, v in model.state_dict().items()}
+    torch_model.load_state_dict(sd, strict=True)
+    return torch_model
+
+
+def from_torch(torch_model, cfg=None, seed=0):
+    """A Seq2SeqTransformer holding a torch reference model's weights."""
+    from .model import Seq2SeqTransformer
+    if cfg is None:
+        cfg = torch_model.cfg
+    model = Seq2SeqTransformer(cfg, seed=seed)
+    names = set(model.params.data)
+    model.load_state_dict({k: v for k, v in torch_state_dict_numpy(torch_model).items() if k in names})
+    return model
+
+
+def torch_loss(torch_model, src, tgt_in, tgt_out, label_smoothing=0.0):
+    """F.cross_entropy(..., ignore_index=pad_id, label_smoothing) of the reference model, a torch
+    scalar (call .backward() on it); ids may be numpy arrays."""
+    import torch
+
+    def t(x):
+        return torch.as_tensor(np.asarray(x, dtype=np.int64))
+    return torch_model.loss(t(src), t(tgt_in), t(tgt_out), label_smoothing)
