@@ -53,17 +53,30 @@ typedef void (*gemm_kernel)(long kc, const float *Ap, const float *Bp, long bs, 
 /* Pack rows [0, m) (pack_a) or columns [0, n) (pack_b) of an operand block into micro-panels. */
 typedef void (*gemm_pack)(int trans, const float *X, long ldx, long n, long kc, float *dst);
 
+/* Columns [j0, j1) of C = alpha * A @ B^T (+ C), A row-major M x K, B row-major N x K:
+ * every element one dot product of two contiguous rows (decoding: few rows, a weight matrix). */
+typedef void (*gemm_dot)(long M, long K, float alpha, const float *A, long lda, const float *B, long ldb,
+                         int accumulate, float *C, long ldc, long j0, long j1);
+
 typedef struct {
     int mr, nr;            /* register tile */
     long kc, mc, nc;       /* cache blocks: K (maximum), M per thread block, N */
     gemm_kernel kernel[MAX_MR + 1];   /* kernel[r] computes r <= mr rows */
     gemm_pack pack_a, pack_b;
+    gemm_dot dot;          /* A @ B^T for few rows without packing, or NULL */
 } gemm_isa;
+
+static long ceil_div(long a, long b) { return (a + b - 1) / b; }
+static long min_l(long a, long b) { return a < b ? a : b; }
+static long max_l(long a, long b) { return a > b ? a : b; }
 
 /* Multiply-adds per thread below which a GEMM does not start another thread. */
 #define GEMM_GRAIN (1L << 19)
 /* The shared B block holds at most this many floats (8 MiB, a quarter of L3). */
 #define GEMM_SHARED_B (1L << 21)
+/* A @ B^T with at most this many rows (and K at least GEMM_DOT_MIN_K) uses the dot kernel. */
+#define GEMM_DOT_ROWS 24
+#define GEMM_DOT_MIN_K 64
 /* The narrow schedule packs all of op(A) when it has at most this many floats (1 MiB). */
 #define GEMM_NARROW_A (1L << 18)
 
@@ -162,7 +175,7 @@ static void pack_b_generic(int t, const float *X, long ldx, long n, long kc, flo
 static const gemm_isa isa_generic = {
     GEN_MR, GEN_NR, 256, 128, 2048,
     {0, kernel_generic_1, kernel_generic_2, kernel_generic_3, kernel_generic_4},
-    pack_a_generic, pack_b_generic};
+    pack_a_generic, pack_b_generic, NULL};
 
 #ifdef GEMM_X86
 /* ------------------------------------------------------------------------- */
@@ -238,7 +251,7 @@ static const gemm_isa isa_avx2 = {
     AVX2_MR, AVX2_NR, 256, 144, 4096,
     {0, kernel_avx2_1, kernel_avx2_2, kernel_avx2_3, kernel_avx2_4, kernel_avx2_5,
      kernel_avx2_6},
-    pack_a_avx2, pack_b_avx2};
+    pack_a_avx2, pack_b_avx2, NULL};
 
 /* ------------------------------------------------------------------------- */
 /* AVX-512 micro-kernel: 14 x 32, 28 zmm accumulators. */
@@ -401,6 +414,76 @@ static TARGET_AVX512 void pack_b_avx512(int trans_b, const float *B, long ldb, l
     }
 }
 
+/* Few rows times a transposed B, without packing: 4 x 4 tiles of C, each element a 16-lane
+ * FMA chain over k (both operands contiguous in k) and a fixed reduction tree at the end. */
+static TARGET_AVX512 void dot_avx512(long M, long K, float alpha, const float *A, long lda,
+                                     const float *B, long ldb, int accumulate, float *C, long ldc,
+                                     long j0, long j1)
+{
+    const __mmask16 tail = mask16(K % 16);
+    const long kfull = K - K % 16;
+    for (long j = j0; j < j1; j += 4) {
+        int nr = (int)min_l(4, j1 - j);
+        const float *b[4];
+        for (int c = 0; c < 4; c++) b[c] = B + (j + (c < nr ? c : 0)) * ldb;
+        for (long i = 0; i < M; i += 4) {
+            int mr = (int)min_l(4, M - i);
+            const float *a[4];
+            for (int r = 0; r < 4; r++) a[r] = A + (i + (r < mr ? r : 0)) * lda;
+            __m512 acc[16];
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
+            for (long k = 0; k < kfull; k += 16) {
+                __m512 va[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) va[r] = _mm512_loadu_ps(a[r] + k);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m512 vb = _mm512_loadu_ps(b[c] + k);
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) acc[4 * r + c] = _mm512_fmadd_ps(va[r], vb, acc[4 * r + c]);
+                }
+            }
+            if (tail) {
+                __m512 va[4];
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++) va[r] = _mm512_maskz_loadu_ps(tail, a[r] + kfull);
+#pragma GCC unroll 4
+                for (int c = 0; c < 4; c++) {
+                    __m512 vb = _mm512_maskz_loadu_ps(tail, b[c] + kfull);
+#pragma GCC unroll 4
+                    for (int r = 0; r < 4; r++) acc[4 * r + c] = _mm512_fmadd_ps(va[r], vb, acc[4 * r + c]);
+                }
+            }
+            /* reduce: lane-local pairs, then 64-bit pairs, then 128-bit lanes; the result holds
+             * the sum of acc[t] in element t, i.e. row r = t / 4, column c = t % 4 */
+            __m512 l1[8], l2[4];
+#pragma GCC unroll 8
+            for (int p = 0; p < 8; p++)
+                l1[p] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * p], acc[2 * p + 1]),
+                                      _mm512_unpackhi_ps(acc[2 * p], acc[2 * p + 1]));
+#pragma GCC unroll 4
+            for (int q = 0; q < 4; q++) {
+                __m512d c0 = _mm512_castps_pd(l1[2 * q]), c1 = _mm512_castps_pd(l1[2 * q + 1]);
+                l2[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c0, c1)),
+                                      _mm512_castpd_ps(_mm512_unpackhi_pd(c0, c1)));
+            }
+            __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[0], l2[1], 0x88), _mm512_shuffle_f32x4(l2[0], l2[1], 0xDD));
+            __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[2], l2[3], 0x88), _mm512_shuffle_f32x4(l2[2], l2[3], 0xDD));
+            __m512 sum = _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+            float t[16] __attribute__((aligned(64)));
+            _mm512_store_ps(t, sum);
+            for (int r = 0; r < mr; r++) {
+                float *c = C + (i + r) * ldc + j;
+                if (accumulate)
+                    for (int q = 0; q < nr; q++) c[q] = __builtin_fmaf(alpha, t[4 * r + q], c[q]);
+                else
+                    for (int q = 0; q < nr; q++) c[q] = alpha * t[4 * r + q];
+            }
+        }
+    }
+}
+
 /* KC = 256: the B micro-panel (256 x 32 floats = 32 KiB) stays in the 48 KiB L1d;
  * MC = 336: the A block (336 x 256 = 336 KiB) stays in the 1 MiB L2;
  * NC = 4096: the B block (up to 8 MiB) stays in the 32 MiB L3. */
@@ -409,7 +492,7 @@ static const gemm_isa isa_avx512 = {
     {0, kernel_avx512_1, kernel_avx512_2, kernel_avx512_3, kernel_avx512_4, kernel_avx512_5,
      kernel_avx512_6, kernel_avx512_7, kernel_avx512_8, kernel_avx512_9, kernel_avx512_10,
      kernel_avx512_11, kernel_avx512_12, kernel_avx512_13, kernel_avx512_14},
-    pack_a_avx512, pack_b_avx512};
+    pack_a_avx512, pack_b_avx512, dot_avx512};
 #endif
 
 static const gemm_isa *gemm_pick_isa(void)
@@ -437,10 +520,6 @@ typedef struct {
     int accumulate;
     float *C; long ldc;
 } gemm_problem;
-
-static long ceil_div(long a, long b) { return (a + b - 1) / b; }
-static long min_l(long a, long b) { return a < b ? a : b; }
-static long max_l(long a, long b) { return a > b ? a : b; }
 
 /* The K block: K split into equal blocks of at most isa->kc (depends on K only). */
 static long k_block(const gemm_isa *s, long K) { return ceil_div(K, ceil_div(K, s->kc)); }
@@ -668,13 +747,17 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
     int nt = tf_team(nb * item, GEMM_GRAIN);
     /* Many small GEMMs: each thread a range of batch entries. Few large ones: all threads on each. */
     const int by_batch = nt > 1 && nb >= nt && (nb % nt == 0 || nb >= 4 * nt || item < 4 * GEMM_GRAIN);
-    int tm = by_batch ? 1 : grid_rows(s, M, N, nt);
+    /* few rows of A @ B^T: dot products straight from the caller's rows, nothing packed */
+    const int dot = s->dot && !trans_a && trans_b && M <= GEMM_DOT_ROWS && K >= GEMM_DOT_MIN_K;
+    int tm = by_batch || dot ? 1 : grid_rows(s, M, N, nt);
 
     /* Buffers. Alone (private or narrow): per thread Bp + Ap. Shared: one Bp + per thread Ap. */
     const long kcb = k_block(s, K), mpad = ceil_div(M, s->mr) * s->mr;
     const int narrow = narrow_fits(s, M, K);
     size_t a_floats, b_floats, total;
-    if (tm == 1) {
+    if (dot) {
+        a_floats = b_floats = total = 0;
+    } else if (tm == 1) {
         a_floats = round16((size_t)(narrow ? mpad * K : min_l(mpad, s->mc) * kcb));
         b_floats = round16((size_t)(kcb * (narrow ? s->nr : min_l(np * s->nr, s->nc))));
         total = (size_t)nt * (a_floats + b_floats);
@@ -684,9 +767,9 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
         b_floats = round16((size_t)(ceil_div(K, kcb) * kcb * ncb));
         total = b_floats + (size_t)nt * a_floats;
     }
-    int owned;
-    float *buffer = buffer_acquire(total, &owned);
-    if (!buffer) {   /* out of memory: the slow path still gives the right answer */
+    int owned = 1;
+    float *buffer = dot ? NULL : buffer_acquire(total, &owned);
+    if (!buffer && !dot) {   /* out of memory: the slow path still gives the right answer */
         gemm_reference(trans_a, trans_b, batch0, batch1, M, N, K, alpha, A, lda, a_stride0, a_stride1,
                        B, ldb, b_stride0, b_stride1, accumulate, C, ldc, c_stride0, c_stride1);
         return;
@@ -707,7 +790,17 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
             g.B = B + i_ * b_stride0 + j_ * b_stride1;          \
             g.C = C + i_ * c_stride0 + j_ * c_stride1;          \
         } while (0)
-        if (tm == 1) {
+        if (dot) {   /* units of 4 * `per` columns */
+            long tiles = ceil_div(N, 4), per = team == 1 ? tiles : ceil_div(tiles, 8L * team);
+            long groups = ceil_div(tiles, per), u;
+            while ((u = team == 1 ? (next < nb * groups ? next++ : nb * groups)
+                                  : __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)) < nb * groups) {
+                long t = u / groups, p = u % groups;
+                GEMM_ENTRY(t);
+                s->dot(M, K, alpha, g.A, lda, g.B, ldb, accumulate, g.C, ldc, 4 * p * per,
+                       min_l(N, 4 * (p + 1) * per));
+            }
+        } else if (tm == 1) {
             float *Bp = buffer + (size_t)tid * (a_floats + b_floats), *Ap = Bp + b_floats;
             if (team == 1) {
                 for (long t = 0; t < nb; t++) { GEMM_ENTRY(t); gemm_alone(&g, Bp, Ap, 0, np); }
@@ -743,7 +836,7 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
         }
 #undef GEMM_ENTRY
     }
-    buffer_release(buffer, owned);
+    if (buffer) buffer_release(buffer, owned);
 }
 
 void gemm(int trans_a, int trans_b, long M, long N, long K, float alpha,

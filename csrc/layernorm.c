@@ -11,6 +11,10 @@
 #include "cpu.h"
 #include "simd_math.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 /* Elements per thread below which fewer threads are started. */
 #define LAYERNORM_GRAIN 16384L
 
@@ -65,74 +69,156 @@ static void layernorm_backward_row_generic(float *dx, float *dwp, float *dbp, co
 
 TF_TARGET_AVX512 static inline __mmask16 ln_lanes16(long count)
 {
+    if (count <= 0) return 0;
     return count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1u);
 }
 
-TF_TARGET_AVX512 static void layernorm_row_avx512(float *y, float *m, float *rs, const float *x,
-                                                  const float *w, const float *b, long D, float eps)
+#define TF_ALWAYS_INLINE inline __attribute__((always_inline))
+
+/* R consecutive rows (any D), interleaved: each sweep over the columns advances all R rows, so
+ * the R rows' reduction chains (sum, variance, horizontal adds, divide, square root) overlap
+ * instead of each row waiting on its own. Every row's arithmetic is the same for any R. */
+TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_rows_avx512(
+    float *y, float *m, float *rs, const float *x, const float *w, const float *b, long D,
+    float eps, const int R)
 {
-    __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+    __m512 s0[4], s1[4], vmean[4], vrstd[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) s0[i] = s1[i] = _mm512_setzero_ps();
     long c = 0;
     for (; c + 32 <= D; c += 32) {
-        s0 = _mm512_add_ps(s0, _mm512_loadu_ps(x + c));
-        s1 = _mm512_add_ps(s1, _mm512_loadu_ps(x + c + 16));
-    }
-    for (; c < D; c += 16) s0 = _mm512_add_ps(s0, _mm512_maskz_loadu_ps(ln_lanes16(D - c), x + c));
-    float mean = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) / (float)D;
-    const __m512 vmean = _mm512_set1_ps(mean);
-    s0 = _mm512_setzero_ps();
-    s1 = _mm512_setzero_ps();
-    for (c = 0; c + 32 <= D; c += 32) {
-        __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + c), vmean);
-        __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + c + 16), vmean);
-        s0 = _mm512_fmadd_ps(d0, d0, s0);
-        s1 = _mm512_fmadd_ps(d1, d1, s1);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            s0[i] = _mm512_add_ps(s0[i], _mm512_loadu_ps(x + i * D + c));
+            s1[i] = _mm512_add_ps(s1[i], _mm512_loadu_ps(x + i * D + c + 16));
+        }
     }
     for (; c < D; c += 16) {
         __mmask16 k = ln_lanes16(D - c);
-        __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + c), vmean);
-        s0 = _mm512_fmadd_ps(d, d, s0);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) s0[i] = _mm512_add_ps(s0[i], _mm512_maskz_loadu_ps(k, x + i * D + c));
     }
-    float var = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1)) / (float)D;
-    float rstd = 1.0f / sqrtf(var + eps);
-    const __m512 vrstd = _mm512_set1_ps(rstd);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        float mean = _mm512_reduce_add_ps(_mm512_add_ps(s0[i], s1[i])) / (float)D;
+        m[i] = mean;
+        vmean[i] = _mm512_set1_ps(mean);
+        s0[i] = s1[i] = _mm512_setzero_ps();
+    }
+    for (c = 0; c + 32 <= D; c += 32) {
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            __m512 d0 = _mm512_sub_ps(_mm512_loadu_ps(x + i * D + c), vmean[i]);
+            __m512 d1 = _mm512_sub_ps(_mm512_loadu_ps(x + i * D + c + 16), vmean[i]);
+            s0[i] = _mm512_fmadd_ps(d0, d0, s0[i]);
+            s1[i] = _mm512_fmadd_ps(d1, d1, s1[i]);
+        }
+    }
+    for (; c < D; c += 16) {
+        __mmask16 k = ln_lanes16(D - c);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i * D + c), vmean[i]);
+            s0[i] = _mm512_fmadd_ps(d, d, s0[i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        float var = _mm512_reduce_add_ps(_mm512_add_ps(s0[i], s1[i])) / (float)D;
+        float rstd = 1.0f / sqrtf(var + eps);
+        rs[i] = rstd;
+        vrstd[i] = _mm512_set1_ps(rstd);
+    }
     for (c = 0; c < D; c += 16) {
         __mmask16 k = ln_lanes16(D - c);
-        __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vmean), vrstd);
-        __m512 v = _mm512_fmadd_ps(xh, _mm512_maskz_loadu_ps(k, w + c), _mm512_maskz_loadu_ps(k, b + c));
-        _mm512_mask_storeu_ps(y + c, k, v);
+        __m512 vw = _mm512_maskz_loadu_ps(k, w + c), vb = _mm512_maskz_loadu_ps(k, b + c);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i * D + c), vmean[i]), vrstd[i]);
+            _mm512_mask_storeu_ps(y + i * D + c, k, _mm512_fmadd_ps(xh, vw, vb));
+        }
     }
-    *m = mean;
-    *rs = rstd;
 }
 
-TF_TARGET_AVX512 static void layernorm_backward_row_avx512(float *dx, float *dwp, float *dbp,
-                                                           const float *dy, const float *x,
-                                                           const float *w, float mean, float rstd,
-                                                           long D, int acc)
+/* Rows [r0, r1) of the forward: groups of 4, then single rows. */
+TF_TARGET_AVX512 static void layernorm_forward_rows_avx512(float *out, float *mean, float *rstd,
+                                                           const float *x, const float *w,
+                                                           const float *b, long r0, long r1,
+                                                           long D, float eps)
 {
-    const __m512 vmean = _mm512_set1_ps(mean), vrstd = _mm512_set1_ps(rstd);
-    __m512 sg = _mm512_setzero_ps(), sgx = _mm512_setzero_ps();
+    long r = r0;
+    for (; r + 4 <= r1; r += 4)
+        layernorm_rows_avx512(out + r * D, mean + r, rstd + r, x + r * D, w, b, D, eps, 4);
+    for (; r < r1; r++)
+        layernorm_rows_avx512(out + r * D, mean + r, rstd + r, x + r * D, w, b, D, eps, 1);
+}
+
+/* R consecutive rows of the backward, interleaved as in the forward. The partial sums dwp/dbp
+ * stay in registers across the R rows and receive the rows in order. */
+TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_backward_rows_avx512(
+    float *dx, float *dwp, float *dbp, const float *dy, const float *x, const float *w,
+    const float *mean, const float *rstd, long D, int acc, const int R)
+{
+    __m512 vmean[4], vrstd[4], sg[4], sgx[4], va[4], vb[4];
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        vmean[i] = _mm512_set1_ps(mean[i]);
+        vrstd[i] = _mm512_set1_ps(rstd[i]);
+        sg[i] = sgx[i] = _mm512_setzero_ps();
+    }
     for (long c = 0; c < D; c += 16) {
         __mmask16 k = ln_lanes16(D - c);
-        __m512 vdy = _mm512_maskz_loadu_ps(k, dy + c);
-        __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vmean), vrstd);
-        __m512 g = _mm512_mul_ps(vdy, _mm512_maskz_loadu_ps(k, w + c));
-        sg = _mm512_add_ps(sg, g);
-        sgx = _mm512_fmadd_ps(g, xh, sgx);
-        _mm512_mask_storeu_ps(dwp + c, k, _mm512_fmadd_ps(vdy, xh, _mm512_maskz_loadu_ps(k, dwp + c)));
-        _mm512_mask_storeu_ps(dbp + c, k, _mm512_add_ps(vdy, _mm512_maskz_loadu_ps(k, dbp + c)));
+        __m512 vw = _mm512_maskz_loadu_ps(k, w + c);
+        __m512 dwv = _mm512_maskz_loadu_ps(k, dwp + c), dbv = _mm512_maskz_loadu_ps(k, dbp + c);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            __m512 vdy = _mm512_maskz_loadu_ps(k, dy + i * D + c);
+            __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i * D + c), vmean[i]), vrstd[i]);
+            __m512 g = _mm512_mul_ps(vdy, vw);
+            sg[i] = _mm512_add_ps(sg[i], g);
+            sgx[i] = _mm512_fmadd_ps(g, xh, sgx[i]);
+            dwv = _mm512_fmadd_ps(vdy, xh, dwv);
+            dbv = _mm512_add_ps(vdy, dbv);
+        }
+        _mm512_mask_storeu_ps(dwp + c, k, dwv);
+        _mm512_mask_storeu_ps(dbp + c, k, dbv);
     }
-    const __m512 va = _mm512_set1_ps(_mm512_reduce_add_ps(sg) / (float)D);
-    const __m512 vb = _mm512_set1_ps(_mm512_reduce_add_ps(sgx) / (float)D);
+    /* dx = rstd * (g - a - xhat * b) = g * rstd - ((x - mean) * (rstd^2 * b) + rstd * a) */
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        float a = _mm512_reduce_add_ps(sg[i]) / (float)D, bb = _mm512_reduce_add_ps(sgx[i]) / (float)D;
+        float r = rstd[i];
+        va[i] = _mm512_set1_ps(r * a);
+        vb[i] = _mm512_set1_ps(r * r * bb);
+    }
     for (long c = 0; c < D; c += 16) {
         __mmask16 k = ln_lanes16(D - c);
-        __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + c), vmean), vrstd);
-        __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, dy + c), _mm512_maskz_loadu_ps(k, w + c));
-        __m512 v = _mm512_mul_ps(vrstd, _mm512_fnmadd_ps(xh, vb, _mm512_sub_ps(g, va)));
-        if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, dx + c), v);
-        _mm512_mask_storeu_ps(dx + c, k, v);
+        __m512 vw = _mm512_maskz_loadu_ps(k, w + c);
+#pragma GCC unroll 4
+        for (int i = 0; i < R; i++) {
+            __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i * D + c), vmean[i]);
+            __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, dy + i * D + c), vw);
+            __m512 v = _mm512_fmsub_ps(g, vrstd[i], _mm512_fmadd_ps(d, vb[i], va[i]));
+            if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, dx + i * D + c), v);
+            _mm512_mask_storeu_ps(dx + i * D + c, k, v);
+        }
     }
+}
+
+/* Rows [r0, r1) of the backward, all within one chunk (partials dwp, dbp). */
+TF_TARGET_AVX512 static void layernorm_backward_chunk_avx512(float *dx, float *dwp, float *dbp,
+                                                             const float *dy, const float *x,
+                                                             const float *w, const float *mean,
+                                                             const float *rstd, long r0, long r1,
+                                                             long D, int acc)
+{
+    long r = r0;
+    for (; r + 4 <= r1; r += 4)
+        layernorm_backward_rows_avx512(dx + r * D, dwp, dbp, dy + r * D, x + r * D, w, mean + r,
+                                       rstd + r, D, acc, 4);
+    for (; r < r1; r++)
+        layernorm_backward_rows_avx512(dx + r * D, dwp, dbp, dy + r * D, x + r * D, w, mean + r,
+                                       rstd + r, D, acc, 1);
 }
 
 /* ------------------------------------------------------------------------- */
@@ -234,15 +320,26 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *x, con
 {
     if (N == 0 || D == 0) return;
     const int isa = tf_isa();
-#pragma omp parallel for schedule(static) num_threads(tf_team(N * D, LAYERNORM_GRAIN))
-    for (long r = 0; r < N; r++) {
-        float *y = out + r * D;
-        const float *xr = x + r * D;
-#if TF_HAVE_X86
-        if (isa == TF_ISA_AVX512) { layernorm_row_avx512(y, mean + r, rstd + r, xr, weight, bias, D, eps); continue; }
-        if (isa == TF_ISA_AVX2) { layernorm_row_avx2(y, mean + r, rstd + r, xr, weight, bias, D, eps); continue; }
+#pragma omp parallel num_threads(tf_team(N * D, LAYERNORM_GRAIN))
+    {
+        long r0 = 0, r1 = N;
+#ifdef _OPENMP
+        int team = omp_get_num_threads(), t = omp_get_thread_num();
+        r0 = N / team * t + (t < N % team ? t : N % team);
+        r1 = r0 + N / team + (t < N % team ? 1 : 0);
 #endif
-        layernorm_row_generic(y, mean + r, rstd + r, xr, weight, bias, D, eps);
+#if TF_HAVE_X86
+        if (isa == TF_ISA_AVX512) {
+            layernorm_forward_rows_avx512(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
+        } else if (isa == TF_ISA_AVX2) {
+            for (long r = r0; r < r1; r++)
+                layernorm_row_avx2(out + r * D, mean + r, rstd + r, x + r * D, weight, bias, D, eps);
+        } else
+#endif
+        {
+            for (long r = r0; r < r1; r++)
+                layernorm_row_generic(out + r * D, mean + r, rstd + r, x + r * D, weight, bias, D, eps);
+        }
     }
 }
 
@@ -267,14 +364,17 @@ void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch,
             float *dwp = scratch + 2 * ch * D, *dbp = dwp + D;
             memset(dwp, 0, 2 * (size_t)D * sizeof(float));
             long r1 = (ch + 1) * LAYERNORM_CHUNK < N ? (ch + 1) * LAYERNORM_CHUNK : N;
+#if TF_HAVE_X86
+            if (isa == TF_ISA_AVX512) {
+                layernorm_backward_chunk_avx512(dx, dwp, dbp, dout, x, weight, mean, rstd,
+                                                ch * LAYERNORM_CHUNK, r1, D, accumulate);
+                continue;
+            }
+#endif
             for (long r = ch * LAYERNORM_CHUNK; r < r1; r++) {
                 float *dxr = dx + r * D;
                 const float *dyr = dout + r * D, *xr = x + r * D;
 #if TF_HAVE_X86
-                if (isa == TF_ISA_AVX512) {
-                    layernorm_backward_row_avx512(dxr, dwp, dbp, dyr, xr, weight, mean[r], rstd[r], D, accumulate);
-                    continue;
-                }
                 if (isa == TF_ISA_AVX2) {
                     layernorm_backward_row_avx2(dxr, dwp, dbp, dyr, xr, weight, mean[r], rstd[r], D, accumulate);
                     continue;

@@ -15,6 +15,10 @@
 #include "cpu.h"
 #include "simd_math.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 /* Elements per thread below which fewer threads are started (a row pass over 16K
  * floats takes a few microseconds, about what waking a thread costs). */
 #define SOFTMAX_GRAIN 16384L
@@ -63,6 +67,7 @@ static void softmax_backward_row_generic(float *ds, const float *p, const float 
 
 TF_TARGET_AVX512 static inline __mmask16 first_lanes16(long count)
 {
+    if (count <= 0) return 0;
     return count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1u);
 }
 
@@ -74,8 +79,60 @@ TF_TARGET_AVX512 static inline __mmask16 visible16(long k, long n, const uint8_t
     return m;
 }
 
-TF_TARGET_AVX512 static void softmax_row_avx512(float *p, const float *s, const uint8_t *pad,
-                                                long n, long Tk, float scale)
+/* R consecutive rows of Tk <= 16 * NV keys held in R * NV registers: one load and one store per
+ * element, and the R rows' max / exp / sum chains are independent, so short rows overlap
+ * (their horizontal reductions and the reciprocal are latency, not work). Row i sees keys
+ * below n[i] that are not padding in pad[i]. */
+#define TF_ALWAYS_INLINE inline __attribute__((always_inline))
+TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
+    float *p, const float *s, const uint8_t *const *pad, const long *n, long Tk, float scale,
+    const int NV, const int R)
+{
+    __m512 v[4][8];
+    __mmask16 m[4][8];
+    __m512 vmx[4], vinv[4];
+    const __m512 vscale = _mm512_set1_ps(scale);
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        __m512 vmax = _mm512_set1_ps(-INFINITY);
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) {
+            m[i][j] = visible16(16 * j, n[i], pad[i]);
+            v[i][j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[i][j], s + i * Tk + 16 * j), vscale);
+            vmax = _mm512_mask_max_ps(vmax, m[i][j], vmax, v[i][j]);
+        }
+        float mx = _mm512_reduce_max_ps(vmax);
+        if (mx == -INFINITY) {             /* every key masked: the row is zeros */
+            mx = 0.0f;
+#pragma GCC unroll 8
+            for (int j = 0; j < NV; j++) m[i][j] = 0;
+        }
+        vmx[i] = _mm512_set1_ps(mx);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        __m512 vsum = _mm512_setzero_ps();
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++) {
+            v[i][j] = _mm512_maskz_mov_ps(m[i][j], tf_exp_avx512(_mm512_sub_ps(v[i][j], vmx[i])));
+            vsum = _mm512_add_ps(vsum, v[i][j]);
+        }
+        float sum = _mm512_reduce_add_ps(vsum);
+        vinv[i] = _mm512_set1_ps(sum > 0.0f ? 1.0f / sum : 0.0f);
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+#pragma GCC unroll 8
+        for (int j = 0; j < NV; j++)
+            _mm512_mask_storeu_ps(p + i * Tk + 16 * j, first_lanes16(Tk - 16 * j),
+                                  _mm512_mul_ps(v[i][j], vinv[i]));
+    }
+}
+
+/* Any row length. Full vectors use plain loads and stores so that the normalising sweep's
+ * reloads are forwarded from the exp sweep's stores (masked stores do not forward). */
+TF_TARGET_AVX512 static void softmax_row_long_avx512(float *p, const float *s, const uint8_t *pad,
+                                                     long n, long Tk, float scale)
 {
     const __m512 vscale = _mm512_set1_ps(scale);
     __m512 vmax = _mm512_set1_ps(-INFINITY);
@@ -97,31 +154,156 @@ TF_TARGET_AVX512 static void softmax_row_avx512(float *p, const float *s, const 
         __m512 v = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + k), vscale), vmx);
         __m512 e = _mm512_maskz_mov_ps(m, tf_exp_avx512(v));
         vsum = _mm512_add_ps(vsum, e);
-        _mm512_mask_storeu_ps(p + k, first_lanes16(Tk - k), e);
+        if (Tk - k >= 16) _mm512_storeu_ps(p + k, e);
+        else _mm512_mask_storeu_ps(p + k, first_lanes16(Tk - k), e);
     }
     for (; k < Tk; k += 16) _mm512_mask_storeu_ps(p + k, first_lanes16(Tk - k), _mm512_setzero_ps());
     const __m512 vinv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
     for (k = 0; k < n; k += 16) {
-        __mmask16 m = first_lanes16(n - k);
-        _mm512_mask_storeu_ps(p + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + k), vinv));
+        if (Tk - k >= 16) {
+            _mm512_storeu_ps(p + k, _mm512_mul_ps(_mm512_loadu_ps(p + k), vinv));
+        } else {
+            __mmask16 m = first_lanes16(Tk - k);
+            _mm512_mask_storeu_ps(p + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + k), vinv));
+        }
     }
 }
 
-TF_TARGET_AVX512 static void softmax_backward_row_avx512(float *ds, const float *p, const float *dp,
-                                                         long Tk, float scale)
+/* `count` (1..4) consecutive rows starting at p / s; row i: padding pad[i], keys below n[i]. */
+TF_TARGET_AVX512 static void softmax_rows_avx512(float *p, const float *s, const uint8_t *const *pad,
+                                                 const long *n, int count, long Tk, float scale)
 {
-    __m512 acc = _mm512_setzero_ps();
-    for (long k = 0; k < Tk; k += 16) {
-        __mmask16 m = first_lanes16(Tk - k);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, p + k), _mm512_maskz_loadu_ps(m, dp + k), acc);
+#define TF_REGS(NV, R) softmax_rows_regs_avx512(p, s, pad, n, Tk, scale, NV, R)
+    long nv = (Tk + 15) / 16;
+    if (count == 4 && nv <= 2) {
+        if (nv == 1) TF_REGS(1, 4); else TF_REGS(2, 4);
+        return;
     }
-    const __m512 vdot = _mm512_set1_ps(_mm512_reduce_add_ps(acc));
+    if (count >= 2 && nv <= 4) {
+        long done = 0;
+        for (; done + 2 <= count; done += 2) {
+            float *pp = p + done * Tk;
+            const float *ss = s + done * Tk;
+#define TF_REGS2(NV) softmax_rows_regs_avx512(pp, ss, pad + done, n + done, Tk, scale, NV, 2)
+            switch (nv) {
+            case 1: TF_REGS2(1); break;
+            case 2: TF_REGS2(2); break;
+            case 3: TF_REGS2(3); break;
+            default: TF_REGS2(4); break;
+            }
+#undef TF_REGS2
+        }
+        if (done == count) return;
+        p += done * Tk;
+        s += done * Tk;
+        pad += done;
+        n += done;
+        count -= (int)done;
+    }
+    for (int i = 0; i < count; i++, p += Tk, s += Tk) {
+        switch (nv) {
+        case 1: softmax_rows_regs_avx512(p, s, pad + i, n + i, Tk, scale, 1, 1); break;
+        case 2: softmax_rows_regs_avx512(p, s, pad + i, n + i, Tk, scale, 2, 1); break;
+        case 3: softmax_rows_regs_avx512(p, s, pad + i, n + i, Tk, scale, 3, 1); break;
+        case 4: softmax_rows_regs_avx512(p, s, pad + i, n + i, Tk, scale, 4, 1); break;
+        case 5: softmax_rows_regs_avx512(p, s, pad + i, n + i, Tk, scale, 5, 1); break;
+        case 6: softmax_rows_regs_avx512(p, s, pad + i, n + i, Tk, scale, 6, 1); break;
+        case 7: softmax_rows_regs_avx512(p, s, pad + i, n + i, Tk, scale, 7, 1); break;
+        case 8: softmax_rows_regs_avx512(p, s, pad + i, n + i, Tk, scale, 8, 1); break;
+        default: softmax_row_long_avx512(p, s, pad[i], n[i], Tk, scale); break;
+        }
+    }
+#undef TF_REGS
+}
+
+/* R consecutive rows of Tk <= 16 * NV: probs and dprobs read once into registers, the R dot
+ * products' chains overlap. */
+TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_backward_rows_regs_avx512(
+    float *ds, const float *p, const float *dp, long Tk, float scale, const int NV, const int R)
+{
+    __m512 pv[4][4], dv[4][4], vdot[4];
     const __m512 vscale = _mm512_set1_ps(scale);
-    for (long k = 0; k < Tk; k += 16) {
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+        __m512 acc = _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) {
+            __mmask16 m = first_lanes16(Tk - 16 * j);
+            pv[i][j] = _mm512_maskz_loadu_ps(m, p + i * Tk + 16 * j);
+            dv[i][j] = _mm512_maskz_loadu_ps(m, dp + i * Tk + 16 * j);
+            acc = _mm512_fmadd_ps(pv[i][j], dv[i][j], acc);
+        }
+        vdot[i] = _mm512_set1_ps(_mm512_reduce_add_ps(acc));
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < R; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) {
+            __m512 r = _mm512_mul_ps(_mm512_mul_ps(pv[i][j], _mm512_sub_ps(dv[i][j], vdot[i])), vscale);
+            _mm512_mask_storeu_ps(ds + i * Tk + 16 * j, first_lanes16(Tk - 16 * j), r);
+        }
+    }
+}
+
+/* Any row length: two accumulators for the dot product. */
+TF_TARGET_AVX512 static void softmax_backward_row_long_avx512(float *ds, const float *p,
+                                                              const float *dp, long Tk, float scale)
+{
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    long k = 0;
+    for (; k + 32 <= Tk; k += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(p + k), _mm512_loadu_ps(dp + k), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(p + k + 16), _mm512_loadu_ps(dp + k + 16), acc1);
+    }
+    for (; k < Tk; k += 16) {
+        __mmask16 m = first_lanes16(Tk - k);
+        acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, p + k), _mm512_maskz_loadu_ps(m, dp + k), acc0);
+    }
+    const __m512 vdot = _mm512_set1_ps(_mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)));
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (k = 0; k < Tk; k += 16) {
         __mmask16 m = first_lanes16(Tk - k);
         __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dp + k), vdot);
         __m512 r = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + k), d), vscale);
         _mm512_mask_storeu_ps(ds + k, m, r);
+    }
+}
+
+/* Rows [r0, r1) of the backward. */
+TF_TARGET_AVX512 static void softmax_backward_rows_avx512(float *ds, const float *p, const float *dp,
+                                                          long r0, long r1, long Tk, float scale)
+{
+    const long nv = (Tk + 15) / 16;
+    if (nv > 4) {
+        for (long r = r0; r < r1; r++)
+            softmax_backward_row_long_avx512(ds + r * Tk, p + r * Tk, dp + r * Tk, Tk, scale);
+        return;
+    }
+    /* Groups of 4 rows (2 when Tk > 32), then single rows; NV is always nv, so each row gets
+     * exactly the same arithmetic whichever group it falls in (thread splits move groups). */
+    const long group = nv <= 2 ? 4 : 2;
+    for (long r = r0; r < r1;) {
+        float *d = ds + r * Tk;
+        const float *pp = p + r * Tk, *dd = dp + r * Tk;
+#define TF_BWD(NV, R) softmax_backward_rows_regs_avx512(d, pp, dd, Tk, scale, NV, R)
+        if (r + group <= r1) {
+            switch (nv) {
+            case 1: TF_BWD(1, 4); break;
+            case 2: TF_BWD(2, 4); break;
+            case 3: TF_BWD(3, 2); break;
+            default: TF_BWD(4, 2); break;
+            }
+            r += group;
+        } else {
+            switch (nv) {
+            case 1: TF_BWD(1, 1); break;
+            case 2: TF_BWD(2, 1); break;
+            case 3: TF_BWD(3, 1); break;
+            default: TF_BWD(4, 1); break;
+            }
+            r += 1;
+        }
+#undef TF_BWD
     }
 }
 
@@ -242,22 +424,47 @@ TF_TARGET_AVX2 static void exp_array_avx2(float *out, const float *x, long n)
 void softmax_forward(float *probs, const float *scores, const uint8_t *key_padding_mask,
                      long B, long H, long Tq, long Tk, float scale, int causal, long q_offset)
 {
-    long rows = B * H * Tq;
+    const long rows = B * H * Tq;
     if (rows == 0 || Tk == 0) return;
     if (q_offset > Tk) q_offset = Tk;   /* every key visible already; avoids overflow below */
     const int isa = tf_isa();
-#pragma omp parallel for schedule(static) num_threads(tf_team(rows * Tk, SOFTMAX_GRAIN))
-    for (long r = 0; r < rows; r++) {
-        long b = r / (H * Tq), q = r % Tq;
-        long n = causal && q_offset + q + 1 < Tk ? q_offset + q + 1 : Tk;   /* keys < n visible */
-        const uint8_t *pad = key_padding_mask ? key_padding_mask + b * Tk : NULL;
-        float *p = probs + r * Tk;
-        const float *s = scores + r * Tk;
-#if TF_HAVE_X86
-        if (isa == TF_ISA_AVX512) { softmax_row_avx512(p, s, pad, n, Tk, scale); continue; }
-        if (isa == TF_ISA_AVX2) { softmax_row_avx2(p, s, pad, n, Tk, scale); continue; }
+    /* Each thread takes one contiguous range of rows (the same split as schedule(static)) and
+     * walks it in groups of up to 4 rows, tracking (batch, query) without a division per row. */
+#pragma omp parallel num_threads(tf_team(rows * Tk, SOFTMAX_GRAIN))
+    {
+        long r = 0, r1 = rows;
+#ifdef _OPENMP
+        int team = omp_get_num_threads(), t = omp_get_thread_num();
+        r = rows / team * t + (t < rows % team ? t : rows % team);
+        r1 = r + rows / team + (t < rows % team ? 1 : 0);
 #endif
-        softmax_row_generic(p, s, pad, n, Tk, scale);
+        long q = r % Tq, b = r / Tq / H, h = r / Tq % H;
+        while (r < r1) {
+            const uint8_t *pad[4];
+            long n[4];
+            int count = 0;
+            for (; count < 4 && r + count < r1; count++) {
+                pad[count] = key_padding_mask ? key_padding_mask + b * Tk : NULL;
+                n[count] = causal && q_offset + q + 1 < Tk ? q_offset + q + 1 : Tk;  /* keys < n */
+                if (++q == Tq) {
+                    q = 0;
+                    if (++h == H) { h = 0; b++; }
+                }
+            }
+            float *p = probs + r * Tk;
+            const float *s = scores + r * Tk;
+#if TF_HAVE_X86
+            if (isa == TF_ISA_AVX512) {
+                softmax_rows_avx512(p, s, pad, n, count, Tk, scale);
+            } else if (isa == TF_ISA_AVX2) {
+                for (int i = 0; i < count; i++) softmax_row_avx2(p + i * Tk, s + i * Tk, pad[i], n[i], Tk, scale);
+            } else
+#endif
+            {
+                for (int i = 0; i < count; i++) softmax_row_generic(p + i * Tk, s + i * Tk, pad[i], n[i], Tk, scale);
+            }
+            r += count;
+        }
     }
 }
 
@@ -266,15 +473,26 @@ void softmax_backward(float *dscores, const float *probs, const float *dprobs,
 {
     if (rows == 0 || Tk == 0) return;
     const int isa = tf_isa();
-#pragma omp parallel for schedule(static) num_threads(tf_team(rows * Tk, SOFTMAX_GRAIN))
-    for (long r = 0; r < rows; r++) {
-        float *ds = dscores + r * Tk;
-        const float *p = probs + r * Tk, *dp = dprobs + r * Tk;
-#if TF_HAVE_X86
-        if (isa == TF_ISA_AVX512) { softmax_backward_row_avx512(ds, p, dp, Tk, scale); continue; }
-        if (isa == TF_ISA_AVX2) { softmax_backward_row_avx2(ds, p, dp, Tk, scale); continue; }
+#pragma omp parallel num_threads(tf_team(rows * Tk, SOFTMAX_GRAIN))
+    {
+        long r0 = 0, r1 = rows;
+#ifdef _OPENMP
+        int team = omp_get_num_threads(), t = omp_get_thread_num();
+        r0 = rows / team * t + (t < rows % team ? t : rows % team);
+        r1 = r0 + rows / team + (t < rows % team ? 1 : 0);
 #endif
-        softmax_backward_row_generic(ds, p, dp, Tk, scale);
+#if TF_HAVE_X86
+        if (isa == TF_ISA_AVX512) {
+            softmax_backward_rows_avx512(dscores, probs, dprobs, r0, r1, Tk, scale);
+        } else if (isa == TF_ISA_AVX2) {
+            for (long r = r0; r < r1; r++)
+                softmax_backward_row_avx2(dscores + r * Tk, probs + r * Tk, dprobs + r * Tk, Tk, scale);
+        } else
+#endif
+        {
+            for (long r = r0; r < r1; r++)
+                softmax_backward_row_generic(dscores + r * Tk, probs + r * Tk, dprobs + r * Tk, Tk, scale);
+        }
     }
 }
 

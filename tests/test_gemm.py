@@ -163,6 +163,24 @@ def test_fast_kernel_agrees_with_the_naive_reference(isa, trans_a, trans_b):
         assert diff <= TOL * k, f"fast vs reference max difference {diff:.3g}"
 
 
+def test_few_rows_times_transposed_b(isa):
+    """Decoding shapes, x @ W^T with 1..25 rows (AVX-512: dot products without packing,
+    4 x 4 tiles, K in 16-wide steps plus a tail)."""
+    r = rng(13)
+    for m in (1, 2, 3, 4, 5, 7, 24, 25):
+        for n in (1, 3, 4, 5, 9):
+            for k in (64, 65, 79, 80, 127):
+                a, b = operand(r, m, k, False), operand(r, k, n, True)
+                big, out = padded_out((m, n))
+                _C.gemm(a, b, out, False, True, alpha=0.5)
+                assert_close(out, a, b, False, True, alpha=0.5)
+                assert np.isnan(outside(big, (m, n))).all(), f"wrote outside out for {(m, n, k)}"
+                out0 = r.uniform(-1, 1, (m, n)).astype(np.float32)
+                out[...] = out0
+                _C.gemm(a, b, out, False, True, alpha=-2.0, accumulate=True)
+                assert_close(out, a, b, False, True, alpha=-2.0, out0=out0)
+
+
 def head_view(x, batch, length, heads):
     """[B, T, H*dh] -> the [B, H, T, dh] view, no copy (as attention reads its heads)."""
     return x.reshape(batch, length, heads, -1).transpose(0, 2, 1, 3)
@@ -243,7 +261,7 @@ def test_result_bits_do_not_depend_on_thread_count(isa, threads, trans_a, trans_
     r = rng(9)
     # shared B block (large M, also with several N blocks and K blocks), per-thread column ranges
     # (few rows), batch entries split over threads, and tiny products that stay on one thread
-    cases = [((), 300, 200, 300), ((), 100, 1100, 2050), ((), 5, 900, 300), ((), 20, 3000, 300),
+    cases = [((), 300, 200, 300), ((), 100, 1100, 2050), ((), 5, 900, 300), ((), 20, 3000, 300), ((), 1, 5000, 70),
              ((), 700, 3, 64), ((8,), 60, 70, 80), ((3,), 200, 150, 100), ((2, 5), 33, 31, 65)]
     for batch, m, n, k in cases:
         a = r.uniform(-1, 1, batch + ((k, m) if trans_a else (m, k))).astype(np.float32)

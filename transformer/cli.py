@@ -53,6 +53,7 @@ def _train(args):
     from . import train
 
     _apply_threads(args)
+    train.load_resume(args)
     if args.minutes is None and args.max_steps is None:
         args.minutes = 2.0 if not args.data else 10.0
     if args.warmup is None:

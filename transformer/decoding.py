@@ -152,13 +152,16 @@ class DecoderCache:
 
 
 def _check_decode_args(model, src, max_len, min_len):
+    """src as int64 ids; max_len clamped to the model's max_len; min_len in [0, max_len]."""
     cfg = model.cfg
     src = model.check_ids(src, "src", cfg.src_vocab_size)
     for name, value in (("max_len", max_len), ("min_len", min_len)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
             raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not 1 <= max_len <= cfg.max_len:
-        raise ValueError(f"max_len must be in [1, {cfg.max_len}] (the model's max_len), got {max_len}")
+    if max_len < 1:
+        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    # Positions beyond the model's max_len have no positional encoding: generation stops there.
+    max_len = min(int(max_len), cfg.max_len)
     if not 0 <= min_len <= max_len:
         raise ValueError(f"min_len must be in [0, max_len={max_len}], got {min_len}")
     return src, int(max_len), int(min_len)
@@ -171,6 +174,7 @@ def _strip(tokens, eos_id):
 
 def greedy_decode(model, src, max_len=128, min_len=0, return_attention=False):
     """Batched greedy decoding. Returns a list of token-id lists (BOS dropped, cut before EOS);
+    at most min(max_len, the model's max_len) tokens each;
     with return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
     src, max_len, min_len = _check_decode_args(model, src, max_len, min_len)
     cfg = model.cfg
@@ -219,12 +223,12 @@ def beam_search(model, src, beam_size=4, max_len=128, length_penalty=0.6, min_le
     A hypothesis that emits EOS is finished and kept; a sentence is done once it has beam_size
     finished hypotheses, or at max_len, where its live beams are finished as they stand.
     """
-    src, max_len, min_len = _check_decode_args(model, src, max_len, min_len)
     if isinstance(beam_size, bool) or not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
         raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) \
             or not math.isfinite(length_penalty) or length_penalty < 0:
         raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty!r}")
+    src, max_len, min_len = _check_decode_args(model, src, max_len, min_len)
     cfg = model.cfg
     K, V, eos = int(beam_size), cfg.tgt_vocab_size, cfg.eos_id
     B = src.shape[0]

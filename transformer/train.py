@@ -24,6 +24,7 @@ from .optim import Adam, clip_grad_norm, noam_lr
 from .tasks import ReverseTask
 from .tokenizer import SubwordTokenizer
 
+LOG_FILE = "log.jsonl"   # one JSON line per step (loss, lr, tokens) and per evaluation
 SIZE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout", "activation")
 
 
@@ -161,11 +162,31 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------
     def save(self):
+        args = {k: v for k, v in vars(self.args).items() if k not in ("checkpoint", "func")}
         save_checkpoint(self.args.out, self.model, self.optimizer, self.state.__dict__,
-                        self.src_tokenizer, self.tgt_tokenizer, vars(self.args))
+                        self.src_tokenizer, self.tgt_tokenizer, args)
         save_inference_files(self.args.out, self.model, self.src_tokenizer, self.tgt_tokenizer)
 
     # -- the loop -----------------------------------------------------------------------------
+    def _truncate_log(self, log):
+        """On resume, drop log lines of steps after the checkpoint (they will be redone)."""
+        path = log.name
+        log.flush()
+        with open(path, encoding="utf-8") as f:
+            lines = [line for line in f if line.strip()]
+        kept = []
+        for line in lines:
+            try:
+                if json.loads(line).get("step", 0) <= self.state.step:
+                    kept.append(line if line.endswith("\n") else line + "\n")
+            except ValueError:      # a line cut short by a crash
+                pass
+        if len(kept) != len(lines):
+            log.seek(0)
+            log.truncate()
+            log.writelines(kept)
+            log.flush()
+
     def run(self, stream=None):
         args = self.args
         deadline = None if args.minutes is None else time.monotonic() + 60.0 * args.minutes
@@ -178,7 +199,9 @@ class Trainer:
         last_save = time.monotonic()
         window_tokens, window_start = 0, time.perf_counter()
         status = 0
-        with StopFlag() as stop:
+        log = open(os.path.join(args.out, LOG_FILE), "a", encoding="utf-8")
+        self._truncate_log(log)
+        with StopFlag() as stop, log:
             try:
                 while True:
                     if max_steps is not None and self.state.step >= max_steps:
@@ -188,6 +211,8 @@ class Trainer:
                     started = time.perf_counter()
                     loss, tokens, lr = self.step()
                     self.state.seconds += time.perf_counter() - started
+                    log.write(json.dumps({"step": self.state.step, "loss": loss, "lr": lr, "tokens": tokens}) + "\n")
+                    log.flush()
                     window_tokens += tokens
                     bar.update(1)
                     elapsed = time.perf_counter() - window_start
@@ -198,13 +223,16 @@ class Trainer:
                     if args.eval_every and self.state.step % args.eval_every == 0:
                         metrics = self.evaluate(limit=args.eval_limit)
                         bar.write(f"step {self.state.step}: " + json.dumps(_rounded(metrics)))
+                        log.write(json.dumps({"step": self.state.step, **metrics}) + "\n")
                     if (args.save_every and self.state.step % args.save_every == 0) or \
                             (args.save_minutes and time.monotonic() - last_save >= 60 * args.save_minutes):
                         self.save()
                         last_save = time.monotonic()
                     if stop.signal is not None:
                         name = signal.Signals(stop.signal).name
-                        bar.write(f"{name} received: saving a checkpoint at step {self.state.step} and stopping")
+                        bar.close()
+                        _log(f"{name} received: saving a checkpoint at step {self.state.step} and stopping",
+                             stream)
                         status = 128 + stop.signal
                         break
             except NonFiniteLoss as exc:
@@ -253,9 +281,31 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=
 
 # -- entry points used by the CLI ------------------------------------------------------------------
 
+# What a run's trajectory depends on: taken from the checkpoint when resuming, so that the resumed
+# run repeats the uninterrupted one. Everything else (--max-steps, --minutes, --threads, --out,
+# evaluation and checkpoint frequency) may change between runs.
+TRAJECTORY_ARGS = ("data", "src_col", "tgt_col", "seed", "batch_size", "batch_tokens", "warmup",
+                   "lr_scale", "label_smoothing", "clip_norm", "vocab_size", "max_sentence_tokens",
+                   "dev_fraction", "dev_max", "preset") + SIZE_FLAGS
+
+
+def load_resume(args):
+    """With --resume: load the checkpoint once and take the trajectory arguments from it."""
+    if not args.resume:
+        args.checkpoint = None
+        return
+    ckpt = load_checkpoint(args.resume)
+    for key in TRAJECTORY_ARGS:
+        if key == "data" and args.data:
+            continue           # the same corpus may have moved
+        if key in ckpt.args:
+            setattr(args, key, ckpt.args[key])
+    args.checkpoint = ckpt
+
+
 def _resume_or_new(args, make_model, src_tokenizer, tgt_tokenizer):
-    if args.resume:
-        ckpt = load_checkpoint(args.resume)
+    if args.checkpoint is not None:
+        ckpt = args.checkpoint
         model, optimizer = ckpt.model, ckpt.optimizer
         state = TrainState(**ckpt.train_state)
         return model, optimizer, ckpt.src_tokenizer, ckpt.tgt_tokenizer, state
@@ -309,9 +359,8 @@ def train_on_data(args):
     train_pairs, dev_pairs = split_pairs(pairs, dev_fraction=args.dev_fraction, max_dev=args.dev_max)
     _log(f"split: {len(train_pairs)} training pairs, {len(dev_pairs)} held out for evaluation")
 
-    if args.resume:
-        ckpt = load_checkpoint(args.resume)
-        src_tok, tgt_tok = ckpt.src_tokenizer, ckpt.tgt_tokenizer
+    if args.checkpoint is not None:
+        src_tok, tgt_tok = args.checkpoint.src_tokenizer, args.checkpoint.tgt_tokenizer
     else:
         src_tok = SubwordTokenizer.train([s for s, _ in train_pairs], vocab_size=args.vocab_size)
         tgt_tok = SubwordTokenizer.train([t for _, t in train_pairs], vocab_size=args.vocab_size)

@@ -1,0 +1,141 @@
+"""Autoregressive decoding with the key/value cache against full recomputation and exhaustive search."""
+import itertools
+
+import numpy as np
+import pytest
+
+import transformer as T
+
+
+def make_model(norm_first=False, activation="relu", vocab=40, seed=1, max_len=24, layers=2):
+    cfg = T.ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab + 7, d_model=32, n_heads=4, d_ff=48,
+                        n_encoder_layers=layers, n_decoder_layers=layers, dropout=0.1,
+                        activation=activation, norm_first=norm_first, max_len=max_len)
+    return T.Seq2SeqTransformer(cfg, seed=seed)
+
+
+def padded_source(rng, vocab, lengths):
+    src = np.zeros((len(lengths), max(lengths)), dtype=np.int64)
+    for row, n in enumerate(lengths):
+        src[row, :n] = rng.integers(3, vocab, size=n)
+    return src
+
+
+def recompute_greedy(model, src, steps, min_len=0):
+    """Greedy decoding the slow way: the whole prefix through model.forward at every step."""
+    cfg = model.cfg
+    ys = np.full((src.shape[0], 1), cfg.bos_id, dtype=np.int64)
+    for t in range(steps):
+        logits = model.forward(src, ys)[:, -1].astype(np.float64)
+        if t < min_len:
+            logits[:, cfg.eos_id] = -np.inf
+        ys = np.concatenate([ys, logits.argmax(1)[:, None]], axis=1)
+    return [T_cut(row[1:], cfg.eos_id) for row in ys.tolist()]
+
+
+def T_cut(tokens, eos):
+    return tokens[:tokens.index(eos)] if eos in tokens else tokens
+
+
+@pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
+def test_cached_greedy_gives_exactly_the_tokens_of_full_recomputation(norm_first, activation):
+    model = make_model(norm_first, activation)
+    src = padded_source(np.random.default_rng(0), 40, [9, 5, 7, 1, 8])
+    for min_len in (0, 10):
+        got = model.greedy_decode(src, max_len=10, min_len=min_len)
+        assert got == recompute_greedy(model, src, 10, min_len)
+
+
+def test_batched_decoding_equals_one_sentence_at_a_time():
+    model = make_model(seed=3)
+    rng = np.random.default_rng(5)
+    src = padded_source(rng, 40, [6, 3, 8, 2])
+    batched_greedy = model.greedy_decode(src, max_len=12)
+    batched_beam = model.beam_search(src, beam_size=3, max_len=12)
+    for row in range(len(src)):
+        one = src[row:row + 1, :max(1, int((src[row] != 0).sum()))]
+        assert model.greedy_decode(one, max_len=12) == [batched_greedy[row]]
+        assert model.beam_search(one, beam_size=3, max_len=12) == [batched_beam[row]]
+
+
+def test_beam_of_one_is_greedy():
+    model = make_model(norm_first=True, seed=4)
+    src = padded_source(np.random.default_rng(1), 40, [7, 4, 6])
+    assert model.beam_search(src, beam_size=1, max_len=9, length_penalty=0.0) == model.greedy_decode(src, max_len=9)
+
+
+def sequence_logprob(model, src_row, tokens, eos, append_eos):
+    ys = [model.cfg.bos_id] + tokens
+    targets = tokens + ([eos] if append_eos else [])
+    logits = model.forward(src_row[None], np.array([ys[:len(targets)]]))[0].astype(np.float64)
+    logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+    return float(sum(logp[i, t] for i, t in enumerate(targets)))
+
+
+def test_wide_beam_finds_the_best_sequence_of_exhaustive_search():
+    # A 5-token target vocabulary (3 specials + 2 words) and max_len 3: 2 + 4 + 8 + 8 candidates.
+    cfg = T.ModelConfig(src_vocab_size=6, tgt_vocab_size=5, d_model=16, n_heads=2, d_ff=16,
+                        n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=8)
+    model = T.Seq2SeqTransformer(cfg, seed=7)
+    model.params.data["generator.bias"][:] = [-9, -9, 0.2, 0.0, 0.1]   # pad/BOS never; EOS plausible
+    src = np.array([[3, 4, 5]])
+    words, max_len = [3, 4], 3
+    best, best_tokens = -np.inf, None
+    for length in range(max_len + 1):
+        for tokens in itertools.product(words, repeat=length):
+            finished = length < max_len
+            score = sequence_logprob(model, src[0], list(tokens), cfg.eos_id, append_eos=finished)
+            if score > best:
+                best, best_tokens = score, list(tokens)
+    got = model.beam_search(src, beam_size=16, max_len=max_len, length_penalty=0.0)
+    print(got, best_tokens, best)
+    assert got == [best_tokens]
+
+
+def test_min_len_and_max_len_are_respected():
+    model = make_model(seed=2)
+    model.params.data["generator.bias"][model.cfg.eos_id] = 50.0    # EOS is always the favourite
+    src = padded_source(np.random.default_rng(2), 40, [5, 3])
+    assert model.greedy_decode(src, max_len=8) == [[], []]
+    for hyp in model.greedy_decode(src, max_len=8, min_len=4) + model.beam_search(src, max_len=8, min_len=4):
+        assert len(hyp) == 4 and model.cfg.eos_id not in hyp
+    model.params.data["generator.bias"][model.cfg.eos_id] = -50.0   # EOS never
+    for hyp in model.greedy_decode(src, max_len=6) + model.beam_search(src, beam_size=2, max_len=6):
+        assert len(hyp) == 6
+
+
+def test_max_len_beyond_the_positional_table_is_clamped():
+    model = make_model(seed=2, max_len=7)
+    model.params.data["generator.bias"][model.cfg.eos_id] = -50.0
+    src = np.array([[3, 4, 5]])
+    assert [len(h) for h in model.greedy_decode(src, max_len=100)] == [7]
+    assert [len(h) for h in model.beam_search(src, beam_size=2)] == [7]
+    with pytest.raises(ValueError, match="min_len"):
+        model.greedy_decode(src, max_len=100, min_len=8)
+
+
+def test_returned_cross_attention_is_a_distribution_over_real_source_tokens():
+    model = make_model(seed=6)
+    src = padded_source(np.random.default_rng(4), 40, [6, 3])
+    hyps, attention = model.greedy_decode(src, max_len=5, min_len=5, return_attention=True)
+    for row, (hyp, weights) in enumerate(zip(hyps, attention)):
+        assert weights.shape == (len(hyp), model.cfg.n_heads, src.shape[1])
+        np.testing.assert_allclose(weights.sum(-1), 1.0, rtol=1e-5)
+        assert np.all(weights[:, :, src[row] == 0] == 0)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda m, s: m.greedy_decode(s, max_len=0), "max_len"),
+    (lambda m, s: m.greedy_decode(s, max_len=5, min_len=6), "min_len"),
+    (lambda m, s: m.greedy_decode(s, max_len=2.5), "max_len"),
+    (lambda m, s: m.beam_search(s, beam_size=0), "beam_size"),
+    (lambda m, s: m.beam_search(s, length_penalty=-1), "length_penalty"),
+    (lambda m, s: m.greedy_decode(s + 100), "src"),
+    (lambda m, s: m.greedy_decode(s.astype(np.float32)), "src"),
+    (lambda m, s: m.greedy_decode(s[0]), "src"),
+])
+def test_bad_arguments_are_named(call, match):
+    model = make_model()
+    src = np.array([[3, 4, 5]])
+    with pytest.raises((ValueError, TypeError), match=match):
+        call(model, src)

@@ -1,0 +1,144 @@
+"""Training runs: exact resume, checkpoints that survive damage and interruption, clean stops."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from transformer import cli, train
+from transformer.checkpoint import CHECKPOINT_FILE, load_checkpoint, load_for_inference
+
+SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layers", "1",
+         "--n-decoder-layers", "1", "--quiet", "--threads", "1"]
+
+
+def run_cli(*argv):
+    """`transformer ...` in a fresh process (signals, exit codes and stdout as a user sees them)."""
+    return subprocess.run([sys.executable, "-m", "transformer", *argv], capture_output=True, text=True,
+                          timeout=600)
+
+
+def losses(out):
+    with open(os.path.join(out, train.LOG_FILE)) as f:
+        return [json.loads(line)["loss"] for line in f if "loss" in json.loads(line)]
+
+
+def write_corpus(path, n=120, seed=0):
+    rng = np.random.default_rng(seed)
+    words = ["red", "blue", "cat", "dog", "runs", "sleeps", "the", "a", "big", "small"]
+    lines = ["eng\tfake"]
+    for _ in range(n):
+        sentence = " ".join(rng.choice(words, size=rng.integers(2, 7)))
+        lines.append(f"{sentence}\t{sentence[::-1]}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_builtin_resume_repeats_the_uninterrupted_losses(tmp_path):
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    base = ["train", *SMALL, "--batch-size", "8", "--warmup", "5"]
+    assert run_cli(*base, "--max-steps", "6", "--out", straight).returncode == 0
+    assert run_cli(*base, "--max-steps", "3", "--out", split).returncode == 0
+    assert run_cli("train", "--resume", split, "--max-steps", "6", "--quiet").returncode == 0
+    print(losses(straight), losses(split))
+    assert len(losses(straight)) == 6
+    assert losses(split) == losses(straight)          # exactly, dropout included
+
+
+def test_data_resume_across_an_epoch_boundary_repeats_the_losses(tmp_path):
+    data = write_corpus(tmp_path / "pairs.tsv")
+    base = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL,
+            "--vocab-size", "60", "--batch-tokens", "300", "--dev-fraction", "0.1"]
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    done = run_cli(*base, "--max-steps", "14", "--out", straight)
+    assert done.returncode == 0, done.stderr
+    assert "bleu" in done.stdout
+    assert run_cli(*base, "--max-steps", "5", "--out", split).returncode == 0
+    assert run_cli("train", "--resume", split, "--max-steps", "14", "--quiet").returncode == 0
+    ckpt = load_checkpoint(split)
+    assert ckpt.train_state["epoch"] >= 1, "the test should cross an epoch boundary"
+    assert losses(split) == losses(straight)
+
+
+def small_checkpoint(tmp_path):
+    out = str(tmp_path / "run")
+    assert run_cli("train", *SMALL, "--batch-size", "4", "--max-steps", "2", "--out", out).returncode == 0
+    return out, os.path.join(out, CHECKPOINT_FILE)
+
+
+def test_damaged_checkpoints_are_refused_with_a_clear_error(tmp_path):
+    out, path = small_checkpoint(tmp_path)
+    ckpt = load_checkpoint(out)
+    assert ckpt.train_state["step"] == 2
+    blob = open(path, "rb").read()
+    # truncated
+    with open(path, "wb") as f:
+        f.write(blob[: len(blob) - 100])
+    with pytest.raises(ValueError, match="checkpoint.safetensors"):
+        load_checkpoint(out)
+    # one flipped bit in the weights
+    flipped = bytearray(blob)
+    flipped[-50] ^= 0x10
+    with open(path, "wb") as f:
+        f.write(bytes(flipped))
+    with pytest.raises(ValueError, match="checksum"):
+        load_checkpoint(out)
+    # another version of the format
+    with open(path, "wb") as f:
+        f.write(blob.replace(b'"version":"1"', b'"version":"9"'))
+    with pytest.raises(ValueError, match="version"):
+        load_checkpoint(out)
+    with pytest.raises(FileNotFoundError):
+        load_checkpoint(str(tmp_path / "nowhere"))
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_saves_a_checkpoint_and_exits(tmp_path, sig):
+    out = str(tmp_path / "run")
+    proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", *SMALL, "--batch-size", "8",
+                             "--minutes", "5", "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    log = os.path.join(out, train.LOG_FILE)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (os.path.exists(log) and len(open(log).readlines()) >= 3):
+        time.sleep(0.1)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + sig, err
+    assert signal.Signals(sig).name in err
+    ckpt = load_checkpoint(out)
+    assert ckpt.train_state["step"] == len(losses(out)) >= 3
+
+
+def test_non_finite_loss_stops_training_and_keeps_the_last_checkpoint(tmp_path, capsys):
+    out, path = small_checkpoint(tmp_path)
+    before = open(path, "rb").read()
+    args = cli.build_parser().parse_args(["train", "--resume", out, "--max-steps", "10", "--quiet"])
+    args.minutes, args.warmup = None, None
+    train.load_resume(args)
+    args.out = out
+    ckpt = args.checkpoint
+    ckpt.model.params.data["generator.bias"][:] = np.nan   # poisoned weights: the next loss is nan
+    trainer = train.Trainer(args, ckpt.model, ckpt.optimizer, ckpt.src_tokenizer, ckpt.tgt_tokenizer,
+                            None, None, [], train.TrainState(**ckpt.train_state), task=train.ReverseTask())
+    assert trainer.run() == 1
+    err = capsys.readouterr().err
+    assert "non-finite loss" in err and "step 3" in err
+    assert open(path, "rb").read() == before            # the good checkpoint is untouched
+    assert load_checkpoint(out).train_state["step"] == 2
+
+
+def test_trained_directory_serves_translation(tmp_path):
+    out, _ = small_checkpoint(tmp_path)
+    model, src_tok, tgt_tok = load_for_inference(out)
+    assert model.cfg.src_vocab_size == src_tok.vocab_size
+    translated = run_cli("translate", "--model", out, "--beam", "2", "abc", "hello")
+    assert translated.returncode == 0, translated.stderr
+    assert len(translated.stdout.splitlines()) == 2
+    piped = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", out, "--beam", "1"],
+                           input="abc\nxyz\n", capture_output=True, text=True, timeout=120)
+    assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 2
