@@ -1,0 +1,220 @@
+"""Decoding speed: generated tokens per second, ours against PyTorch and CTranslate2, same run.
+
+Every engine decodes exactly 64 tokens per sentence (min_len = max_len = 64) with the same random
+weights: PyTorch's nn.Transformer the usual way (encoder once, then the decoder re-run over the
+whole prefix at every step), CTranslate2 (float32, a model of the same shape written from our
+weights; in post-LN mode it has no final encoder/decoder norms, so it does slightly less work),
+and ours (encoder once, decoder one token per step with a key/value cache). Engines alternate
+after warm-up; the median of the repeats is reported. Tokens/s counts output tokens (batch x 64),
+also for beam search.
+"""
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+CONFIGS = {
+    "tiny": dict(sizes=dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2),
+                 vocab=4000, batch=32, src_len=32, repeats=5),
+    "base": dict(sizes=dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6),
+                 vocab=8000, batch=8, src_len=64, repeats=3),
+}
+STEPS = 64
+
+
+def _model(name, seed=0):
+    import transformer as T
+
+    c = CONFIGS[name]
+    cfg = T.ModelConfig(src_vocab_size=c["vocab"], tgt_vocab_size=c["vocab"], dropout=0.0,
+                        max_len=max(STEPS, c["src_len"]) + 1, **c["sizes"])
+    model = T.Seq2SeqTransformer(cfg, seed=seed)
+    rng = np.random.default_rng(seed)
+    src = rng.integers(4, c["vocab"], size=(c["batch"], c["src_len"]), dtype=np.int64)
+    return model, src
+
+
+# -- PyTorch: the usual way -----------------------------------------------------------------------
+
+def torch_decoder(model):
+    import torch
+
+    from ..torch_compat import to_torch
+
+    tm = to_torch(model).eval()
+    cfg = model.cfg
+
+    @torch.inference_mode()
+    def decode(src, beam):
+        src = torch.as_tensor(src)
+        B, S = src.shape
+        pad = src == cfg.pad_id
+        x = tm.src_embed(src) * tm.scale + tm.pe[:S]
+        memory = tm.transformer.encoder(x, src_key_padding_mask=pad)
+        if beam > 1:
+            memory = memory.repeat_interleave(beam, 0)
+            pad = pad.repeat_interleave(beam, 0)
+        rows = B * beam
+        ys = torch.full((rows, 1), cfg.bos_id, dtype=torch.long)
+        scores = torch.zeros(B, beam)
+        if beam > 1:
+            scores[:, 1:] = -float("inf")
+        for t in range(STEPS):
+            T_ = ys.shape[1]
+            causal = torch.triu(torch.full((T_, T_), float("-inf")), diagonal=1)
+            y = tm.tgt_embed(ys) * tm.scale + tm.pe[:T_]
+            h = tm.transformer.decoder(y, memory, tgt_mask=causal, memory_key_padding_mask=pad)
+            logits = tm.generator(h[:, -1])
+            logits[:, cfg.eos_id] = -float("inf")          # min_len = max_len: never stop early
+            if beam == 1:
+                ys = torch.cat([ys, logits.argmax(-1, keepdim=True)], 1)
+                continue
+            logp = torch.log_softmax(logits, -1).view(B, beam, -1)
+            cand = (scores[:, :, None] + logp).view(B, -1)
+            top, idx = cand.topk(beam, dim=1)
+            V = logp.shape[-1]
+            origin = (idx // V) + torch.arange(B)[:, None] * beam
+            ys = torch.cat([ys[origin.view(-1)], (idx % V).view(-1, 1)], 1)
+            scores = top
+        return ys
+
+    return decode
+
+
+# -- CTranslate2 ----------------------------------------------------------------------------------
+
+def ctranslate2_translator(model, threads, directory):
+    """A CTranslate2 Translator holding our weights (float32), or None when not installed."""
+    try:
+        import ctranslate2
+        from ctranslate2.specs import common_spec, transformer_spec
+    except ImportError:
+        return None
+    cfg, w = model.cfg, model.params.data
+    activation = common_spec.Activation.GELU if cfg.activation == "gelu" else common_spec.Activation.RELU
+    spec = transformer_spec.TransformerSpec.from_config(
+        (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first,
+        activation=activation)
+    pe = model.positional_table(cfg.max_len)
+    D = cfg.d_model
+
+    def linear(spec_linear, name):
+        spec_linear.weight = w[f"{name}.weight"]
+        spec_linear.bias = w[f"{name}.bias"]
+
+    def norm(spec_norm, name):
+        spec_norm.gamma = w[f"{name}.weight"]
+        spec_norm.beta = w[f"{name}.bias"]
+
+    for side, embed in (("encoder", "src_embed"), ("decoder", "tgt_embed")):
+        s = getattr(spec, side)
+        embeddings = s.embeddings[0] if isinstance(s.embeddings, list) else s.embeddings
+        embeddings.weight = w[f"{embed}.weight"]
+        s.position_encodings.encodings = pe
+        s.scale_embeddings = True
+        if cfg.norm_first:
+            norm(s.layer_norm, f"transformer.{side}.norm")
+    for i, layer in enumerate(spec.encoder.layer):
+        p = f"transformer.encoder.layers.{i}"
+        layer.self_attention.linear[0].weight = w[f"{p}.self_attn.in_proj_weight"]
+        layer.self_attention.linear[0].bias = w[f"{p}.self_attn.in_proj_bias"]
+        linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
+        norm(layer.self_attention.layer_norm, f"{p}.norm1")
+        linear(layer.ffn.linear_0, f"{p}.linear1")
+        linear(layer.ffn.linear_1, f"{p}.linear2")
+        norm(layer.ffn.layer_norm, f"{p}.norm2")
+    for i, layer in enumerate(spec.decoder.layer):
+        p = f"transformer.decoder.layers.{i}"
+        layer.self_attention.linear[0].weight = w[f"{p}.self_attn.in_proj_weight"]
+        layer.self_attention.linear[0].bias = w[f"{p}.self_attn.in_proj_bias"]
+        linear(layer.self_attention.linear[1], f"{p}.self_attn.out_proj")
+        norm(layer.self_attention.layer_norm, f"{p}.norm1")
+        in_w, in_b = w[f"{p}.multihead_attn.in_proj_weight"], w[f"{p}.multihead_attn.in_proj_bias"]
+        layer.attention.linear[0].weight, layer.attention.linear[0].bias = in_w[:D], in_b[:D]
+        layer.attention.linear[1].weight, layer.attention.linear[1].bias = in_w[D:], in_b[D:]
+        linear(layer.attention.linear[2], f"{p}.multihead_attn.out_proj")
+        norm(layer.attention.layer_norm, f"{p}.norm2")
+        linear(layer.ffn.linear_0, f"{p}.linear1")
+        linear(layer.ffn.linear_1, f"{p}.linear2")
+        norm(layer.ffn.layer_norm, f"{p}.norm3")
+    linear(spec.decoder.projection, "generator")
+    specials = ["<blank>", "<s>", "</s>", "<unk>"]
+    src_vocab = specials + [f"s{i}" for i in range(4, cfg.src_vocab_size)]
+    tgt_vocab = specials + [f"t{i}" for i in range(4, cfg.tgt_vocab_size)]
+    spec.register_source_vocabulary(src_vocab)
+    spec.register_target_vocabulary(tgt_vocab)
+    spec.validate()
+    spec.optimize(quantization="float32")
+    spec.save(directory)
+    translator = ctranslate2.Translator(directory, device="cpu", compute_type="float32",
+                                        inter_threads=1, intra_threads=threads)
+
+    def decode(src, beam):
+        tokens = [[src_vocab[i] for i in row] for row in src.tolist()]
+        return translator.translate_batch(tokens, beam_size=beam, max_decoding_length=STEPS,
+                                          min_decoding_length=STEPS, max_batch_size=len(tokens))
+
+    return decode
+
+
+def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours", "torch", "ctranslate2")):
+    import torch
+
+    import transformer as T
+
+    records = []
+    for name in configs:
+        model, src = _model(name)
+        repeats = CONFIGS[name]["repeats"]
+        for n in threads:
+            T.set_num_threads(n)
+            torch.set_num_threads(n)
+            with tempfile.TemporaryDirectory() as directory:
+                deciders = {"ours": lambda s, b: (model.greedy_decode(s, max_len=STEPS, min_len=STEPS) if b == 1
+                                                  else model.beam_search(s, b, max_len=STEPS, min_len=STEPS))}
+                if "torch" in engines:
+                    deciders["torch"] = torch_decoder(model)
+                if "ctranslate2" in engines:
+                    ct2 = ctranslate2_translator(model, n, directory)
+                    if ct2 is not None:
+                        deciders["ctranslate2"] = ct2
+                for beam in beams:
+                    times = {engine: [] for engine in deciders}
+                    for engine, decide in deciders.items():     # warm-up
+                        decide(src, beam)
+                    for _ in range(repeats):
+                        for engine, decide in deciders.items():
+                            start = time.perf_counter()
+                            decide(src, beam)
+                            times[engine].append(time.perf_counter() - start)
+                    tokens = src.shape[0] * STEPS
+                    median = {e: statistics.median(t) for e, t in times.items()}
+                    record = {"kernel": f"decode {'greedy' if beam == 1 else f'beam {beam}'}",
+                              "config": name, "shape": f"{name} B={src.shape[0]} S={src.shape[1]}",
+                              "threads": n, "ours_per_s": tokens / median["ours"],
+                              "ours_s": median["ours"]}
+                    for engine in deciders:
+                        if engine != "ours":
+                            record[f"{engine}_per_s"] = tokens / median[engine]
+                            record[f"vs_{engine}"] = median[engine] / median["ours"]
+                    record["ratio"] = record.get("vs_torch")
+                    records.append(record)
+                    print(json.dumps(record), file=sys.stderr, flush=True)
+    return records
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--configs", default="tiny,base")
+    parser.add_argument("--beams", default="1,4")
+    args = parser.parse_args()
+    for record in run(threads=[int(t) for t in args.threads.split(",")], configs=args.configs.split(","),
+                      beams=[int(b) for b in args.beams.split(",")]):
+        print(json.dumps(record))
