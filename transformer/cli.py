@@ -107,7 +107,11 @@ def _evaluate(args):
     from .train import score_translations, translate_texts
 
     _apply_threads(args)
+    from . import datasets
+
     model, src_tok, tgt_tok = load_for_inference(args.model)
+    if datasets.is_shortcut(args.data):
+        args.data = datasets.resolve(args.data)
     pairs, report = read_pairs(args.data, args.src_col, args.tgt_col, max_pairs=args.limit)
     print(report.summary(), file=sys.stderr)
     hyps = translate_texts(model, src_tok, tgt_tok, [s for s, _ in pairs], beam=args.beam)
@@ -137,7 +141,8 @@ def build_parser():
     bench.set_defaults(func=_bench)
 
     train = sub.add_parser("train", help="train a translation model (no --data: the built-in task)")
-    train.add_argument("--data", help="tab-separated sentence pairs (.tsv or .tsv.gz)")
+    train.add_argument("--data", help="tab-separated sentence pairs (.tsv or .tsv.gz), or tatoeba:SRC-TGT "
+                       "(e.g. tatoeba:eng-hin, downloaded once into a cache)")
     train.add_argument("--src-col", default="0", help="source column: header name or 0-based index")
     train.add_argument("--tgt-col", default="1", help="target column: header name or 0-based index")
     train.add_argument("--out", help="output directory for checkpoints and the model")

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import _C
+from . import _C, datasets
 from .checkpoint import load_checkpoint, save_checkpoint, save_inference_files
 from .config import PRESETS, ModelConfig
 from .data import collate, length_batches, make_example, read_pairs, split_pairs
@@ -354,6 +354,8 @@ def train_builtin(args):
 
 def train_on_data(args):
     """Train a translation model on tab-separated sentence pairs."""
+    if datasets.is_shortcut(args.data):
+        args.data = datasets.resolve(args.data)
     pairs, report = read_pairs(args.data, args.src_col, args.tgt_col)
     _log(report.summary())
     train_pairs, dev_pairs = split_pairs(pairs, dev_fraction=args.dev_fraction, max_dev=args.dev_max)
