@@ -142,3 +142,14 @@ def test_trained_directory_serves_translation(tmp_path):
     piped = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", out, "--beam", "1"],
                            input="abc\nxyz\n", capture_output=True, text=True, timeout=120)
     assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 2
+
+
+def test_translate_draws_the_cross_attention_heatmap(tmp_path):
+    pytest.importorskip("matplotlib")
+    out, _ = small_checkpoint(tmp_path)
+    png = str(tmp_path / "attention.png")
+    done = run_cli("translate", "--model", out, "--beam", "1", "--attention", png, "attention")
+    assert done.returncode == 0, done.stderr
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    assert os.path.getsize(png) > 10_000

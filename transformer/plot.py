@@ -12,8 +12,11 @@ def _pyplot():
 
     # Per-glyph fallback (matplotlib >= 3.6): Devanagari and other scripts render where a font
     # for them is installed, instead of empty boxes.
-    plt.rcParams["font.family"] = ["DejaVu Sans", "Noto Sans Devanagari", "Lohit Devanagari",
-                                   "Noto Sans", "sans-serif"]
+    from matplotlib import font_manager
+
+    installed = {font.name for font in font_manager.fontManager.ttflist}
+    wanted = ["DejaVu Sans", "Noto Sans Devanagari", "Lohit Devanagari", "Noto Sans"]
+    plt.rcParams["font.family"] = [name for name in wanted if name in installed] + ["sans-serif"]
 
     return plt
 
@@ -37,16 +40,16 @@ def plot_cross_attention(model, src_tokenizer, tgt_tokenizer, text, path, max_le
     cols = min(heads, 4)
     rows = -(-heads // cols)
     cell = 0.38
-    width = max(4.0, cols * (1.6 + cell * len(src_labels)))
+    width = max(4.0, cols * (1.0 + cell * len(src_labels)))
     height = max(3.0, rows * (1.4 + cell * len(tgt_labels)))
-    fig, axes = plt.subplots(rows, cols, figsize=(width, height), squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(width, height + 0.8), squeeze=False, layout="constrained")
     image = None
     for head in range(rows * cols):
         ax = axes[head // cols][head % cols]
         if head >= heads:
             ax.axis("off")
             continue
-        image = ax.imshow(weights[:, head, :], cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        image = ax.imshow(weights[:, head, :], cmap="viridis", vmin=0.0, vmax=1.0, aspect="equal")
         ax.set_title(f"head {head + 1}", fontsize=10)
         ax.set_xticks(range(len(src_labels)))
         ax.set_xticklabels(src_labels, rotation=90, fontsize=9)
@@ -58,7 +61,7 @@ def plot_cross_attention(model, src_tokenizer, tgt_tokenizer, text, path, max_le
             ax.set_xlabel("source token")
     fig.suptitle(f"Cross-attention of the last decoder layer\n{text!r} -> "
                  f"{tgt_tokenizer.decode(hyps[0])!r}", fontsize=11)
-    fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label="attention weight")
-    fig.savefig(path, dpi=120, bbox_inches="tight")
+    fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
+    fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
