@@ -175,6 +175,7 @@ def build_parser():
     train.add_argument("--save-minutes", type=float, default=5.0, help="checkpoint every M minutes")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--quiet", action="store_true", help="no progress bar")
+    train.add_argument("--samples", nargs="*", metavar="TEXT", help="also translate these at the end")
     train.set_defaults(func=_train)
 
     translate = sub.add_parser("translate", help="translate sentences (arguments, or stdin lines)")

@@ -83,7 +83,7 @@ class Trainer:
     """Owns the model, optimizer, data stream and checkpoints of one run."""
 
     def __init__(self, args, model, optimizer, src_tokenizer, tgt_tokenizer, batches_for_epoch,
-                 examples, dev, state=None, task=None):
+                 examples, dev, state=None, task=None, clip=clip_grad_norm, checkpoints=True):
         self.args = args
         self.model = model
         self.optimizer = optimizer
@@ -93,11 +93,13 @@ class Trainer:
         self.dev = dev                               # list of (src_text, tgt_text)
         self.state = state or TrainState()
         self.task = task
+        self.clip = clip                    # (model, max_norm) -> global norm before clipping
+        self.checkpoints = checkpoints      # False for the PyTorch comparison runs
 
     # -- data ---------------------------------------------------------------------------------
     def next_batch(self):
         """The batch for the current state; advances the data position."""
-        cfg = self.model.config
+        cfg = self.model.cfg
         if self.task is not None:
             rng = np.random.default_rng([self.args.seed, self.state.step])
             pairs = self.task.sample(rng, self.args.batch_size)
@@ -115,7 +117,7 @@ class Trainer:
 
     # -- one step -----------------------------------------------------------------------------
     def learning_rate(self, step):
-        return self.args.lr_scale * noam_lr(step, d_model=self.model.config.d_model, warmup=self.args.warmup)
+        return self.args.lr_scale * noam_lr(step, d_model=self.model.cfg.d_model, warmup=self.args.warmup)
 
     def step(self):
         src, tgt_in, tgt_out = self.next_batch()
@@ -124,13 +126,13 @@ class Trainer:
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"non-finite loss ({loss}) at step {self.state.step + 1}")
         if self.args.clip_norm > 0:
-            norm = clip_grad_norm(self.model, self.args.clip_norm)
+            norm = self.clip(self.model, self.args.clip_norm)
             if not math.isfinite(norm):
                 raise NonFiniteLoss(f"non-finite gradient norm ({norm}) at step {self.state.step + 1}")
         self.state.step += 1
         lr = self.learning_rate(self.state.step)
         self.optimizer.step(lr=lr)
-        tokens = int((tgt_out != self.model.config.pad_id).sum())
+        tokens = int((tgt_out != self.model.cfg.pad_id).sum())
         self.state.tokens += tokens
         return loss, tokens, lr
 
@@ -144,7 +146,7 @@ class Trainer:
         dev = self.dev[:limit] if limit else self.dev
         if not dev:
             return {}
-        cfg = self.model.config
+        cfg = self.model.cfg
         examples = [make_example(self.src_tokenizer.encode(s)[:cfg.max_len],
                                  self.tgt_tokenizer.encode(t)[:cfg.max_len - 1], cfg.bos_id, cfg.eos_id)
                     for s, t in dev]
@@ -162,6 +164,8 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------
     def save(self):
+        if not self.checkpoints:
+            return
         args = {k: v for k, v in vars(self.args).items() if k not in ("checkpoint", "func")}
         save_checkpoint(self.args.out, self.model, self.optimizer, self.state.__dict__,
                         self.src_tokenizer, self.tgt_tokenizer, args)
@@ -243,7 +247,8 @@ class Trainer:
             finally:
                 bar.close()
         self.save()
-        _log(f"saved checkpoint at step {self.state.step} to {args.out}")
+        if self.checkpoints:
+            _log(f"saved checkpoint at step {self.state.step} to {args.out}")
         return status
 
 
@@ -262,7 +267,7 @@ def score_translations(hyps, refs):
 
 def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=None, batch_size=64):
     """Translate a list of strings, batching sentences of similar length; results in input order."""
-    cfg = model.config
+    cfg = model.cfg
     encoded = [src_tokenizer.encode(t)[:cfg.max_len] or [cfg.pad_id] for t in texts]
     order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
     results = [None] * len(texts)
@@ -330,7 +335,7 @@ def train_builtin(args):
     rng = np.random.default_rng([args.seed, 10**9])
     dev = task.sample(rng, 500)
     trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, None, None, dev, state, task=task)
-    cfg = model.config
+    cfg = model.cfg
     _log(f"model: d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
          f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {model.num_parameters():,} parameters; "
          f"threads {_C.get_num_threads()} ({_C.isa()})")
@@ -352,8 +357,11 @@ def train_builtin(args):
     return 0
 
 
-def train_on_data(args):
-    """Train a translation model on tab-separated sentence pairs."""
+def train_on_data(args, engine=None):
+    """Train a translation model on tab-separated sentence pairs.
+
+    `engine` (for comparisons) replaces our model: a callable cfg -> (model, optimizer, clip) whose
+    model offers our training interface; it gets exactly the same data, batches and schedule."""
     if datasets.is_shortcut(args.data):
         args.data = datasets.resolve(args.data)
     pairs, report = read_pairs(args.data, args.src_col, args.tgt_col)
@@ -388,7 +396,12 @@ def train_on_data(args):
         cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)
         return Seq2SeqTransformer(cfg, seed=args.seed)
 
-    model, optimizer, src_tok, tgt_tok, state = _resume_or_new(args, make_model, src_tok, tgt_tok)
+    clip = clip_grad_norm
+    if engine is None:
+        model, optimizer, src_tok, tgt_tok, state = _resume_or_new(args, make_model, src_tok, tgt_tok)
+    else:
+        cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)
+        (model, optimizer, clip), state = engine(cfg), TrainState()
     cache = {}
 
     def batches_for_epoch(epoch):
@@ -397,8 +410,9 @@ def train_on_data(args):
             cache[epoch] = length_batches(examples, args.batch_tokens, seed=args.seed, epoch=epoch)
         return cache[epoch]
 
-    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, batches_for_epoch, examples, dev_pairs, state)
-    cfg = model.config
+    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, batches_for_epoch, examples, dev_pairs, state,
+                      clip=clip, checkpoints=engine is None)
+    cfg = model.cfg
     _log(f"model: d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
          f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {model.num_parameters():,} parameters; "
          f"threads {_C.get_num_threads()} ({_C.isa()})")
@@ -407,8 +421,8 @@ def train_on_data(args):
         return status
     metrics = trainer.evaluate()
     print(json.dumps({"step": trainer.state.step, "seconds": round(trainer.state.seconds, 1),
-                      **_rounded(metrics)}))
-    samples = [s for s, _ in dev_pairs[:5]]
+                      "tokens": trainer.state.tokens, **_rounded(metrics)}))
+    samples = [s for s, _ in dev_pairs[:5]] + list(args.samples or [])
     for src, hyp in zip(samples, trainer.translate(samples)):
         print(f"  {src}  ->  {hyp}")
     return 0
