@@ -29,13 +29,15 @@ float dropout_scale(float p) { return (float)(1.0 / (1.0 - (double)p)); }
  * bits as the two unfused ops. */
 #define ROUNDED(v) __asm__("" : "+v"(v))
 
-/* out[i] = x[i] * keep[i] * scale (+ residual[i] when residual is not NULL), i in [i0, i1) */
-static void dropout_range_generic(const float *x, const float *residual, float *out, size_t i0,
-                                  size_t i1, uint32_t thr, float scale, uint64_t key, uint64_t offset)
+/* out[i] = (x[i] (+ bias[i - i0])) * keep[i] * scale (+ residual[i]) for i in [i0, i1); bias and
+ * residual may be NULL (a bias range is one row: i0 is a row start) */
+static void dropout_range_generic(const float *x, const float *bias, const float *residual,
+                                  float *out, size_t i0, size_t i1, uint32_t thr, float scale,
+                                  uint64_t key, uint64_t offset)
 {
     for (size_t i = i0; i < i1; i++) {
         float keep = tf_rng_u24(key, offset + i) >= thr ? scale : 0.0f;
-        float v = x[i] * keep;   /* x * 0 keeps PyTorch's signed zeros and NaN */
+        float v = (bias ? x[i] + bias[i - i0] : x[i]) * keep;   /* x * 0 keeps signed zeros, NaN */
         out[i] = residual ? residual[i] + v : v;
     }
 }
@@ -63,9 +65,10 @@ AVX512_TARGET static inline __m512i draws16_avx512(__m512i even, __m512i odd)
     return _mm512_or_si512(lo, hi);
 }
 
-AVX512_TARGET static void dropout_range_avx512(const float *x, const float *residual, float *out,
-                                               size_t i0, size_t i1, uint32_t thr, float scale,
-                                               uint64_t key, uint64_t offset)
+AVX512_TARGET static void dropout_range_avx512(const float *x, const float *bias,
+                                               const float *residual, float *out, size_t i0,
+                                               size_t i1, uint32_t thr, float scale, uint64_t key,
+                                               uint64_t offset)
 {
     const uint64_t g = TF_RNG_GAMMA;
     uint64_t base = key + (offset + i0) * g;   /* state of counter offset + i0 */
@@ -80,7 +83,9 @@ AVX512_TARGET static void dropout_range_avx512(const float *x, const float *resi
     size_t i = i0;
     for (; i + 16 <= i1; i += 16) {
         __mmask16 keep = _mm512_cmpge_epu32_mask(draws16_avx512(even, odd), vthr);
-        __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_maskz_mov_ps(keep, vscale));
+        __m512 v = _mm512_loadu_ps(x + i);
+        if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + (i - i0)));
+        v = _mm512_mul_ps(v, _mm512_maskz_mov_ps(keep, vscale));
         if (residual) {
             ROUNDED(v);
             v = _mm512_add_ps(_mm512_loadu_ps(residual + i), v);
@@ -92,7 +97,9 @@ AVX512_TARGET static void dropout_range_avx512(const float *x, const float *resi
     if (i < i1) {
         __mmask16 tail = (__mmask16)((1u << (i1 - i)) - 1);
         __mmask16 keep = _mm512_cmpge_epu32_mask(draws16_avx512(even, odd), vthr);
-        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), _mm512_maskz_mov_ps(keep, vscale));
+        __m512 v = _mm512_maskz_loadu_ps(tail, x + i);
+        if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(tail, bias + (i - i0)));
+        v = _mm512_mul_ps(v, _mm512_maskz_mov_ps(keep, vscale));
         if (residual) {
             ROUNDED(v);
             v = _mm512_add_ps(_mm512_maskz_loadu_ps(tail, residual + i), v);
@@ -129,9 +136,9 @@ AVX2_TARGET static inline __m256i draws8_avx2(__m256i even, __m256i odd)
     return _mm256_or_si256(lo, hi);
 }
 
-AVX2_TARGET static void dropout_range_avx2(const float *x, const float *residual, float *out,
-                                           size_t i0, size_t i1, uint32_t thr, float scale,
-                                           uint64_t key, uint64_t offset)
+AVX2_TARGET static void dropout_range_avx2(const float *x, const float *bias,
+                                           const float *residual, float *out, size_t i0, size_t i1,
+                                           uint32_t thr, float scale, uint64_t key, uint64_t offset)
 {
     const uint64_t g = TF_RNG_GAMMA;
     uint64_t base = key + (offset + i0) * g;
@@ -145,7 +152,9 @@ AVX2_TARGET static void dropout_range_avx2(const float *x, const float *residual
     size_t i = i0;
     for (; i + 8 <= i1; i += 8) {
         __m256i keep = _mm256_cmpgt_epi32(draws8_avx2(even, odd), vthr1);
-        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_and_ps(_mm256_castsi256_ps(keep), vscale));
+        __m256 v = _mm256_loadu_ps(x + i);
+        if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + (i - i0)));
+        v = _mm256_mul_ps(v, _mm256_and_ps(_mm256_castsi256_ps(keep), vscale));
         if (residual) {
             ROUNDED(v);
             v = _mm256_add_ps(_mm256_loadu_ps(residual + i), v);
@@ -158,8 +167,9 @@ AVX2_TARGET static void dropout_range_avx2(const float *x, const float *residual
         const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(i1 - i)), lane);
         __m256i keep = _mm256_cmpgt_epi32(draws8_avx2(even, odd), vthr1);
-        __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, tail),
-                                 _mm256_and_ps(_mm256_castsi256_ps(keep), vscale));
+        __m256 v = _mm256_maskload_ps(x + i, tail);
+        if (bias) v = _mm256_add_ps(v, _mm256_maskload_ps(bias + (i - i0), tail));
+        v = _mm256_mul_ps(v, _mm256_and_ps(_mm256_castsi256_ps(keep), vscale));
         if (residual) {
             ROUNDED(v);
             v = _mm256_add_ps(_mm256_maskload_ps(residual + i, tail), v);
@@ -169,8 +179,8 @@ AVX2_TARGET static void dropout_range_avx2(const float *x, const float *residual
 }
 #endif
 
-typedef void (*dropout_range_fn)(const float *, const float *, float *, size_t, size_t, uint32_t,
-                                 float, uint64_t, uint64_t);
+typedef void (*dropout_range_fn)(const float *, const float *, const float *, float *, size_t,
+                                 size_t, uint32_t, float, uint64_t, uint64_t);
 
 static dropout_range_fn dropout_pick(void)
 {
@@ -182,21 +192,33 @@ static dropout_range_fn dropout_pick(void)
     return dropout_range_generic;
 }
 
-/* out = x * keep * scale (+ residual): one pass, each thread one contiguous range cut at
- * multiples of 16 elements (one 64-byte line) */
-static void dropout_apply(const float *x, const float *residual, float *out, size_t n, float p,
-                          uint64_t seed, uint64_t offset)
+/* out = (x (+ bias)) * keep * scale (+ residual) over n = N * D elements, one pass. Without a bias
+ * each thread takes one contiguous range cut at multiples of 16 elements (one 64-byte line); with
+ * one, whole rows (the bias restarts at each row). */
+static void dropout_apply(const float *x, const float *bias, const float *residual, float *out,
+                          size_t N, size_t D, float p, uint64_t seed, uint64_t offset)
 {
+    const size_t n = N * D;
     const uint32_t thr = dropout_threshold(p);
     const float scale = dropout_scale(p);
     const uint64_t key = tf_rng_key(seed);
     dropout_range_fn fn = dropout_pick();
-    const int team = tf_team((long)n, DROPOUT_GRAIN);
+    int team = tf_team((long)n, DROPOUT_GRAIN);
+    if (bias) {
+        if (team > (long)N) team = (int)N;
+        #pragma omp parallel for schedule(static) num_threads(team)
+        for (int t = 0; t < team; t++) {
+            size_t r0 = N * (size_t)t / (size_t)team, r1 = N * (size_t)(t + 1) / (size_t)team;
+            for (size_t r = r0; r < r1; r++)
+                fn(x, bias, residual, out, r * D, (r + 1) * D, thr, scale, key, offset);
+        }
+        return;
+    }
     #pragma omp parallel for schedule(static) num_threads(team)
     for (int t = 0; t < team; t++) {
         size_t i0 = (n * (size_t)t / (size_t)team) & ~(size_t)15;
         size_t i1 = t == team - 1 ? n : (n * (size_t)(t + 1) / (size_t)team) & ~(size_t)15;
-        if (i0 < i1) fn(x, residual, out, i0, i1, thr, scale, key, offset);
+        if (i0 < i1) fn(x, NULL, residual, out, i0, i1, thr, scale, key, offset);
     }
 }
 
@@ -207,7 +229,7 @@ void dropout_forward(const float *x, float *out, size_t n, float p, uint64_t see
         if (out != x) memcpy(out, x, n * sizeof(float));
         return;
     }
-    dropout_apply(x, NULL, out, n, p, seed, offset);
+    dropout_apply(x, NULL, NULL, out, 1, n, p, seed, offset);
 }
 
 void dropout_add_forward(const float *x, const float *residual, float *out, size_t n, float p,
@@ -215,7 +237,14 @@ void dropout_add_forward(const float *x, const float *residual, float *out, size
 {
     if (n == 0) return;
     /* p == 0 keeps everything with scale 1: residual + x * 1, the plain sum */
-    dropout_apply(x, residual, out, n, p, seed, offset);
+    dropout_apply(x, NULL, residual, out, 1, n, p, seed, offset);
+}
+
+void bias_dropout_add_forward(const float *x, const float *bias, const float *residual, float *out,
+                              size_t N, size_t D, float p, uint64_t seed, uint64_t offset)
+{
+    if (N == 0 || D == 0) return;
+    dropout_apply(x, bias, residual, out, N, D, p, seed, offset);
 }
 
 void dropout_backward(const float *dout, float *dx, size_t n, float p, uint64_t seed, uint64_t offset)

@@ -28,6 +28,13 @@ void dropout_backward(const float *dout, float *dx, size_t n, float p, uint64_t 
  * residual. Backward: d residual = dout, dx = dropout_backward(dout). */
 void dropout_add_forward(const float *x, const float *residual, float *out, size_t n, float p,
                          uint64_t seed, uint64_t offset);
+/* The same with the bias of the preceding linear map folded in:
+ * out[r, :] = residual[r, :] + (x[r, :] + bias) * keep / (1 - p), element (r, j) drawing counter
+ * offset + r * D + j; the same bits as add_bias, dropout_forward and add in turn. x, residual, out:
+ * [N, D] (out may be x or residual); bias: [D]. Backward: d residual = dout,
+ * dx = dropout_backward(dout), dbias += column sums of dx. */
+void bias_dropout_add_forward(const float *x, const float *bias, const float *residual, float *out,
+                              size_t N, size_t D, float p, uint64_t seed, uint64_t offset);
 /* mask[i] = keep[i] (1 kept, 0 dropped), the mask dropout_forward applies.  mask: [n]. */
 void dropout_mask(uint8_t *mask, size_t n, float p, uint64_t seed, uint64_t offset);
 

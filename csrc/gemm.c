@@ -2,11 +2,11 @@
  *
  * The structure is the classic BLIS/GotoBLAS one:
  *
- *   for jc in N by NC:                        B block  [K x NC]  packed once, shared (L3)
- *     for ic in this thread's rows by MC:
+ *   for jc in N by NC:                        B block  [K x NC]  packed (L3)
+ *     for ic in M by MC:
  *       for pc in K by KC:                    (fixed K blocking: result bits never depend on threads)
- *         pack A[ic:ic+mc, pc:pc+kc] -> Ap    A block [MC x KC] per thread (L2), micro-panels [kc][MR]
- *         for jr in this thread's NR panels:  B micro-panel [kc x NR] stays in L1
+ *         pack A[ic:ic+mc, pc:pc+kc] -> Ap    A block [MC x KC] (L2), micro-panels [kc][MR]
+ *         for jr in nc by NR:                 B micro-panel [kc x NR] stays in L1
  *           for ir in mc by MR:
  *             micro-kernel: C[MR x NR] (+)= alpha * Ap[MR x kc] @ Bp[kc x NR]
  *
@@ -19,15 +19,20 @@
  * specialised for 1..MR rows (no wasted FMAs on short panels), columns via
  * zero-padded B panels and masked stores (AVX-512) or a small spill tile.
  *
- * Three schedules, all computing each element of C with the same instruction
- * sequence (so the bits depend on K and the ISA only, never on threads):
- *  - shared:  large M on several threads: threads pack one B block together,
- *             then each computes its rows (and/or NR-panel range) of C;
- *  - private: one thread owns a range of NR panels of C and packs its own B;
- *  - narrow:  few rows (decoding, attention heads): all of op(A) is packed once,
+ * Schedules (which one depends on the shape and ISA only, so the bits of C never
+ * depend on the thread count: every element is computed by the same instructions
+ * whichever thread computes it):
+ *  - private: one thread, the loops above;
+ *  - narrow:  few rows (attention heads, decoding): all of op(A) is packed once,
  *             then each B micro-panel is packed (or, for a row-major B and at
- *             most two row panels, read in place) and consumed at once from L1.
- * A batch of small GEMMs is split over threads by batch entry.
+ *             most two row panels, read in place) and consumed at once from L1;
+ *             threads take groups of panels from a shared counter;
+ *  - tiles:   several threads on a large product: C is cut into tiles that
+ *             threads take from a shared counter, each packing its own A and B
+ *             blocks (no barriers: a thread the OS stalls holds nobody up);
+ *  - dot:     (AVX-512) few rows of A @ B^T (decoding x @ W^T): dot products of
+ *             contiguous rows, 4 x 4 tiles of C, no packing at all;
+ *  - batches of small products: threads take groups of batch entries.
  */
 #include "gemm.h"
 #include "cpu.h"
@@ -72,8 +77,8 @@ static long max_l(long a, long b) { return a > b ? a : b; }
 
 /* Multiply-adds per thread below which a GEMM does not start another thread. */
 #define GEMM_GRAIN (1L << 19)
-/* The shared B block holds at most this many floats (8 MiB, a quarter of L3). */
-#define GEMM_SHARED_B (1L << 21)
+/* A thread's B block in the tiles schedule holds at most this many floats (4 MiB of L3). */
+#define GEMM_TILE_B (1L << 20)
 /* A @ B^T with at most this many rows (and K at least GEMM_DOT_MIN_K) uses the dot kernel. */
 #define GEMM_DOT_ROWS 24
 #define GEMM_DOT_MIN_K 64
@@ -604,83 +609,40 @@ static void gemm_private(const gemm_problem *g, float *Bp, float *Ap, long jp0, 
     }
 }
 
-/* Columns of the shared B block: all of K times as many columns as fit GEMM_SHARED_B. */
-static long shared_nc(const gemm_isa *s, long N, long K)
+/* Tiles: several threads on one large product. C is cut into units of tile_rows x tile_cols,
+ * numbered column block by column block, and threads take units from a shared counter: no
+ * barriers, so a thread the OS stalls holds nobody up and the others take its share. A thread
+ * packs the B block [K][tile_cols] of its unit unless it holds it from its previous unit (the usual
+ * case: consecutive units share a column block), and the A block of the unit per K block. */
+static long tile_rows(const gemm_isa *s, long M, int nt)
 {
-    long nc = max_l(s->nr, GEMM_SHARED_B / max_l(K, 1) / s->nr * s->nr);
+    return min_l(s->mc, ceil_div(ceil_div(M, s->mr), 4L * nt) * s->mr);   /* ~4 units per thread */
+}
+
+static long tile_cols(const gemm_isa *s, long N, long K)
+{
+    long nc = max_l(s->nr, GEMM_TILE_B / max_l(K, 1) / s->nr * s->nr);
     return min_l(min_l(nc, s->nc), N);
 }
 
-/* Rows per work unit of the shared schedule: about four units per thread, at most MC. */
-static long shared_rows(const gemm_isa *s, long M, int nt)
-{
-    return min_l(s->mc, ceil_div(ceil_div(M, s->mr), 4L * nt) * s->mr);
-}
-
-/* Shared: thread `tid` of a team of `nt`. For each block of columns, all threads pack the B
- * block [K][nc] together (barrier), then take units of `shared_rows` rows of C (each split into
- * tn = nt / tm column ranges) from the shared counter `next` until the block is done. Unit ids
- * run on across blocks and batch entries (`seq` counts the blocks seen), so the counter is never
- * reset; a thread that draws an id of a later block keeps it in *pending for that block. Who
- * computes a unit never changes how its elements are computed. */
-static void gemm_shared(const gemm_problem *g, float *Bp, float *Ap, int tid, int nt, int tm,
-                        long *next, long *seq, long *pending)
+/* C[ic:ic+mc, jc:jc+nc]; Bp holds (or, when pack_b, receives) op(B)[:, jc:jc+nc] packed, K block
+ * q at Bp + q * kcb * np * NR. */
+static void gemm_tile(const gemm_problem *g, float *Bp, float *Ap, long ic, long mc, long jc, long nc,
+                      int pack_b)
 {
     const gemm_isa *s = g->isa;
     const int NR = s->nr;
-    const int tn = nt / tm;
-    const long kcb = k_block(s, g->K), nkb = ceil_div(g->K, kcb);
-    const long ncb = shared_nc(s, g->N, g->K);
-    const long mcu = shared_rows(s, g->M, nt), upb = ceil_div(g->M, mcu) * tn;   /* units per block */
-
-    for (long jc = 0; jc < g->N; jc += ncb, (*seq)++) {
-        long nc = min_l(ncb, g->N - jc), np = ceil_div(nc, NR);
-        /* pack: units of (K block q, panel p), split evenly over the team */
-        long units = nkb * np;
-        for (long u = units * tid / nt; u < units * (tid + 1) / nt; u++) {
-            long q = u / np, p = u % np, pc = q * kcb, kc = min_l(kcb, g->K - pc);
-            s->pack_b(g->trans_b, b_at(g, pc, jc + p * NR), g->ldb, min_l(NR, nc - p * NR), kc,
-                      Bp + q * kcb * np * NR + p * NR * kc);
-        }
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
-        for (;;) {
-            long u = *pending >= 0 ? *pending : __atomic_fetch_add(next, 1, __ATOMIC_RELAXED);
-            *pending = -1;
-            if (u >= (*seq + 1) * upb) { *pending = u; break; }
-            u -= *seq * upb;
-            long ic = u / tn * mcu, mc = min_l(mcu, g->M - ic), part = u % tn;
-            long jp0 = np * part / tn, jp1 = np * (part + 1) / tn;
-            for (long q = 0; q < nkb; q++) {
-                long pc = q * kcb, kc = min_l(kcb, g->K - pc);
-                s->pack_a(g->trans_a, a_at(g, ic, pc), g->lda, mc, kc, Ap);
-                for (long jp = jp0; jp < jp1; jp++)
-                    run_kernels(g, mc, kc, Ap, Bp + q * kcb * np * NR + jp * NR * kc, NR,
-                                (int)min_l(NR, nc - jp * NR), g->C + ic * g->ldc + jc + jp * NR,
-                                g->accumulate || q > 0);
-            }
-        }
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+    const long kcb = k_block(s, g->K), np = ceil_div(nc, NR);
+    for (long pc = 0; pc < g->K && pack_b; pc += kcb)
+        s->pack_b(g->trans_b, b_at(g, pc, jc), g->ldb, nc, min_l(kcb, g->K - pc), Bp + pc * np * NR);
+    for (long pc = 0; pc < g->K; pc += kcb) {
+        long kc = min_l(kcb, g->K - pc);
+        const float *b = Bp + pc * np * NR;
+        s->pack_a(g->trans_a, a_at(g, ic, pc), g->lda, mc, kc, Ap);
+        for (long jp = 0; jp < np; jp++)
+            run_kernels(g, mc, kc, Ap, b + jp * NR * kc, NR, (int)min_l(NR, nc - jp * NR),
+                        g->C + ic * g->ldc + jc + jp * NR, g->accumulate || pc > 0);
     }
-}
-
-/* Rows of the thread grid (tm x tn = nt) that minimise the largest share of work:
- * tiles computed plus the A block each thread packs. Ties go to more row splits. */
-static int grid_rows(const gemm_isa *s, long M, long N, int nt)
-{
-    long mp = ceil_div(M, s->mr), np = ceil_div(N, s->nr);
-    int best = 1;
-    long best_cost = -1;
-    for (int tm = nt; tm >= 1; tm--) {
-        if (nt % tm) continue;
-        int tn = nt / tm;
-        long cost = ceil_div(mp, tm) * s->mr * (ceil_div(np, tn) * s->nr + 16);
-        if (best_cost < 0 || cost < best_cost) { best_cost = cost; best = tm; }
-    }
-    return best;
 }
 
 /* One thread's part of C when it works alone on NR panels [jp0, jp1). */
@@ -749,24 +711,20 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
     const int by_batch = nt > 1 && nb >= nt && (nb % nt == 0 || nb >= 4 * nt || item < 4 * GEMM_GRAIN);
     /* few rows of A @ B^T: dot products straight from the caller's rows, nothing packed */
     const int dot = s->dot && !trans_a && trans_b && M <= GEMM_DOT_ROWS && K >= GEMM_DOT_MIN_K;
-    int tm = by_batch || dot ? 1 : grid_rows(s, M, N, nt);
 
-    /* Buffers. Alone (private or narrow): per thread Bp + Ap. Shared: one Bp + per thread Ap. */
+    /* Buffers, per thread: Bp then Ap (none for the dot kernel). */
     const long kcb = k_block(s, K), mpad = ceil_div(M, s->mr) * s->mr;
     const int narrow = narrow_fits(s, M, K);
-    size_t a_floats, b_floats, total;
-    if (dot) {
-        a_floats = b_floats = total = 0;
-    } else if (tm == 1) {
-        a_floats = round16((size_t)(narrow ? mpad * K : min_l(mpad, s->mc) * kcb));
-        b_floats = round16((size_t)(kcb * (narrow ? s->nr : min_l(np * s->nr, s->nc))));
-        total = (size_t)nt * (a_floats + b_floats);
-    } else {
-        long ncb = ceil_div(shared_nc(s, N, K), s->nr) * s->nr;
-        a_floats = round16((size_t)(min_l(mpad, s->mc) * kcb));   /* >= shared_rows(any team) */
-        b_floats = round16((size_t)(ceil_div(K, kcb) * kcb * ncb));
-        total = b_floats + (size_t)nt * a_floats;
+    size_t a_floats = 0, b_floats = 0;
+    if (narrow) {
+        a_floats = round16((size_t)(mpad * K));
+        b_floats = round16((size_t)(kcb * s->nr));
+    } else if (!dot) {
+        long tile_b = ceil_div(K, kcb) * kcb * ceil_div(tile_cols(s, N, K), s->nr) * s->nr;
+        a_floats = round16((size_t)(min_l(mpad, s->mc) * kcb));
+        b_floats = round16((size_t)max_l(kcb * min_l(np * s->nr, s->nc), tile_b));
     }
+    const size_t total = (size_t)nt * (a_floats + b_floats);
     int owned = 1;
     float *buffer = dot ? NULL : buffer_acquire(total, &owned);
     if (!buffer && !dot) {   /* out of memory: the slow path still gives the right answer */
@@ -800,38 +758,36 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
                 s->dot(M, K, alpha, g.A, lda, g.B, ldb, accumulate, g.C, ldc, 4 * p * per,
                        min_l(N, 4 * (p + 1) * per));
             }
-        } else if (tm == 1) {
+        } else {
             float *Bp = buffer + (size_t)tid * (a_floats + b_floats), *Ap = Bp + b_floats;
+            long u;
             if (team == 1) {
                 for (long t = 0; t < nb; t++) { GEMM_ENTRY(t); gemm_alone(&g, Bp, Ap, 0, np); }
             } else if (by_batch) {   /* units of `per` batch entries */
-                long per = ceil_div(nb, 8L * team), u;
+                long per = ceil_div(nb, 8L * team);
                 while ((u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)) * per < nb)
                     for (long t = u * per; t < min_l(nb, (u + 1) * per); t++) {
                         GEMM_ENTRY(t);
                         gemm_alone(&g, Bp, Ap, 0, np);
                     }
             } else if (narrow) {     /* units of `per` NR panels; op(A) packed once per entry */
-                long per = ceil_div(np, 8L * team), groups = ceil_div(np, per), packed = -1, u;
+                long per = ceil_div(np, 8L * team), groups = ceil_div(np, per), packed = -1;
                 while ((u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)) < nb * groups) {
                     long t = u / groups, p = u % groups;
                     GEMM_ENTRY(t);
                     if (t != packed) { narrow_pack_a(&g, Ap); packed = t; }
                     narrow_panels(&g, Bp, Ap, p * per, min_l(np, (p + 1) * per));
                 }
-            } else {                 /* static ranges of NR panels */
-                for (long t = 0; t < nb; t++) {
+            } else {                 /* tiles */
+                long mcu = tile_rows(s, M, team), ncu = tile_cols(s, N, K);
+                long rb = ceil_div(M, mcu), cb = ceil_div(N, ncu), held = -1;
+                while ((u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)) < nb * rb * cb) {
+                    long t = u / (rb * cb), c = u % (rb * cb) / rb, r = u % rb;
                     GEMM_ENTRY(t);
-                    gemm_alone(&g, Bp, Ap, np * tid / team, np * (tid + 1) / team);
+                    gemm_tile(&g, Bp, Ap, r * mcu, min_l(mcu, M - r * mcu), c * ncu, min_l(ncu, N - c * ncu),
+                              t * cb + c != held);
+                    held = t * cb + c;
                 }
-            }
-        } else {
-            float *Bp = buffer, *Ap = buffer + b_floats + (size_t)tid * a_floats;
-            int tm_team = team == nt ? tm : grid_rows(s, M, N, team);
-            long seq = 0, pending = -1;
-            for (long t = 0; t < nb; t++) {
-                GEMM_ENTRY(t);
-                gemm_shared(&g, Bp, Ap, tid, team, tm_team, &next, &seq, &pending);
             }
         }
 #undef GEMM_ENTRY

@@ -241,75 +241,154 @@ TF_TARGET_AVX2 static inline float ln_hsum8(__m256 v)
 TF_TARGET_AVX2 static inline void ln_store8(float *dst, long count, __m256 v)
 {
     if (count >= 8) _mm256_storeu_ps(dst, v);
-    else _mm256_maskstore_ps(dst, ln_lanes8(count), v);
+    else if (count > 0) _mm256_maskstore_ps(dst, ln_lanes8(count), v);
 }
 
-TF_TARGET_AVX2 static void layernorm_row_avx2(float *y, float *m, float *rs, const float *x,
-                                              const float *w, const float *b, long D, float eps)
+/* The first `count` floats at src, zeros past them (nothing read past them). */
+TF_TARGET_AVX2 static inline __m256 ln_load8(const float *src, long count)
 {
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    if (count >= 8) return _mm256_loadu_ps(src);
+    return _mm256_maskload_ps(src, ln_lanes8(count));
+}
+
+/* R consecutive rows, interleaved (as layernorm_rows_avx512). */
+TF_TARGET_AVX2 static TF_ALWAYS_INLINE void layernorm_rows_avx2(
+    float *y, float *m, float *rs, const float *x, const float *w, const float *b, long D,
+    float eps, const int R)
+{
+    __m256 s0[2], s1[2], vmean[2], vrstd[2];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) s0[i] = s1[i] = _mm256_setzero_ps();
     long c = 0;
     for (; c + 16 <= D; c += 16) {
-        s0 = _mm256_add_ps(s0, _mm256_loadu_ps(x + c));
-        s1 = _mm256_add_ps(s1, _mm256_loadu_ps(x + c + 8));
-    }
-    for (; c < D; c += 8) s0 = _mm256_add_ps(s0, _mm256_maskload_ps(x + c, ln_lanes8(D - c)));
-    float mean = ln_hsum8(_mm256_add_ps(s0, s1)) / (float)D;
-    const __m256 vmean = _mm256_set1_ps(mean);
-    s0 = _mm256_setzero_ps();
-    s1 = _mm256_setzero_ps();
-    for (c = 0; c + 16 <= D; c += 16) {
-        __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(x + c), vmean);
-        __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(x + c + 8), vmean);
-        s0 = _mm256_fmadd_ps(d0, d0, s0);
-        s1 = _mm256_fmadd_ps(d1, d1, s1);
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            s0[i] = _mm256_add_ps(s0[i], _mm256_loadu_ps(x + i * D + c));
+            s1[i] = _mm256_add_ps(s1[i], _mm256_loadu_ps(x + i * D + c + 8));
+        }
     }
     for (; c < D; c += 8) {
-        __m256i k = ln_lanes8(D - c);
-        __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, k), vmean), _mm256_castsi256_ps(k));
-        s0 = _mm256_fmadd_ps(d, d, s0);
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) s0[i] = _mm256_add_ps(s0[i], ln_load8(x + i * D + c, D - c));
     }
-    float var = ln_hsum8(_mm256_add_ps(s0, s1)) / (float)D;
-    float rstd = 1.0f / sqrtf(var + eps);
-    const __m256 vrstd = _mm256_set1_ps(rstd);
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        float mean = ln_hsum8(_mm256_add_ps(s0[i], s1[i])) / (float)D;
+        m[i] = mean;
+        vmean[i] = _mm256_set1_ps(mean);
+        s0[i] = s1[i] = _mm256_setzero_ps();
+    }
+    for (c = 0; c + 16 <= D; c += 16) {
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            __m256 d0 = _mm256_sub_ps(_mm256_loadu_ps(x + i * D + c), vmean[i]);
+            __m256 d1 = _mm256_sub_ps(_mm256_loadu_ps(x + i * D + c + 8), vmean[i]);
+            s0[i] = _mm256_fmadd_ps(d0, d0, s0[i]);
+            s1[i] = _mm256_fmadd_ps(d1, d1, s1[i]);
+        }
+    }
+    for (; c < D; c += 8) {
+        __m256 k = _mm256_castsi256_ps(ln_lanes8(D - c));
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            __m256 d = _mm256_and_ps(_mm256_sub_ps(ln_load8(x + i * D + c, D - c), vmean[i]), k);
+            s0[i] = _mm256_fmadd_ps(d, d, s0[i]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        float var = ln_hsum8(_mm256_add_ps(s0[i], s1[i])) / (float)D;
+        float rstd = 1.0f / sqrtf(var + eps);
+        rs[i] = rstd;
+        vrstd[i] = _mm256_set1_ps(rstd);
+    }
     for (c = 0; c < D; c += 8) {
-        __m256i k = ln_lanes8(D - c);
-        __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, k), vmean), vrstd);
-        __m256 v = _mm256_fmadd_ps(xh, _mm256_maskload_ps(w + c, k), _mm256_maskload_ps(b + c, k));
-        ln_store8(y + c, D - c, v);
+        __m256 vw = ln_load8(w + c, D - c), vb = ln_load8(b + c, D - c);
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            __m256 xh = _mm256_mul_ps(_mm256_sub_ps(ln_load8(x + i * D + c, D - c), vmean[i]), vrstd[i]);
+            ln_store8(y + i * D + c, D - c, _mm256_fmadd_ps(xh, vw, vb));
+        }
     }
-    *m = mean;
-    *rs = rstd;
 }
 
-TF_TARGET_AVX2 static void layernorm_backward_row_avx2(float *dx, float *dwp, float *dbp,
-                                                       const float *dy, const float *x,
-                                                       const float *w, float mean, float rstd,
-                                                       long D, int acc)
+TF_TARGET_AVX2 static void layernorm_forward_rows_avx2(float *out, float *mean, float *rstd,
+                                                       const float *x, const float *w,
+                                                       const float *b, long r0, long r1,
+                                                       long D, float eps)
 {
-    const __m256 vmean = _mm256_set1_ps(mean), vrstd = _mm256_set1_ps(rstd);
-    __m256 sg = _mm256_setzero_ps(), sgx = _mm256_setzero_ps();
-    for (long c = 0; c < D; c += 8) {
-        __m256i k = ln_lanes8(D - c);
-        __m256 vdy = _mm256_maskload_ps(dy + c, k);
-        __m256 xh = _mm256_and_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, k), vmean), vrstd),
-                                  _mm256_castsi256_ps(k));
-        __m256 g = _mm256_mul_ps(vdy, _mm256_maskload_ps(w + c, k));
-        sg = _mm256_add_ps(sg, g);
-        sgx = _mm256_fmadd_ps(g, xh, sgx);
-        ln_store8(dwp + c, D - c, _mm256_fmadd_ps(vdy, xh, _mm256_maskload_ps(dwp + c, k)));
-        ln_store8(dbp + c, D - c, _mm256_add_ps(vdy, _mm256_maskload_ps(dbp + c, k)));
+    long r = r0;
+    for (; r + 2 <= r1; r += 2)
+        layernorm_rows_avx2(out + r * D, mean + r, rstd + r, x + r * D, w, b, D, eps, 2);
+    for (; r < r1; r++)
+        layernorm_rows_avx2(out + r * D, mean + r, rstd + r, x + r * D, w, b, D, eps, 1);
+}
+
+/* R consecutive rows of the backward (as layernorm_backward_rows_avx512). */
+TF_TARGET_AVX2 static TF_ALWAYS_INLINE void layernorm_backward_rows_avx2(
+    float *dx, float *dwp, float *dbp, const float *dy, const float *x, const float *w,
+    const float *mean, const float *rstd, long D, int acc, const int R)
+{
+    __m256 vmean[2], vrstd[2], sg[2], sgx[2], va[2], vb[2];
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        vmean[i] = _mm256_set1_ps(mean[i]);
+        vrstd[i] = _mm256_set1_ps(rstd[i]);
+        sg[i] = sgx[i] = _mm256_setzero_ps();
     }
-    const __m256 va = _mm256_set1_ps(ln_hsum8(sg) / (float)D);
-    const __m256 vb = _mm256_set1_ps(ln_hsum8(sgx) / (float)D);
     for (long c = 0; c < D; c += 8) {
-        __m256i k = ln_lanes8(D - c);
-        __m256 xh = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(x + c, k), vmean), vrstd);
-        __m256 g = _mm256_mul_ps(_mm256_maskload_ps(dy + c, k), _mm256_maskload_ps(w + c, k));
-        __m256 v = _mm256_mul_ps(vrstd, _mm256_fnmadd_ps(xh, vb, _mm256_sub_ps(g, va)));
-        if (acc) v = _mm256_add_ps(_mm256_maskload_ps(dx + c, k), v);
-        ln_store8(dx + c, D - c, v);
+        long cnt = D - c;
+        __m256 k = _mm256_castsi256_ps(ln_lanes8(cnt));
+        __m256 vw = ln_load8(w + c, cnt);
+        __m256 dwv = ln_load8(dwp + c, cnt), dbv = ln_load8(dbp + c, cnt);
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            __m256 vdy = ln_load8(dy + i * D + c, cnt);
+            __m256 xh = _mm256_and_ps(_mm256_mul_ps(_mm256_sub_ps(ln_load8(x + i * D + c, cnt), vmean[i]), vrstd[i]), k);
+            __m256 g = _mm256_mul_ps(vdy, vw);
+            sg[i] = _mm256_add_ps(sg[i], g);
+            sgx[i] = _mm256_fmadd_ps(g, xh, sgx[i]);
+            dwv = _mm256_fmadd_ps(vdy, xh, dwv);
+            dbv = _mm256_add_ps(vdy, dbv);
+        }
+        ln_store8(dwp + c, cnt, dwv);
+        ln_store8(dbp + c, cnt, dbv);
     }
+    /* dx = rstd * (g - a - xhat * b) = g * rstd - ((x - mean) * (rstd^2 * b) + rstd * a) */
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        float a = ln_hsum8(sg[i]) / (float)D, bb = ln_hsum8(sgx[i]) / (float)D;
+        float r = rstd[i];
+        va[i] = _mm256_set1_ps(r * a);
+        vb[i] = _mm256_set1_ps(r * r * bb);
+    }
+    for (long c = 0; c < D; c += 8) {
+        long cnt = D - c;
+        __m256 vw = ln_load8(w + c, cnt);
+#pragma GCC unroll 2
+        for (int i = 0; i < R; i++) {
+            __m256 d = _mm256_sub_ps(ln_load8(x + i * D + c, cnt), vmean[i]);
+            __m256 g = _mm256_mul_ps(ln_load8(dy + i * D + c, cnt), vw);
+            __m256 v = _mm256_fmsub_ps(g, vrstd[i], _mm256_fmadd_ps(d, vb[i], va[i]));
+            if (acc) v = _mm256_add_ps(ln_load8(dx + i * D + c, cnt), v);
+            ln_store8(dx + i * D + c, cnt, v);
+        }
+    }
+}
+
+TF_TARGET_AVX2 static void layernorm_backward_chunk_avx2(float *dx, float *dwp, float *dbp,
+                                                         const float *dy, const float *x,
+                                                         const float *w, const float *mean,
+                                                         const float *rstd, long r0, long r1,
+                                                         long D, int acc)
+{
+    long r = r0;
+    for (; r + 2 <= r1; r += 2)
+        layernorm_backward_rows_avx2(dx + r * D, dwp, dbp, dy + r * D, x + r * D, w, mean + r,
+                                     rstd + r, D, acc, 2);
+    for (; r < r1; r++)
+        layernorm_backward_rows_avx2(dx + r * D, dwp, dbp, dy + r * D, x + r * D, w, mean + r,
+                                     rstd + r, D, acc, 1);
 }
 #endif /* TF_HAVE_X86 */
 
@@ -332,8 +411,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *x, con
         if (isa == TF_ISA_AVX512) {
             layernorm_forward_rows_avx512(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
         } else if (isa == TF_ISA_AVX2) {
-            for (long r = r0; r < r1; r++)
-                layernorm_row_avx2(out + r * D, mean + r, rstd + r, x + r * D, weight, bias, D, eps);
+            layernorm_forward_rows_avx2(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
         } else
 #endif
         {
@@ -370,18 +448,15 @@ void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch,
                                                 ch * LAYERNORM_CHUNK, r1, D, accumulate);
                 continue;
             }
-#endif
-            for (long r = ch * LAYERNORM_CHUNK; r < r1; r++) {
-                float *dxr = dx + r * D;
-                const float *dyr = dout + r * D, *xr = x + r * D;
-#if TF_HAVE_X86
-                if (isa == TF_ISA_AVX2) {
-                    layernorm_backward_row_avx2(dxr, dwp, dbp, dyr, xr, weight, mean[r], rstd[r], D, accumulate);
-                    continue;
-                }
-#endif
-                layernorm_backward_row_generic(dxr, dwp, dbp, dyr, xr, weight, mean[r], rstd[r], D, accumulate);
+            if (isa == TF_ISA_AVX2) {
+                layernorm_backward_chunk_avx2(dx, dwp, dbp, dout, x, weight, mean, rstd,
+                                              ch * LAYERNORM_CHUNK, r1, D, accumulate);
+                continue;
             }
+#endif
+            for (long r = ch * LAYERNORM_CHUNK; r < r1; r++)
+                layernorm_backward_row_generic(dx + r * D, dwp, dbp, dout + r * D, x + r * D, weight,
+                                               mean[r], rstd[r], D, accumulate);
         }
         /* The partials, added in chunk order: columns in blocks of 64 per iteration. */
 #pragma omp for schedule(static)

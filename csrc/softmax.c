@@ -23,6 +23,8 @@
  * floats takes a few microseconds, about what waking a thread costs). */
 #define SOFTMAX_GRAIN 16384L
 
+#define TF_ALWAYS_INLINE inline __attribute__((always_inline))
+
 /* ------------------------------------------------------------------------- */
 /* Plain C: the reference (two passes over the scores, a double-precision sum). */
 
@@ -83,7 +85,6 @@ TF_TARGET_AVX512 static inline __mmask16 visible16(long k, long n, const uint8_t
  * element, and the R rows' max / exp / sum chains are independent, so short rows overlap
  * (their horizontal reductions and the reciprocal are latency, not work). Row i sees keys
  * below n[i] that are not padding in pad[i]. */
-#define TF_ALWAYS_INLINE inline __attribute__((always_inline))
 TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
     float *p, const float *s, const uint8_t *const *pad, const long *n, long Tk, float scale,
     const int NV, const int R)
@@ -118,7 +119,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
             vsum = _mm512_add_ps(vsum, v[i][j]);
         }
         float sum = _mm512_reduce_add_ps(vsum);
-        vinv[i] = _mm512_set1_ps(sum > 0.0f ? 1.0f / sum : 0.0f);
+        vinv[i] = _mm512_set1_ps(sum != 0.0f ? 1.0f / sum : 0.0f);   /* 0: all masked */
     }
 #pragma GCC unroll 4
     for (int i = 0; i < R; i++) {
@@ -356,11 +357,19 @@ TF_TARGET_AVX2 static inline float hsum8(__m256 v)
 TF_TARGET_AVX2 static inline void store8(float *dst, long count, __m256 v)
 {
     if (count >= 8) _mm256_storeu_ps(dst, v);
-    else _mm256_maskstore_ps(dst, first_lanes8(count), v);
+    else if (count > 0) _mm256_maskstore_ps(dst, first_lanes8(count), v);
 }
 
-TF_TARGET_AVX2 static void softmax_row_avx2(float *p, const float *s, const uint8_t *pad,
-                                            long n, long Tk, float scale)
+/* The first `count` floats at src (zeros past them; nothing read past them). Full vectors use a
+ * plain load, which store-to-load forwarding serves (vmaskmovps loads may not be). */
+TF_TARGET_AVX2 static inline __m256 load8(const float *src, long count)
+{
+    if (count >= 8) return _mm256_loadu_ps(src);
+    return _mm256_maskload_ps(src, first_lanes8(count));
+}
+
+TF_TARGET_AVX2 static void softmax_row_long_avx2(float *p, const float *s, const uint8_t *pad,
+                                                 long n, long Tk, float scale)
 {
     const __m256 vscale = _mm256_set1_ps(scale);
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
@@ -387,26 +396,83 @@ TF_TARGET_AVX2 static void softmax_row_avx2(float *p, const float *s, const uint
     }
     for (; k < Tk; k += 8) store8(p + k, Tk - k, _mm256_setzero_ps());
     const __m256 vinv = _mm256_set1_ps(1.0f / hsum8(vsum));
-    for (k = 0; k < n; k += 8) {
-        __m256i m = first_lanes8(n - k);
-        store8(p + k, n - k, _mm256_mul_ps(_mm256_maskload_ps(p + k, m), vinv));
+    for (k = 0; k < n; k += 8) store8(p + k, n - k, _mm256_mul_ps(load8(p + k, n - k), vinv));
+}
+
+/* `count` consecutive rows. (Holding rows in registers, as the AVX-512 path does, spills with
+ * 16 ymm registers and the exp's constants: three sweeps over an L1-resident row are faster.) */
+TF_TARGET_AVX2 static void softmax_rows_avx2(float *p, const float *s, const uint8_t *const *pad,
+                                             const long *n, int count, long Tk, float scale)
+{
+    for (int i = 0; i < count; i++) softmax_row_long_avx2(p + i * Tk, s + i * Tk, pad[i], n[i], Tk, scale);
+}
+
+/* R consecutive rows of the backward, Tk <= 8 * NV, in registers. */
+TF_TARGET_AVX2 static TF_ALWAYS_INLINE void softmax_backward_rows_regs_avx2(
+    float *ds, const float *p, const float *dp, long Tk, float scale, const int NV, const int R)
+{
+    __m256 pv[2][4], dv[2][4], vdot[2];
+    const __m256 vscale = _mm256_set1_ps(scale);
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+        __m256 acc = _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) {
+            pv[i][j] = load8(p + i * Tk + 8 * j, Tk - 8 * j);
+            dv[i][j] = load8(dp + i * Tk + 8 * j, Tk - 8 * j);
+            acc = _mm256_fmadd_ps(pv[i][j], dv[i][j], acc);
+        }
+        vdot[i] = _mm256_set1_ps(hsum8(acc));
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < R; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++)
+            store8(ds + i * Tk + 8 * j, Tk - 8 * j,
+                   _mm256_mul_ps(_mm256_mul_ps(pv[i][j], _mm256_sub_ps(dv[i][j], vdot[i])), vscale));
     }
 }
 
-TF_TARGET_AVX2 static void softmax_backward_row_avx2(float *ds, const float *p, const float *dp,
-                                                     long Tk, float scale)
+TF_TARGET_AVX2 static void softmax_backward_row_long_avx2(float *ds, const float *p, const float *dp,
+                                                          long Tk, float scale)
 {
-    __m256 acc = _mm256_setzero_ps();
-    for (long k = 0; k < Tk; k += 8) {
-        __m256i m = first_lanes8(Tk - k);
-        acc = _mm256_fmadd_ps(_mm256_maskload_ps(p + k, m), _mm256_maskload_ps(dp + k, m), acc);
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    long k = 0;
+    for (; k + 16 <= Tk; k += 16) {
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(p + k), _mm256_loadu_ps(dp + k), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(p + k + 8), _mm256_loadu_ps(dp + k + 8), acc1);
     }
-    const __m256 vdot = _mm256_set1_ps(hsum8(acc));
+    for (; k < Tk; k += 8) acc0 = _mm256_fmadd_ps(load8(p + k, Tk - k), load8(dp + k, Tk - k), acc0);
+    const __m256 vdot = _mm256_set1_ps(hsum8(_mm256_add_ps(acc0, acc1)));
     const __m256 vscale = _mm256_set1_ps(scale);
-    for (long k = 0; k < Tk; k += 8) {
-        __m256i m = first_lanes8(Tk - k);
-        __m256 d = _mm256_sub_ps(_mm256_maskload_ps(dp + k, m), vdot);
-        store8(ds + k, Tk - k, _mm256_mul_ps(_mm256_mul_ps(_mm256_maskload_ps(p + k, m), d), vscale));
+    for (k = 0; k < Tk; k += 8) {
+        __m256 d = _mm256_sub_ps(load8(dp + k, Tk - k), vdot);
+        store8(ds + k, Tk - k, _mm256_mul_ps(_mm256_mul_ps(load8(p + k, Tk - k), d), vscale));
+    }
+}
+
+/* Rows [r0, r1) of the backward: pairs for Tk <= 16, single rows up to 32, then the long path. */
+TF_TARGET_AVX2 static void softmax_backward_rows_avx2(float *ds, const float *p, const float *dp,
+                                                      long r0, long r1, long Tk, float scale)
+{
+    const long nv = (Tk + 7) / 8;
+    for (long r = r0; r < r1;) {
+        float *d = ds + r * Tk;
+        const float *pp = p + r * Tk, *dd = dp + r * Tk;
+        if (nv <= 2 && r + 2 <= r1) {
+            if (nv == 1) softmax_backward_rows_regs_avx2(d, pp, dd, Tk, scale, 1, 2);
+            else softmax_backward_rows_regs_avx2(d, pp, dd, Tk, scale, 2, 2);
+            r += 2;
+            continue;
+        }
+        switch (nv) {
+        case 1: softmax_backward_rows_regs_avx2(d, pp, dd, Tk, scale, 1, 1); break;
+        case 2: softmax_backward_rows_regs_avx2(d, pp, dd, Tk, scale, 2, 1); break;
+        case 3: softmax_backward_rows_regs_avx2(d, pp, dd, Tk, scale, 3, 1); break;
+        case 4: softmax_backward_rows_regs_avx2(d, pp, dd, Tk, scale, 4, 1); break;
+        default: softmax_backward_row_long_avx2(d, pp, dd, Tk, scale); break;
+        }
+        r += 1;
     }
 }
 
@@ -457,7 +523,7 @@ void softmax_forward(float *probs, const float *scores, const uint8_t *key_paddi
             if (isa == TF_ISA_AVX512) {
                 softmax_rows_avx512(p, s, pad, n, count, Tk, scale);
             } else if (isa == TF_ISA_AVX2) {
-                for (int i = 0; i < count; i++) softmax_row_avx2(p + i * Tk, s + i * Tk, pad[i], n[i], Tk, scale);
+                softmax_rows_avx2(p, s, pad, n, count, Tk, scale);
             } else
 #endif
             {
@@ -485,8 +551,7 @@ void softmax_backward(float *dscores, const float *probs, const float *dprobs,
         if (isa == TF_ISA_AVX512) {
             softmax_backward_rows_avx512(dscores, probs, dprobs, r0, r1, Tk, scale);
         } else if (isa == TF_ISA_AVX2) {
-            for (long r = r0; r < r1; r++)
-                softmax_backward_row_avx2(dscores + r * Tk, probs + r * Tk, dprobs + r * Tk, Tk, scale);
+            softmax_backward_rows_avx2(dscores, probs, dprobs, r0, r1, Tk, scale);
         } else
 #endif
         {

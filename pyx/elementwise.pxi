@@ -19,6 +19,9 @@ cdef extern from "dropout.h" nogil:
     void c_dropout_add_forward "dropout_add_forward" (const float *x, const float *residual,
                                                       float *out, size_t n, float p, uint64_t seed,
                                                       uint64_t offset)
+    void c_bias_dropout_add_forward "bias_dropout_add_forward" (const float *x, const float *bias,
+            const float *residual, float *out, size_t N, size_t D, float p, uint64_t seed,
+            uint64_t offset)
     void c_dropout_mask "dropout_mask" (uint8_t *mask, size_t n, float p, uint64_t seed,
                                         uint64_t offset)
 
@@ -222,12 +225,16 @@ def dropout_backward(dout, dx, p, seed, offset=0):
         c_dropout_backward(pg, pd, n, pf, s, o)
 
 
-def dropout_add_forward(x, residual, out, p, seed, offset=0):
-    """Fused residual connection: out = residual + dropout(x), with exactly dropout_forward's mask
-    and the same bits as dropout_forward followed by add (one pass over memory instead of two).
-    p == 0 gives residual + x. x, residual, out float32 of one shape; out may be x or residual
-    itself (not partially overlap either). Backward: d residual = dout, dx = dropout_backward(dout)
-    with the same (p, seed, offset). (Extra function, not in the original contract.)"""
+def dropout_add_forward(x, residual, out, p, seed, offset=0, bias=None):
+    """Fused residual connection: out = residual + dropout(x) (with bias: residual +
+    dropout(x + bias), the bias broadcast over the last axis), with exactly dropout_forward's mask
+    and the same bits as add_bias, dropout_forward and add in turn, in one pass over memory.
+    p == 0 gives residual + x (+ bias). x, residual, out float32 of one shape (at least 1-D with a
+    bias); bias None or float32 [D] (D = x.shape[-1]), not overlapping out; out may be x or
+    residual itself (not partially overlap either); x is not modified unless it is out.
+    Backward: d residual = dout, dx = dropout_backward(dout) with the same (p, seed, offset), and
+    with a bias dbias += column sums of dx (bias_grad). (Extra function, not in the original
+    contract.)"""
     cdef float pf = _ew_prob(p)
     cdef uint64_t s = _ew_u64(seed, "seed"), o = _ew_u64(offset, "offset")
     _check_f32(x, "x")
@@ -237,14 +244,27 @@ def dropout_add_forward(x, residual, out, p, seed, offset=0):
     _same_shape(x, "x", out, "out")
     _ew_alias_or_apart(out, "out", x, "x")
     _ew_alias_or_apart(out, "out", residual, "residual")
+    cdef size_t D = 0
+    if bias is not None:
+        _check_f32(bias, "bias", 1)
+        if x.ndim == 0 or bias.shape[0] != x.shape[x.ndim - 1]:
+            raise ValueError(f"bias must have shape [D] = x.shape[-1:], got {bias.shape} for x {x.shape}")
+        _ew_apart(out, "out", bias, "bias")
+        D = bias.shape[0]
     if x.size == 0:
         return
     cdef const float *px = _ew_f(x)
     cdef const float *pr = _ew_f(residual)
     cdef float *po = _ew_f(out)
+    cdef const float *pb = NULL
     cdef size_t n = x.size
-    with nogil:
-        c_dropout_add_forward(px, pr, po, n, pf, s, o)
+    if bias is None:
+        with nogil:
+            c_dropout_add_forward(px, pr, po, n, pf, s, o)
+    else:
+        pb = _ew_f(bias)
+        with nogil:
+            c_bias_dropout_add_forward(px, pb, pr, po, n // D, D, pf, s, o)
 
 
 def dropout_mask(n, p, seed, offset=0):

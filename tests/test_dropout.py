@@ -210,6 +210,31 @@ def test_dropout_add_equals_dropout_then_add(isa, p, n):
     np.testing.assert_array_equal(out, res + dropped)
 
 
+@pytest.mark.parametrize("p", [0.0, 0.1])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 15), (2, 16), (4, 17), (3, 63), (2, 64), (5, 65), (2, 3, 33)])
+def test_bias_dropout_add_equals_the_three_ops_in_turn(isa, p, shape):
+    x, res, bias = rand(*shape, seed=1), rand(*shape, seed=2), rand(shape[-1], seed=3)
+    xb = x + bias                              # what add_bias would leave in x
+    dropped = np.empty_like(x)
+    _C.dropout_forward(xb, dropped, p, seed=3, offset=4)
+    out = np.full(shape, np.nan, np.float32)
+    x_before = x.copy()
+    _C.dropout_add_forward(x, res, out, p, seed=3, offset=4, bias=bias)
+    np.testing.assert_array_equal(out, res + dropped)
+    np.testing.assert_array_equal(x, x_before)     # x is not modified
+
+
+def test_bias_dropout_add_same_bits_at_1_and_2_threads(restore_threads):
+    x, res, bias = rand(301, 333, seed=1), rand(301, 333, seed=2), rand(333, seed=3)
+    outs = []
+    for threads in (1, 2):
+        _C.set_num_threads(threads)
+        o = np.empty_like(x)
+        _C.dropout_add_forward(x, res, o, 0.1, seed=5, offset=6, bias=bias)
+        outs.append(o)
+    np.testing.assert_array_equal(outs[0], outs[1])
+
+
 def test_dropout_add_in_place_on_either_input(isa):
     x, res = rand(3, 67, seed=1), rand(3, 67, seed=2)
     want = np.empty_like(x)
@@ -290,6 +315,9 @@ BAD = [
     (lambda: _C.dropout_add_forward(_f(5), _f(5).astype(np.float64), _f(5), 0.1, 0), TypeError, "residual"),
     (lambda: _C.dropout_add_forward(_f(5), _f(5), _f(4), 0.1, 0), ValueError, "out"),
     (lambda: _C.dropout_add_forward(_f(5), _f(5), _f(5), 1.0, 0), ValueError, "p"),
+    (lambda: _C.dropout_add_forward(_f(4, 5), _f(4, 5), _f(4, 5), 0.1, 0, 0, _f(4)), ValueError, "bias"),
+    (lambda: _C.dropout_add_forward(_f(4, 5), _f(4, 5), _f(4, 5), 0.1, 0, 0, _f(1, 5)), ValueError, "bias"),
+    (lambda: _C.dropout_add_forward(_f(4, 5), _f(4, 5), _f(4, 5), 0.1, 0, 0, _f(5).astype(np.float64)), TypeError, "bias"),
     (lambda: _C.dropout_mask(-1, 0.1, 0), ValueError, "n"),
     (lambda: _C.dropout_mask(5.0, 0.1, 0), TypeError, "n"),
     (lambda: _C.dropout_mask(5, 1.0, 0), ValueError, "p"),

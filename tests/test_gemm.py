@@ -262,7 +262,10 @@ def test_result_bits_do_not_depend_on_thread_count(isa, threads, trans_a, trans_
     # shared B block (large M, also with several N blocks and K blocks), per-thread column ranges
     # (few rows), batch entries split over threads, and tiny products that stay on one thread
     cases = [((), 300, 200, 300), ((), 100, 1100, 2050), ((), 5, 900, 300), ((), 20, 3000, 300), ((), 1, 5000, 70),
-             ((), 700, 3, 64), ((8,), 60, 70, 80), ((3,), 200, 150, 100), ((2, 5), 33, 31, 65)]
+             ((), 700, 3, 64), ((8,), 60, 70, 80), ((3,), 200, 150, 100), ((2, 5), 33, 31, 65),
+             ((), 400, 300, 200), ((2,), 350, 100, 100)]
+    if isa != "generic":   # many rows, several column blocks and K blocks (slow in plain C)
+        cases.append(((), 337, 1000, 2100))
     for batch, m, n, k in cases:
         a = r.uniform(-1, 1, batch + ((k, m) if trans_a else (m, k))).astype(np.float32)
         b = r.uniform(-1, 1, batch + ((n, k) if trans_b else (k, n))).astype(np.float32)

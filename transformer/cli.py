@@ -18,6 +18,18 @@ def _threads(text):
 def _bench(args):
     from .bench import kernels
 
+    if args.what == "all":
+        from .bench import scaling
+
+        records = scaling.run_all(args.threads, what=("gemm", "train", "decode"), stream=sys.stdout)
+        if args.json:
+            with open(args.json, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        print(scaling.efficiency_table(records), file=sys.stderr)
+        if args.plot:
+            scaling.plot(records, args.plot)
+            print(f"plot written to {args.plot}", file=sys.stderr)
+        return 0
     if args.what in ("train", "decode"):
         import importlib
 
@@ -138,6 +150,7 @@ def build_parser():
     bench.add_argument("--families", default="gemm,nn,elementwise,loss",
                        help="kernel families to run (comma-separated)")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON lines to FILE")
+    bench.add_argument("--plot", metavar="FILE.png", help="with --what all: draw throughput and efficiency")
     bench.set_defaults(func=_bench)
 
     train = sub.add_parser("train", help="train a translation model (no --data: the built-in task)")

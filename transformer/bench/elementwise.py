@@ -13,8 +13,10 @@ for page faults):
 - bias_act forward: x.add_(b); gelu/relu(x, out=y) (ours: the fused bias_act_forward).
 - act backward: aten gelu_backward / threshold_backward with grad_input= (what autograd runs).
 - add: torch.add(a, b, out=c).
+- add_bias: x.add_(b); bias_grad: torch.sum(dout, 0, out=db) (ours adds into db).
 - dropout forward: F.dropout(x, p, training=True); backward: torch.autograd.grad through it.
-- dropout_add (ours fused): residual + F.dropout(x, p, training=True).
+- dropout_add (ours fused): residual + F.dropout(x, p, training=True); with a bias:
+  residual + F.dropout(x + b, p, training=True).
 
 python -m transformer.bench.elementwise  prints one JSON line per measurement.
 """
@@ -26,6 +28,7 @@ import numpy as np
 EMBEDDING_SHAPES = [(32, 32, 128, 4000), (16, 64, 512, 8000)]   # B, T, D, V
 ACT_SHAPE = (2048, 2048)
 ADD_SHAPE = (1024, 512)
+BIAS_SHAPE = (1024, 2048)
 DROPOUT_SHAPE = (1024, 512)
 DROPOUT_P = 0.1
 
@@ -156,6 +159,16 @@ def _add_and_dropout(torch, _C, threads, repeats):
     o, r = _time_pair(lambda: _C.add(a, b, c), lambda: torch.add(at, bt, out=ct), repeats)
     out.append(_record("add", ADD_SHAPE, threads, o, r, 3 * a.size * 4))
 
+    N, D = BIAS_SHAPE
+    h = rng.standard_normal(BIAS_SHAPE).astype(np.float32)
+    bias = (rng.standard_normal(D) * 1e-3).astype(np.float32)
+    dbias = np.zeros(D, np.float32)
+    ht, bias_t, dbias_t = torch.from_numpy(h.copy()), torch.from_numpy(bias), torch.zeros(D)
+    o, r = _time_pair(lambda: _C.add_bias(h, bias), lambda: ht.add_(bias_t), repeats)
+    out.append(_record("add_bias", BIAS_SHAPE, threads, o, r, 2 * h.size * 4))
+    o, r = _time_pair(lambda: _C.bias_grad(h, dbias), lambda: torch.sum(ht, 0, out=dbias_t), repeats)
+    out.append(_record("bias_grad", BIAS_SHAPE, threads, o, r, h.size * 4))
+
     x = rng.standard_normal(DROPOUT_SHAPE).astype(np.float32)
     g = rng.standard_normal(DROPOUT_SHAPE).astype(np.float32)
     y, dx = np.empty_like(x), np.empty_like(x)
@@ -186,6 +199,16 @@ def _add_and_dropout(torch, _C, threads, repeats):
 
     o, r = _time_pair(lambda: _C.dropout_add_forward(x, res, y, DROPOUT_P, 1234, 0), ref_add, repeats)
     out.append(_record("dropout_add_forward", DROPOUT_SHAPE, threads, o, r, 3 * x.size * 4, p=DROPOUT_P))
+    b = (rng.standard_normal(DROPOUT_SHAPE[1]) * 1e-3).astype(np.float32)
+    b_t = torch.from_numpy(b)
+
+    def ref_bias_add():
+        with torch.no_grad():
+            res_t + F.dropout(xt + b_t, DROPOUT_P, training=True)
+
+    o, r = _time_pair(lambda: _C.dropout_add_forward(x, res, y, DROPOUT_P, 1234, 0, bias=b), ref_bias_add,
+                      repeats)
+    out.append(_record("bias_dropout_add_forward", DROPOUT_SHAPE, threads, o, r, 3 * x.size * 4, p=DROPOUT_P))
     return out
 
 
