@@ -346,19 +346,26 @@ void bias_add(float *x, const float *bias, size_t N, size_t D)
     }
 }
 
-/* Columns [c0, c1) of dbias += column sums of dout. Every level sums each column in the same
- * order (blocks of BIAS_ROW_BLOCK rows, then the block sums), so all give the same bits. */
-static void bias_grad_cols_generic(const float *dout, float *dbias, size_t N, size_t D, size_t c0,
-                                   size_t c1)
+/* Columns [c0, c1) of dbias += column sums of dout, in strips of up to BIAS_STRIP columns whose
+ * partial sums stay in L1 while the rows stream through: for each block of BIAS_ROW_BLOCK rows,
+ * block[j] = sum of the block's rows in order; total[j] += block[j]; finally dbias[j] += total[j].
+ * Every level runs this same C (vectorised across columns by the compiler for its target), so
+ * each column is summed in the same order and all levels give the same bits. */
+#define BIAS_STRIP 1024
+
+static inline __attribute__((always_inline)) void bias_grad_cols_body(const float *dout, float *dbias,
+                                                                      size_t N, size_t D, size_t c0,
+                                                                      size_t c1)
 {
-    for (size_t j0 = c0; j0 < c1; j0 += 64) {
-        size_t w = min_size(64, c1 - j0);
-        float total[64], block[64];
+    float total[BIAS_STRIP], block[BIAS_STRIP];
+    for (size_t j0 = c0; j0 < c1; j0 += BIAS_STRIP) {
+        const size_t w = min_size(BIAS_STRIP, c1 - j0);
         for (size_t j = 0; j < w; j++) total[j] = 0.0f;
         for (size_t r0 = 0; r0 < N; r0 += BIAS_ROW_BLOCK) {
-            size_t r1 = min_size(N, r0 + BIAS_ROW_BLOCK);
-            for (size_t j = 0; j < w; j++) block[j] = 0.0f;
-            for (size_t r = r0; r < r1; r++) {
+            const size_t r1 = min_size(N, r0 + BIAS_ROW_BLOCK);
+            const float *first = dout + r0 * D + j0;
+            for (size_t j = 0; j < w; j++) block[j] = first[j];
+            for (size_t r = r0 + 1; r < r1; r++) {
                 const float *row = dout + r * D + j0;
                 for (size_t j = 0; j < w; j++) block[j] += row[j];
             }
@@ -368,71 +375,23 @@ static void bias_grad_cols_generic(const float *dout, float *dbias, size_t N, si
     }
 }
 
+static void bias_grad_cols_generic(const float *dout, float *dbias, size_t N, size_t D, size_t c0,
+                                   size_t c1)
+{
+    bias_grad_cols_body(dout, dbias, N, D, c0, c1);
+}
+
 #ifdef TF_X86
 AVX512_TARGET static void bias_grad_cols_avx512(const float *dout, float *dbias, size_t N, size_t D,
                                                 size_t c0, size_t c1)
 {
-    for (size_t j0 = c0; j0 < c1; j0 += 64) {
-        __mmask16 m[4];
-        for (int k = 0; k < 4; k++) {
-            size_t j = j0 + 16 * (size_t)k;
-            m[k] = j >= c1 ? 0 : c1 - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (c1 - j)) - 1);
-        }
-        __m512 t0 = _mm512_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
-        for (size_t r0 = 0; r0 < N; r0 += BIAS_ROW_BLOCK) {
-            size_t r1 = min_size(N, r0 + BIAS_ROW_BLOCK);
-            __m512 b0 = _mm512_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
-            for (size_t r = r0; r < r1; r++) {
-                const float *row = dout + r * D + j0;
-                b0 = _mm512_add_ps(b0, _mm512_maskz_loadu_ps(m[0], row));
-                b1 = _mm512_add_ps(b1, _mm512_maskz_loadu_ps(m[1], row + 16));
-                b2 = _mm512_add_ps(b2, _mm512_maskz_loadu_ps(m[2], row + 32));
-                b3 = _mm512_add_ps(b3, _mm512_maskz_loadu_ps(m[3], row + 48));
-            }
-            t0 = _mm512_add_ps(t0, b0);
-            t1 = _mm512_add_ps(t1, b1);
-            t2 = _mm512_add_ps(t2, b2);
-            t3 = _mm512_add_ps(t3, b3);
-        }
-        __m512 t[4] = {t0, t1, t2, t3};
-        for (int k = 0; k < 4; k++) {
-            float *d = dbias + j0 + 16 * k;
-            _mm512_mask_storeu_ps(d, m[k], _mm512_add_ps(_mm512_maskz_loadu_ps(m[k], d), t[k]));
-        }
-    }
+    bias_grad_cols_body(dout, dbias, N, D, c0, c1);
 }
 
 AVX2_TARGET static void bias_grad_cols_avx2(const float *dout, float *dbias, size_t N, size_t D,
                                             size_t c0, size_t c1)
 {
-    for (size_t j0 = c0; j0 < c1; j0 += 32) {
-        __m256i m[4];
-        for (int k = 0; k < 4; k++) {
-            size_t j = j0 + 8 * (size_t)k;
-            m[k] = tail_mask_avx2(j >= c1 ? 0 : c1 - j);
-        }
-        __m256 t0 = _mm256_setzero_ps(), t1 = t0, t2 = t0, t3 = t0;
-        for (size_t r0 = 0; r0 < N; r0 += BIAS_ROW_BLOCK) {
-            size_t r1 = min_size(N, r0 + BIAS_ROW_BLOCK);
-            __m256 b0 = _mm256_setzero_ps(), b1 = b0, b2 = b0, b3 = b0;
-            for (size_t r = r0; r < r1; r++) {
-                const float *row = dout + r * D + j0;
-                b0 = _mm256_add_ps(b0, _mm256_maskload_ps(row, m[0]));
-                b1 = _mm256_add_ps(b1, _mm256_maskload_ps(row + 8, m[1]));
-                b2 = _mm256_add_ps(b2, _mm256_maskload_ps(row + 16, m[2]));
-                b3 = _mm256_add_ps(b3, _mm256_maskload_ps(row + 24, m[3]));
-            }
-            t0 = _mm256_add_ps(t0, b0);
-            t1 = _mm256_add_ps(t1, b1);
-            t2 = _mm256_add_ps(t2, b2);
-            t3 = _mm256_add_ps(t3, b3);
-        }
-        __m256 t[4] = {t0, t1, t2, t3};
-        for (int k = 0; k < 4; k++) {
-            float *d = dbias + j0 + 8 * k;
-            _mm256_maskstore_ps(d, m[k], _mm256_add_ps(_mm256_maskload_ps(d, m[k]), t[k]));
-        }
-    }
+    bias_grad_cols_body(dout, dbias, N, D, c0, c1);
 }
 #endif
 

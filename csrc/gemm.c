@@ -79,7 +79,9 @@ static long max_l(long a, long b) { return a > b ? a : b; }
 #define GEMM_GRAIN (1L << 19)
 /* A thread's B block in the tiles schedule holds at most this many floats (4 MiB of L3). */
 #define GEMM_TILE_B (1L << 20)
-/* A @ B^T with at most this many rows (and K at least GEMM_DOT_MIN_K) uses the dot kernel. */
+/* A @ B^T uses the dot kernel for K >= GEMM_DOT_MIN_K and at most GEMM_DOT_ROWS / 2 rows, or
+ * GEMM_DOT_ROWS rows when K >= 4 * GEMM_DOT_MIN_K (measured: its fixed cost per 4 x 4 tile
+ * needs a long K; packing needs many rows). */
 #define GEMM_DOT_ROWS 24
 #define GEMM_DOT_MIN_K 64
 /* The narrow schedule packs all of op(A) when it has at most this many floats (1 MiB). */
@@ -710,7 +712,8 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
     /* Many small GEMMs: each thread a range of batch entries. Few large ones: all threads on each. */
     const int by_batch = nt > 1 && nb >= nt && (nb % nt == 0 || nb >= 4 * nt || item < 4 * GEMM_GRAIN);
     /* few rows of A @ B^T: dot products straight from the caller's rows, nothing packed */
-    const int dot = s->dot && !trans_a && trans_b && M <= GEMM_DOT_ROWS && K >= GEMM_DOT_MIN_K;
+    const int dot = s->dot && !trans_a && trans_b && K >= GEMM_DOT_MIN_K &&
+                    (M <= GEMM_DOT_ROWS / 2 || (M <= GEMM_DOT_ROWS && K >= 4 * GEMM_DOT_MIN_K));
 
     /* Buffers, per thread: Bp then Ap (none for the dot kernel). */
     const long kcb = k_block(s, K), mpad = ceil_div(M, s->mr) * s->mr;

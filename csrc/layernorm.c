@@ -2,6 +2,12 @@
  *
  * Each row is read from memory once per kernel: its D floats stay in L1 across
  * the mean, variance and output sweeps (forward) and the two backward sweeps.
+ * The SIMD paths advance several consecutive rows together (4 with AVX-512, 2
+ * with AVX2) so that one row's reduction latency (horizontal add, divide, square
+ * root) overlaps the others' work; each row's arithmetic is the same whichever
+ * group it falls in, so results do not depend on the thread count. The backward
+ * pass of a fixed chunk of rows keeps its dweight/dbias partial sums in registers
+ * across the rows of a group and adds the rows in order.
  */
 #include "layernorm.h"
 
@@ -15,7 +21,8 @@
 #include <omp.h>
 #endif
 
-/* Elements per thread below which fewer threads are started. */
+/* Elements per thread below which fewer threads are started: ~2-3 us of work at one thread
+ * (measured: 2 threads give 1.4x at 2 x 8K elements, 1.6x at 2 x 16K). */
 #define LAYERNORM_GRAIN 16384L
 
 /* ------------------------------------------------------------------------- */

@@ -13,6 +13,7 @@
  */
 #include "loss.h"
 #include "cpu.h"
+#include "simd_math.h" /* tf_exp_avx512, tf_exp_avx2: the project's one vectorised expf */
 
 #include <math.h>
 #include <string.h>
@@ -73,29 +74,6 @@ static void row_shift_generic(const float *x, float *out, long V, float m, float
 /* AVX-512 */
 #ifdef TF_X86
 
-/* exp(x) for x <= 0 (x - max), Cephes' single-precision polynomial (about 1 ulp): x = n ln2 + r,
- * |r| <= ln2/2, exp(r) by a degree-7 polynomial, times 2^n. Below ln(FLT_MIN) the result is 0
- * (PyTorch would give a denormal; the difference is under 1.2e-38); NaN stays NaN. */
-TARGET_AVX512 static inline __m512 exp_nonpos_avx512(__m512 x)
-{
-    const __m512 lo = _mm512_set1_ps(-87.33654475f);
-    __m512 xc = _mm512_max_ps(lo, x); /* max_ps returns its second operand for NaN: keeps NaN */
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512 y = _mm512_scalef_ps(p, n);
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    return _mm512_mask_mov_ps(y, tiny, _mm512_setzero_ps());
-}
-
 /* 16 floats added into two 8-lane double accumulators. */
 #define ADD_PD_512(acc_lo, acc_hi, v)                                                           \
     do {                                                                                        \
@@ -149,8 +127,8 @@ row_stats_avx512_body(const float *x, float *e, long V, const int store, const i
     __m512 es = zero;
     __m512d s_lo = _mm512_setzero_pd(), s_hi = _mm512_setzero_pd();
     for (c = 0; c + 32 <= V; c += 32) {
-        __m512 e0 = exp_nonpos_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
-        __m512 e1 = exp_nonpos_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + c + 16), mv));
+        __m512 e0 = tf_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
+        __m512 e1 = tf_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + c + 16), mv));
         if (store) {
             _mm512_storeu_ps(e + c, e0);
             _mm512_storeu_ps(e + c + 16, e1);
@@ -162,13 +140,13 @@ row_stats_avx512_body(const float *x, float *e, long V, const int store, const i
         }
     }
     for (; c < Vv; c += 16) {
-        __m512 e0 = exp_nonpos_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
+        __m512 e0 = tf_exp_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + c), mv));
         if (store) _mm512_storeu_ps(e + c, e0);
         es = _mm512_add_ps(es, e0);
     }
     if (tail) {
         __m512 xv = _mm512_maskz_loadu_ps(tail, x + Vv);
-        __m512 e0 = _mm512_maskz_mov_ps(tail, exp_nonpos_avx512(_mm512_sub_ps(xv, mv)));
+        __m512 e0 = _mm512_maskz_mov_ps(tail, tf_exp_avx512(_mm512_sub_ps(xv, mv)));
         if (store) _mm512_mask_storeu_ps(e + Vv, tail, e0);
         es = _mm512_add_ps(es, e0);
     }
@@ -212,27 +190,6 @@ TARGET_AVX512 static void row_shift_avx512(const float *x, float *out, long V, f
 
 /* ------------------------------------------------------------------------------------------ */
 /* AVX2 + FMA */
-
-TARGET_AVX2 static inline __m256 exp_nonpos_avx2(__m256 x)
-{
-    const __m256 lo = _mm256_set1_ps(-87.33654475f);
-    __m256 xc = _mm256_max_ps(lo, x);
-    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^n for n in [-126, 0]: exponent bits (n + 127) << 23 */
-    __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-    return _mm256_andnot_ps(_mm256_cmp_ps(x, lo, _CMP_LT_OQ), y);
-}
 
 TARGET_AVX2 static inline __m256i tail_mask_avx2(long k) /* first k of 8 lanes */
 {
@@ -299,8 +256,8 @@ row_stats_avx2_body(const float *x, float *e, long V, const int store, const int
     __m256 es = zero;
     __m256d s_lo = _mm256_setzero_pd(), s_hi = _mm256_setzero_pd();
     for (c = 0; c + 16 <= V; c += 16) {
-        __m256 e0 = exp_nonpos_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + c), mv));
-        __m256 e1 = exp_nonpos_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + c + 8), mv));
+        __m256 e0 = tf_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + c), mv));
+        __m256 e1 = tf_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + c + 8), mv));
         if (store) {
             _mm256_storeu_ps(e + c, e0);
             _mm256_storeu_ps(e + c + 8, e1);
@@ -312,13 +269,13 @@ row_stats_avx2_body(const float *x, float *e, long V, const int store, const int
         }
     }
     for (; c < Vv; c += 8) {
-        __m256 e0 = exp_nonpos_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + c), mv));
+        __m256 e0 = tf_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + c), mv));
         if (store) _mm256_storeu_ps(e + c, e0);
         es = _mm256_add_ps(es, e0);
     }
     if (nt) {
         __m256 xv = _mm256_maskload_ps(x + Vv, tail);
-        __m256 e0 = _mm256_and_ps(exp_nonpos_avx2(_mm256_sub_ps(xv, mv)), _mm256_castsi256_ps(tail));
+        __m256 e0 = _mm256_and_ps(tf_exp_avx2(_mm256_sub_ps(xv, mv)), _mm256_castsi256_ps(tail));
         if (store) _mm256_maskstore_ps(e + Vv, tail, e0);
         es = _mm256_add_ps(es, e0);
     }

@@ -9,7 +9,7 @@
 void positional_encoding(float *out, long max_len, long d_model)
 {
     if (max_len == 0 || d_model == 0) return;
-#pragma omp parallel for schedule(static) num_threads(tf_team(max_len * d_model, 8192))
+#pragma omp parallel for schedule(static) num_threads(tf_team(max_len * d_model, 1024))
     for (long pos = 0; pos < max_len; pos++) {
         float *row = out + pos * d_model;
         for (long c = 0; c < d_model; c += 2) {

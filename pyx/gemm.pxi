@@ -172,7 +172,13 @@ cdef object _gemm_call(object a, object b, object out, bint trans_a, bint trans_
     return out
 
 
-def gemm(a, b, out, bint trans_a=False, bint trans_b=False, float alpha=1.0, bint accumulate=False):
+cdef float _gemm_alpha(object alpha) except? -1:
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float, np.integer, np.floating)):
+        raise TypeError(f"alpha must be a real number, got {type(alpha).__name__}")
+    return <float>float(alpha)
+
+
+def gemm(a, b, out, bint trans_a=False, bint trans_b=False, alpha=1.0, bint accumulate=False):
     """out = alpha * op(a) @ op(b), or out += alpha * op(a) @ op(b) when accumulate.
 
     a, b, out: float32 arrays with ndim 2, 3 or 4, all the same ndim; the leading (batch) axes of
@@ -183,10 +189,10 @@ def gemm(a, b, out, bint trans_a=False, bint trans_b=False, float alpha=1.0, bin
     each other, and it must not overlap a or b. Result bits do not depend on the thread count.
     Returns out.
     """
-    return _gemm_call(a, b, out, trans_a, trans_b, alpha, accumulate, False)
+    return _gemm_call(a, b, out, trans_a, trans_b, _gemm_alpha(alpha), accumulate, False)
 
 
-def gemm_reference(a, b, out, bint trans_a=False, bint trans_b=False, float alpha=1.0, bint accumulate=False):
+def gemm_reference(a, b, out, bint trans_a=False, bint trans_b=False, alpha=1.0, bint accumulate=False):
     """Same contract as gemm, computed by the naive triple loop in C (the tests' second opinion):
     a double-precision sum per element, scaled by alpha (and added to out) in double, rounded once."""
-    return _gemm_call(a, b, out, trans_a, trans_b, alpha, accumulate, True)
+    return _gemm_call(a, b, out, trans_a, trans_b, _gemm_alpha(alpha), accumulate, True)

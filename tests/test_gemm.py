@@ -169,7 +169,7 @@ def test_few_rows_times_transposed_b(isa):
     r = rng(13)
     for m in (1, 2, 3, 4, 5, 7, 24, 25):
         for n in (1, 3, 4, 5, 9):
-            for k in (64, 65, 79, 80, 127):
+            for k in (64, 65, 79, 80, 127, 257):
                 a, b = operand(r, m, k, False), operand(r, k, n, True)
                 big, out = padded_out((m, n))
                 _C.gemm(a, b, out, False, True, alpha=0.5)
@@ -317,6 +317,16 @@ def test_not_an_array_is_a_type_error():
         _C.gemm(a.tolist(), b, out)
     with pytest.raises(TypeError, match="out"):
         _C.gemm(a, b, None)
+
+
+def test_alpha_must_be_a_number():
+    with pytest.raises(TypeError, match="alpha"):
+        _C.gemm(*good(), alpha="2")
+    with pytest.raises(TypeError, match="alpha"):
+        _C.gemm(*good(), alpha=None)
+    a, b, out = good()
+    _C.gemm(a, b, out, alpha=np.float64(2))
+    assert (out == 6).all()
 
 
 def test_wrong_rank_is_a_value_error():

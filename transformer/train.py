@@ -322,6 +322,8 @@ def _resume_or_new(args, make_model, src_tokenizer, tgt_tokenizer):
 def train_builtin(args):
     """The default run: learn the reverse task in a couple of minutes, then show it decoding."""
     task = ReverseTask()
+    if args.dropout is None:
+        args.dropout = 0.0   # every batch is fresh data: nothing to regularise, and it learns 3x faster
     _log("No --data given: training on the built-in task (reverse a word and capitalise it, "
          "'attention' -> 'NOITNETTA'), generated in process.")
 

@@ -24,7 +24,7 @@ LAYERNORM_SHAPES = [(1024, 128), (1024, 512)]
 
 
 def _time_pair(ours, ref, repeats, min_batch_s=0.004, settle_s=0.02):
-    """Median seconds per call of ours() and ref(), batches interleaved.
+    """(median, min) seconds per call of ours() and of ref(), batches interleaved.
 
     Ours and PyTorch use two different OpenMP runtimes; after a parallel region each runtime's
     idle workers spin for milliseconds before sleeping, and on a 2-core machine the other
@@ -48,12 +48,15 @@ def _time_pair(ours, ref, repeats, min_batch_s=0.004, settle_s=0.02):
             for _ in range(inner):
                 fn()
             times.append((time.perf_counter() - t0) / inner)
-    return float(np.median(ours_t)), float(np.median(ref_t))
+    return (float(np.median(ours_t)), float(np.min(ours_t))), (float(np.median(ref_t)), float(np.min(ref_t)))
 
 
-def _record(kernel, shape, threads, ours_s, ref_s, nbytes, **extra):
+def _record(kernel, shape, threads, ours, ref, nbytes, **extra):
+    """ours, ref: (median, min) seconds per call. ratio uses the medians."""
+    (ours_s, ours_min), (ref_s, ref_min) = ours, ref
     rec = {"kernel": kernel, "shape": list(shape), "threads": threads,
            "ours_s": ours_s, "ref_s": ref_s, "ratio": ref_s / ours_s,
+           "ours_min_s": ours_min, "ref_min_s": ref_min, "ratio_min": ref_min / ours_min,
            "ours_gbps": nbytes / ours_s / 1e9, "ref_gbps": nbytes / ref_s / 1e9,
            "reference": "torch"}
     rec.update(extra)
