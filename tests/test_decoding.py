@@ -139,3 +139,25 @@ def test_bad_arguments_are_named(call, match):
     src = np.array([[3, 4, 5]])
     with pytest.raises((ValueError, TypeError), match=match):
         call(model, src)
+
+
+def test_concurrent_calls_from_python_threads_match_sequential_ones():
+    from concurrent.futures import ThreadPoolExecutor
+
+    model = make_model(seed=8)
+    rng = np.random.default_rng(9)
+    sources = [padded_source(rng, 40, rng.integers(1, 9, size=3)) for _ in range(8)]
+    targets = [rng.integers(3, 47, size=(3, 6)) for _ in range(8)]
+    expected = [(model.greedy_decode(s, max_len=8), model.beam_search(s, beam_size=2, max_len=8),
+                 model.forward(s, t)) for s, t in zip(sources, targets)]
+
+    def work(i):
+        return (model.greedy_decode(sources[i], max_len=8), model.beam_search(sources[i], beam_size=2, max_len=8),
+                model.forward(sources[i], targets[i]))
+
+    for _ in range(3):
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            got = list(pool.map(work, range(8)))
+        for (g, b, f), (eg, eb, ef) in zip(got, expected):
+            assert g == eg and b == eb
+            assert np.array_equal(f, ef)
