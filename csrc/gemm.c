@@ -67,6 +67,7 @@ typedef struct {
     int mr, nr;            /* register tile */
     long kc, mc, nc;       /* cache blocks: K (maximum), M per thread block, N */
     gemm_kernel kernel[MAX_MR + 1];   /* kernel[r] computes r <= mr rows */
+    gemm_kernel half[MAX_MR + 1];     /* the same for at most nr / 2 columns, or NULLs */
     gemm_pack pack_a, pack_b;
     gemm_dot dot;          /* A @ B^T for few rows without packing, or NULL */
 } gemm_isa;
@@ -181,7 +182,7 @@ static void pack_b_generic(int t, const float *X, long ldx, long n, long kc, flo
 
 static const gemm_isa isa_generic = {
     GEN_MR, GEN_NR, 256, 128, 2048,
-    {0, kernel_generic_1, kernel_generic_2, kernel_generic_3, kernel_generic_4},
+    {0, kernel_generic_1, kernel_generic_2, kernel_generic_3, kernel_generic_4}, {0},
     pack_a_generic, pack_b_generic, NULL};
 
 #ifdef GEMM_X86
@@ -257,7 +258,7 @@ static void pack_b_avx2(int t, const float *X, long ldx, long n, long kc, float 
 static const gemm_isa isa_avx2 = {
     AVX2_MR, AVX2_NR, 256, 144, 4096,
     {0, kernel_avx2_1, kernel_avx2_2, kernel_avx2_3, kernel_avx2_4, kernel_avx2_5,
-     kernel_avx2_6},
+     kernel_avx2_6}, {0},
     pack_a_avx2, pack_b_avx2, NULL};
 
 /* ------------------------------------------------------------------------- */
@@ -269,7 +270,8 @@ static const gemm_isa isa_avx2 = {
 
 static inline __attribute__((always_inline)) TARGET_AVX512 void
 kernel_avx512(long kc, const float *restrict Ap, const float *restrict Bp, long bs,
-              float *restrict C, long ldc, int nr, const float *alpha, int load_c, const int mr)
+              float *restrict C, long ldc, int nr, const float *alpha, int load_c, const int mr,
+              const int wide)   /* wide = 0: only the first 16 columns (nr <= 16) */
 {
     __m512 c0[AVX512_MR], c1[AVX512_MR];
 #pragma GCC unroll 14
@@ -278,22 +280,22 @@ kernel_avx512(long kc, const float *restrict Ap, const float *restrict Bp, long 
             c0[i] = _mm512_setzero_ps();
             c1[i] = _mm512_setzero_ps();
             _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
-            _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
+            if (wide) _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
         }
     for (long k = 0; k < kc; k++) {
         __m512 b0 = _mm512_loadu_ps(Bp + k * bs);
-        __m512 b1 = _mm512_loadu_ps(Bp + k * bs + 16);
+        __m512 b1 = wide ? _mm512_loadu_ps(Bp + k * bs + 16) : b0;
         const float *a = Ap + k * AVX512_MR;
 #pragma GCC unroll 14
         for (int i = 0; i < AVX512_MR; i++)
             if (i < mr) {
                 __m512 ai = _mm512_set1_ps(a[i]);
                 c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
-                c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+                if (wide) c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
             }
     }
     __m512 va = _mm512_set1_ps(*alpha);   /* read late: all 32 registers serve the loop */
-    if (nr == AVX512_NR) {
+    if (wide && nr == AVX512_NR) {
 #pragma GCC unroll 14
         for (int i = 0; i < AVX512_MR; i++)
             if (i < mr) {
@@ -315,11 +317,12 @@ kernel_avx512(long kc, const float *restrict Ap, const float *restrict Bp, long 
                 float *c = C + i * ldc;
                 if (load_c) {
                     _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(va, c0[i], _mm512_maskz_loadu_ps(m0, c)));
-                    _mm512_mask_storeu_ps(c + 16, m1,
-                                          _mm512_fmadd_ps(va, c1[i], _mm512_maskz_loadu_ps(m1, c + 16)));
+                    if (wide)
+                        _mm512_mask_storeu_ps(c + 16, m1,
+                                              _mm512_fmadd_ps(va, c1[i], _mm512_maskz_loadu_ps(m1, c + 16)));
                 } else {
                     _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(va, c0[i]));
-                    _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(va, c1[i]));
+                    if (wide) _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(va, c1[i]));
                 }
             }
     }
@@ -329,7 +332,11 @@ kernel_avx512(long kc, const float *restrict Ap, const float *restrict Bp, long 
     static TARGET_AVX512 void kernel_avx512_##R(long kc, const float *Ap, const float *Bp,  \
                                                 long bs, float *C, long ldc, int nr,        \
                                                 const float *alpha, int load_c)             \
-    { kernel_avx512(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R); }
+    { kernel_avx512(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 1); }                      \
+    static TARGET_AVX512 void kernel_avx512_half_##R(long kc, const float *Ap, const float *Bp, \
+                                                     long bs, float *C, long ldc, int nr,   \
+                                                     const float *alpha, int load_c)        \
+    { kernel_avx512(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 0); }
 AVX512_KERNEL(1) AVX512_KERNEL(2) AVX512_KERNEL(3) AVX512_KERNEL(4) AVX512_KERNEL(5)
 AVX512_KERNEL(6) AVX512_KERNEL(7) AVX512_KERNEL(8) AVX512_KERNEL(9) AVX512_KERNEL(10)
 AVX512_KERNEL(11) AVX512_KERNEL(12) AVX512_KERNEL(13) AVX512_KERNEL(14)
@@ -499,6 +506,10 @@ static const gemm_isa isa_avx512 = {
     {0, kernel_avx512_1, kernel_avx512_2, kernel_avx512_3, kernel_avx512_4, kernel_avx512_5,
      kernel_avx512_6, kernel_avx512_7, kernel_avx512_8, kernel_avx512_9, kernel_avx512_10,
      kernel_avx512_11, kernel_avx512_12, kernel_avx512_13, kernel_avx512_14},
+    {0, kernel_avx512_half_1, kernel_avx512_half_2, kernel_avx512_half_3, kernel_avx512_half_4,
+     kernel_avx512_half_5, kernel_avx512_half_6, kernel_avx512_half_7, kernel_avx512_half_8,
+     kernel_avx512_half_9, kernel_avx512_half_10, kernel_avx512_half_11, kernel_avx512_half_12,
+     kernel_avx512_half_13, kernel_avx512_half_14},
     pack_a_avx512, pack_b_avx512, dot_avx512};
 #endif
 
@@ -542,9 +553,26 @@ static void run_kernels(const gemm_problem *g, long mc, long kc, const float *Ap
                         long bs, int nr, float *C, int load_c)
 {
     const gemm_isa *s = g->isa;
-    for (long ip = 0; ip < mc; ip += s->mr) {
-        int mr = (int)min_l(s->mr, mc - ip);
-        s->kernel[mr](kc, Ap + ip * kc, Bp, bs, C + ip * g->ldc, g->ldc, nr, &g->alpha, load_c);
+    const long panels = ceil_div(mc, s->mr), base = mc / panels, extra = mc % panels;
+    const gemm_kernel *kernel = 2 * nr <= s->nr && s->half[1] ? s->half : s->kernel;
+    for (long p = 0, i = 0; p < panels; p++) {
+        int mr = (int)(base + (p < extra));
+        kernel[mr](kc, Ap + p * s->mr * kc, Bp, bs, C + i * g->ldc, g->ldc, nr, &g->alpha, load_c);
+        i += mr;
+    }
+}
+
+/* Ap <- rows [i0, i0 + mc) x K block [pc, pc + kc) of op(A) as ceil(mc / MR) micro-panels of
+ * balanced heights (M = 16 is two panels of 8 rows, not 14 + 2: a kernel needs about 4 rows
+ * or more to hide the FMA latency), panel p at Ap + p * MR * kc. run_kernels cuts the same way. */
+static void pack_a_block(const gemm_problem *g, long i0, long mc, long pc, long kc, float *Ap)
+{
+    const gemm_isa *s = g->isa;
+    const long panels = ceil_div(mc, s->mr), base = mc / panels, extra = mc % panels;
+    for (long p = 0, i = i0; p < panels; p++) {
+        long mr = base + (p < extra);
+        s->pack_a(g->trans_a, a_at(g, i, pc), g->lda, mr, kc, Ap + p * s->mr * kc);
+        i += mr;
     }
 }
 
@@ -560,7 +588,7 @@ static void narrow_pack_a(const gemm_problem *g, float *Ap)
     const gemm_isa *s = g->isa;
     const long kcb = k_block(s, g->K), mpad = ceil_div(g->M, s->mr) * s->mr;
     for (long pc = 0; pc < g->K; pc += kcb)
-        s->pack_a(g->trans_a, a_at(g, 0, pc), g->lda, g->M, min_l(kcb, g->K - pc), Ap + pc * mpad);
+        pack_a_block(g, 0, g->M, pc, min_l(kcb, g->K - pc), Ap + pc * mpad);
 }
 
 static void narrow_panels(const gemm_problem *g, float *Bp, const float *Ap, long jp0, long jp1)
@@ -602,7 +630,7 @@ static void gemm_private(const gemm_problem *g, float *Bp, float *Ap, long jp0, 
             s->pack_b(g->trans_b, b_at(g, pc, j0), g->ldb, nc, kc, Bp);
             for (long ic = 0; ic < g->M; ic += s->mc) {
                 long mc = min_l(s->mc, g->M - ic);
-                s->pack_a(g->trans_a, a_at(g, ic, pc), g->lda, mc, kc, Ap);
+                pack_a_block(g, ic, mc, pc, kc, Ap);
                 for (long jp = 0; jp * NR < nc; jp++)
                     run_kernels(g, mc, kc, Ap, Bp + jp * NR * kc, NR, (int)min_l(NR, nc - jp * NR),
                                 g->C + ic * g->ldc + j0 + jp * NR, load_c);
@@ -640,7 +668,7 @@ static void gemm_tile(const gemm_problem *g, float *Bp, float *Ap, long ic, long
     for (long pc = 0; pc < g->K; pc += kcb) {
         long kc = min_l(kcb, g->K - pc);
         const float *b = Bp + pc * np * NR;
-        s->pack_a(g->trans_a, a_at(g, ic, pc), g->lda, mc, kc, Ap);
+        pack_a_block(g, ic, mc, pc, kc, Ap);
         for (long jp = 0; jp < np; jp++)
             run_kernels(g, mc, kc, Ap, b + jp * NR * kc, NR, (int)min_l(NR, nc - jp * NR),
                         g->C + ic * g->ldc + jc + jp * NR, g->accumulate || pc > 0);

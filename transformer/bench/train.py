@@ -180,3 +180,44 @@ def profile(name="tiny", threads=1, steps=5):
 if __name__ == "__main__":
     for record in run():
         print(json.dumps(record))
+
+
+def profile_layers(name="tiny", threads=1, steps=3):
+    """Where our step's time goes by layer: {component: seconds per step} for forward and
+    backward of the embeddings, each encoder/decoder layer, the final norms, the generator + loss
+    and the optimizer."""
+    import collections
+
+    import transformer as T
+    totals = collections.Counter()
+    prev = T.get_num_threads()
+    T.set_num_threads(threads)
+    ours = _Ours(name)
+    m = ours.model
+    parts = {"src_embed": m.src_embed, "tgt_embed": m.tgt_embed, "encoder.norm": m.encoder.norm,
+             "decoder.norm": m.decoder.norm, "generator": m.generator}
+    parts.update({f"encoder.{i}": layer for i, layer in enumerate(m.encoder.layers)})
+    parts.update({f"decoder.{i}": layer for i, layer in enumerate(m.decoder.layers)})
+
+    def timed(label, fn):
+        def wrapper(*a, **k):
+            t0 = time.perf_counter()
+            r = fn(*a, **k)
+            totals[label] += time.perf_counter() - t0
+            return r
+        return wrapper
+
+    for label, obj in parts.items():
+        obj.forward = timed(f"{label}.forward", obj.forward)
+        obj.backward = timed(f"{label}.backward", obj.backward)
+    ours.opt.step = timed("adam", ours.opt.step)
+    try:
+        ours.step()
+        totals.clear()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            ours.step()
+        total = (time.perf_counter() - t0) / steps
+    finally:
+        T.set_num_threads(prev)
+    return total, {k: v / steps for k, v in totals.most_common()}
