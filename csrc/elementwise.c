@@ -2,6 +2,7 @@
 #include "elementwise.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -32,6 +33,20 @@ static inline size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 /* Keep a product rounded on its own (no FMA contraction by the compiler), so dx += dout * act'
  * gives the same bits as computing dout * act' and adding it afterwards. */
 #define ROUNDED(v) __asm__("" : "+v"(v))
+
+size_t elementwise_stream_bytes(void)
+{
+    /* Fixed rather than sysconf(_SC_LEVEL3_CACHE_SIZE): in virtual machines that reports the
+     * host's whole L3 (384 MiB here) while a core sees one 32 MiB slice. */
+    return (size_t)32 << 20;
+}
+
+/* Elements from p to the next `align`-byte boundary, at most n (p must be 4-byte aligned). */
+static inline size_t head_to_align(const float *p, size_t align, size_t n)
+{
+    size_t h = ((align - ((uintptr_t)p & (align - 1))) & (align - 1)) / sizeof(float);
+    return h < n ? h : n;
+}
 
 /* ---- GELU, scalar (generic level and references): double-precision libm ------------------ */
 
@@ -229,61 +244,84 @@ AVX2_TARGET static inline __m256i tail_mask_avx2(size_t rem)
 
 /* ---- residual add ----------------------------------------------------------------------- */
 
-static void add_range_generic(const float *a, const float *b, float *out, size_t i0, size_t i1)
+static void add_range_generic(const float *a, const float *b, float *out, size_t i0, size_t i1,
+                              int stream)
 {
+    (void)stream;
     for (size_t i = i0; i < i1; i++) out[i] = a[i] + b[i];
 }
 
 #ifdef TF_X86
+AVX512_TARGET static inline void add_masked_avx512(const float *a, const float *b, float *out,
+                                                   size_t i, size_t count)
+{
+    __mmask16 m = (__mmask16)((1u << count) - 1);
+    _mm512_mask_storeu_ps(out + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i),
+                                                    _mm512_maskz_loadu_ps(m, b + i)));
+}
+
+/* stream: non-temporal stores (out is not read back soon: the op moves more than the L3 holds) */
 AVX512_TARGET static void add_range_avx512(const float *a, const float *b, float *out, size_t i0,
-                                           size_t i1)
+                                           size_t i1, int stream)
 {
     size_t i = i0;
-    for (; i + 32 <= i1; i += 32) {
-        __m512 s0 = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
-        __m512 s1 = _mm512_add_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16));
-        _mm512_storeu_ps(out + i, s0);
-        _mm512_storeu_ps(out + i + 16, s1);
+    if (stream) {
+        size_t head = head_to_align(out + i, 64, i1 - i);
+        if (head) add_masked_avx512(a, b, out, i, head);
+        i += head;
     }
-    for (; i < i1; i += 16) {
-        __mmask16 m = i1 - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (i1 - i)) - 1);
-        _mm512_mask_storeu_ps(out + i, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, a + i),
-                                                        _mm512_maskz_loadu_ps(m, b + i)));
+    for (; i + 16 <= i1; i += 16) {
+        __m512 v = _mm512_add_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i));
+        if (stream) _mm512_stream_ps(out + i, v);
+        else _mm512_storeu_ps(out + i, v);
     }
+    if (i < i1) add_masked_avx512(a, b, out, i, i1 - i);
+    if (stream) _mm_sfence();
+}
+
+AVX2_TARGET static inline void add_masked_avx2(const float *a, const float *b, float *out, size_t i,
+                                               size_t count)
+{
+    __m256i m = tail_mask_avx2(count);
+    _mm256_maskstore_ps(out + i, m, _mm256_add_ps(_mm256_maskload_ps(a + i, m),
+                                                  _mm256_maskload_ps(b + i, m)));
 }
 
 AVX2_TARGET static void add_range_avx2(const float *a, const float *b, float *out, size_t i0,
-                                       size_t i1)
+                                       size_t i1, int stream)
 {
     size_t i = i0;
-    for (; i + 16 <= i1; i += 16) {
-        __m256 s0 = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
-        __m256 s1 = _mm256_add_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8));
-        _mm256_storeu_ps(out + i, s0);
-        _mm256_storeu_ps(out + i + 8, s1);
+    if (stream) {
+        size_t head = head_to_align(out + i, 32, i1 - i);
+        if (head) add_masked_avx2(a, b, out, i, head);
+        i += head;
     }
-    for (; i < i1; i += 8) {
-        __m256i m = tail_mask_avx2(i1 - i);
-        _mm256_maskstore_ps(out + i, m, _mm256_add_ps(_mm256_maskload_ps(a + i, m),
-                                                      _mm256_maskload_ps(b + i, m)));
+    for (; i + 8 <= i1; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i));
+        if (stream) _mm256_stream_ps(out + i, v);
+        else _mm256_storeu_ps(out + i, v);
     }
+    if (i < i1) add_masked_avx2(a, b, out, i, i1 - i);
+    if (stream) _mm_sfence();
 }
 #endif
 
 void residual_add(const float *a, const float *b, float *out, size_t n)
 {
     if (n == 0) return;
-    void (*fn)(const float *, const float *, float *, size_t, size_t) = add_range_generic;
+    void (*fn)(const float *, const float *, float *, size_t, size_t, int) = add_range_generic;
 #ifdef TF_X86
     if (tf_isa() >= TF_ISA_AVX512) fn = add_range_avx512;
     else if (tf_isa() >= TF_ISA_AVX2) fn = add_range_avx2;
 #endif
+    const int stream = out != a && out != b && ((uintptr_t)out & 3) == 0 &&
+                       3 * n * sizeof(float) > elementwise_stream_bytes();
     const int team = tf_team((long)n, COPY_GRAIN);
     #pragma omp parallel for schedule(static) num_threads(team)
     for (int t = 0; t < team; t++) {
         size_t i0, i1;
         split_range(n, t, team, &i0, &i1);
-        if (i0 < i1) fn(a, b, out, i0, i1);
+        if (i0 < i1) fn(a, b, out, i0, i1, stream);
     }
 }
 
@@ -417,8 +455,9 @@ void bias_grad(const float *dout, float *dbias, size_t N, size_t D)
 /* ---- fused bias + activation, and the activation's backward ----------------------------- */
 
 static void bias_act_rows_generic(float *x, const float *bias, float *out, size_t r0, size_t r1,
-                                  size_t D, int act)
+                                  size_t D, int act, int stream)
 {
+    (void)stream;
     for (size_t r = r0; r < r1; r++) {
         float *xr = x + r * D, *outr = out + r * D;
         for (size_t j = 0; j < D; j++) {
@@ -430,68 +469,91 @@ static void bias_act_rows_generic(float *x, const float *bias, float *out, size_
 }
 
 #ifdef TF_X86
-AVX512_TARGET static void bias_act_rows_avx512(float *x, const float *bias, float *out, size_t r0,
-                                               size_t r1, size_t D, int act)
+AVX512_TARGET static inline void bias_act_masked_avx512(float *xr, const float *bias, float *outr,
+                                                        size_t j, size_t count, int act)
 {
-    const __mmask16 m = (__mmask16)((1u << (D % 16)) - 1);
-    const size_t Dv = D - D % 16;
+    __mmask16 m = (__mmask16)((1u << count) - 1);
+    __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, xr + j), _mm512_maskz_loadu_ps(m, bias + j));
+    _mm512_mask_storeu_ps(xr + j, m, v);
+    _mm512_mask_storeu_ps(outr + j, m, act_avx512(v, act));
+}
+
+AVX512_TARGET static void bias_act_rows_avx512(float *x, const float *bias, float *out, size_t r0,
+                                               size_t r1, size_t D, int act, int stream)
+{
     for (size_t r = r0; r < r1; r++) {
         float *xr = x + r * D, *outr = out + r * D;
         size_t j = 0;
-        for (; j < Dv; j += 16) {
+        if (stream) {
+            size_t head = head_to_align(outr, 64, D);
+            if (head) bias_act_masked_avx512(xr, bias, outr, 0, head, act);
+            j = head;
+        }
+        for (; j + 16 <= D; j += 16) {
             __m512 v = _mm512_add_ps(_mm512_loadu_ps(xr + j), _mm512_loadu_ps(bias + j));
             _mm512_storeu_ps(xr + j, v);
-            _mm512_storeu_ps(outr + j, act_avx512(v, act));
+            if (stream) _mm512_stream_ps(outr + j, act_avx512(v, act));
+            else _mm512_storeu_ps(outr + j, act_avx512(v, act));
         }
-        if (j < D) {
-            __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, xr + j), _mm512_maskz_loadu_ps(m, bias + j));
-            _mm512_mask_storeu_ps(xr + j, m, v);
-            _mm512_mask_storeu_ps(outr + j, m, act_avx512(v, act));
-        }
+        if (j < D) bias_act_masked_avx512(xr, bias, outr, j, D - j, act);
     }
+    if (stream) _mm_sfence();
+}
+
+AVX2_TARGET static inline void bias_act_masked_avx2(float *xr, const float *bias, float *outr,
+                                                    size_t j, size_t count, int act)
+{
+    __m256i m = tail_mask_avx2(count);
+    __m256 v = _mm256_add_ps(_mm256_maskload_ps(xr + j, m), _mm256_maskload_ps(bias + j, m));
+    _mm256_maskstore_ps(xr + j, m, v);
+    _mm256_maskstore_ps(outr + j, m, act_avx2(v, act));
 }
 
 AVX2_TARGET static void bias_act_rows_avx2(float *x, const float *bias, float *out, size_t r0,
-                                           size_t r1, size_t D, int act)
+                                           size_t r1, size_t D, int act, int stream)
 {
     for (size_t r = r0; r < r1; r++) {
         float *xr = x + r * D, *outr = out + r * D;
         size_t j = 0;
+        if (stream) {
+            size_t head = head_to_align(outr, 32, D);
+            if (head) bias_act_masked_avx2(xr, bias, outr, 0, head, act);
+            j = head;
+        }
         for (; j + 8 <= D; j += 8) {
             __m256 v = _mm256_add_ps(_mm256_loadu_ps(xr + j), _mm256_loadu_ps(bias + j));
             _mm256_storeu_ps(xr + j, v);
-            _mm256_storeu_ps(outr + j, act_avx2(v, act));
+            if (stream) _mm256_stream_ps(outr + j, act_avx2(v, act));
+            else _mm256_storeu_ps(outr + j, act_avx2(v, act));
         }
-        if (j < D) {
-            __m256i m = tail_mask_avx2(D - j);
-            __m256 v = _mm256_add_ps(_mm256_maskload_ps(xr + j, m), _mm256_maskload_ps(bias + j, m));
-            _mm256_maskstore_ps(xr + j, m, v);
-            _mm256_maskstore_ps(outr + j, m, act_avx2(v, act));
-        }
+        if (j < D) bias_act_masked_avx2(xr, bias, outr, j, D - j, act);
     }
+    if (stream) _mm_sfence();
 }
 #endif
 
 void bias_act_forward(float *x, const float *bias, float *out, size_t N, size_t D, int act)
 {
     if (N == 0 || D == 0) return;
-    void (*fn)(float *, const float *, float *, size_t, size_t, size_t, int) = bias_act_rows_generic;
+    void (*fn)(float *, const float *, float *, size_t, size_t, size_t, int, int) = bias_act_rows_generic;
 #ifdef TF_X86
     if (tf_isa() >= TF_ISA_AVX512) fn = bias_act_rows_avx512;
     else if (tf_isa() >= TF_ISA_AVX2) fn = bias_act_rows_avx2;
 #endif
+    const int stream = ((uintptr_t)out & 3) == 0 && 3 * N * D * sizeof(float) > elementwise_stream_bytes();
     int team = tf_team((long)(N * D), act == TF_ACT_GELU ? GELU_GRAIN : COPY_GRAIN);
     if (team > (long)N) team = (int)N;
     #pragma omp parallel for schedule(static) num_threads(team)
     for (int t = 0; t < team; t++) {
         size_t r0 = N * (size_t)t / (size_t)team, r1 = N * (size_t)(t + 1) / (size_t)team;
-        if (r0 < r1) fn(x, bias, out, r0, r1, D, act);
+        if (r0 < r1) fn(x, bias, out, r0, r1, D, act, stream);
     }
 }
 
 static void act_backward_range_generic(const float *dout, const float *pre, float *dx, size_t i0,
-                                       size_t i1, int act, int accumulate)
+                                       size_t i1, int act, int accumulate, int stream)
 {
+    (void)stream;
     if (accumulate)
         for (size_t i = i0; i < i1; i++) dx[i] += act_grad_scalar(pre[i], dout[i], act);
     else
@@ -499,67 +561,97 @@ static void act_backward_range_generic(const float *dout, const float *pre, floa
 }
 
 #ifdef TF_X86
+AVX512_TARGET static inline void act_backward_masked_avx512(const float *dout, const float *pre,
+                                                            float *dx, size_t i, size_t count,
+                                                            int act, int accumulate)
+{
+    __mmask16 m = (__mmask16)((1u << count) - 1);
+    __m512 g = act_grad_avx512(_mm512_maskz_loadu_ps(m, pre + i), _mm512_maskz_loadu_ps(m, dout + i), act);
+    if (accumulate) {
+        ROUNDED(g);
+        g = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dx + i), g);
+    }
+    _mm512_mask_storeu_ps(dx + i, m, g);
+}
+
 AVX512_TARGET static void act_backward_range_avx512(const float *dout, const float *pre, float *dx,
-                                                    size_t i0, size_t i1, int act, int accumulate)
+                                                    size_t i0, size_t i1, int act, int accumulate,
+                                                    int stream)
 {
     size_t i = i0;
+    if (stream) {   /* (never with accumulate: dx is read then) */
+        size_t head = head_to_align(dx + i, 64, i1 - i);
+        if (head) act_backward_masked_avx512(dout, pre, dx, i, head, act, 0);
+        i += head;
+    }
     for (; i + 16 <= i1; i += 16) {   /* unmasked main loop: masked stores are slower */
         __m512 g = act_grad_avx512(_mm512_loadu_ps(pre + i), _mm512_loadu_ps(dout + i), act);
         if (accumulate) {
             ROUNDED(g);
             g = _mm512_add_ps(_mm512_loadu_ps(dx + i), g);
         }
-        _mm512_storeu_ps(dx + i, g);
+        if (stream) _mm512_stream_ps(dx + i, g);
+        else _mm512_storeu_ps(dx + i, g);
     }
-    if (i < i1) {
-        __mmask16 m = (__mmask16)((1u << (i1 - i)) - 1);
-        __m512 g = act_grad_avx512(_mm512_maskz_loadu_ps(m, pre + i), _mm512_maskz_loadu_ps(m, dout + i), act);
-        if (accumulate) {
-            ROUNDED(g);
-            g = _mm512_add_ps(_mm512_maskz_loadu_ps(m, dx + i), g);
-        }
-        _mm512_mask_storeu_ps(dx + i, m, g);
+    if (i < i1) act_backward_masked_avx512(dout, pre, dx, i, i1 - i, act, accumulate);
+    if (stream) _mm_sfence();
+}
+
+AVX2_TARGET static inline void act_backward_masked_avx2(const float *dout, const float *pre,
+                                                        float *dx, size_t i, size_t count, int act,
+                                                        int accumulate)
+{
+    __m256i m = tail_mask_avx2(count);
+    __m256 g = act_grad_avx2(_mm256_maskload_ps(pre + i, m), _mm256_maskload_ps(dout + i, m), act);
+    if (accumulate) {
+        ROUNDED(g);
+        g = _mm256_add_ps(_mm256_maskload_ps(dx + i, m), g);
     }
+    _mm256_maskstore_ps(dx + i, m, g);
 }
 
 AVX2_TARGET static void act_backward_range_avx2(const float *dout, const float *pre, float *dx,
-                                                size_t i0, size_t i1, int act, int accumulate)
+                                                size_t i0, size_t i1, int act, int accumulate,
+                                                int stream)
 {
     size_t i = i0;
+    if (stream) {
+        size_t head = head_to_align(dx + i, 32, i1 - i);
+        if (head) act_backward_masked_avx2(dout, pre, dx, i, head, act, 0);
+        i += head;
+    }
     for (; i + 8 <= i1; i += 8) {
         __m256 g = act_grad_avx2(_mm256_loadu_ps(pre + i), _mm256_loadu_ps(dout + i), act);
         if (accumulate) {
             ROUNDED(g);
             g = _mm256_add_ps(_mm256_loadu_ps(dx + i), g);
         }
-        _mm256_storeu_ps(dx + i, g);
+        if (stream) _mm256_stream_ps(dx + i, g);
+        else _mm256_storeu_ps(dx + i, g);
     }
-    if (i < i1) {
-        __m256i m = tail_mask_avx2(i1 - i);
-        __m256 g = act_grad_avx2(_mm256_maskload_ps(pre + i, m), _mm256_maskload_ps(dout + i, m), act);
-        if (accumulate) {
-            ROUNDED(g);
-            g = _mm256_add_ps(_mm256_maskload_ps(dx + i, m), g);
-        }
-        _mm256_maskstore_ps(dx + i, m, g);
-    }
+    if (i < i1) act_backward_masked_avx2(dout, pre, dx, i, i1 - i, act, accumulate);
+    if (stream) _mm_sfence();
 }
 #endif
 
 void act_backward(const float *dout, const float *pre, float *dx, size_t n, int act, int accumulate)
 {
     if (n == 0) return;
-    void (*fn)(const float *, const float *, float *, size_t, size_t, int, int) = act_backward_range_generic;
+    void (*fn)(const float *, const float *, float *, size_t, size_t, int, int, int) =
+        act_backward_range_generic;
 #ifdef TF_X86
     if (tf_isa() >= TF_ISA_AVX512) fn = act_backward_range_avx512;
     else if (tf_isa() >= TF_ISA_AVX2) fn = act_backward_range_avx2;
 #endif
+    /* non-temporal stores when dx is only written and the op moves more than the L3 holds */
+    const int stream = !accumulate && dx != dout && ((uintptr_t)dx & 3) == 0 &&
+                       3 * n * sizeof(float) > elementwise_stream_bytes();
     const int team = tf_team((long)n, act == TF_ACT_GELU ? GELU_GRAIN : COPY_GRAIN);
     #pragma omp parallel for schedule(static) num_threads(team)
     for (int t = 0; t < team; t++) {
         size_t i0, i1;
         split_range(n, t, team, &i0, &i1);
-        if (i0 < i1) fn(dout, pre, dx, i0, i1, act, accumulate);
+        if (i0 < i1) fn(dout, pre, dx, i0, i1, act, accumulate, stream);
     }
 }
 
@@ -567,11 +659,11 @@ void act_backward(const float *dout, const float *pre, float *dx, size_t n, int 
 
 void bias_act_forward_reference(float *x, const float *bias, float *out, size_t N, size_t D, int act)
 {
-    bias_act_rows_generic(x, bias, out, 0, N, D, act);
+    bias_act_rows_generic(x, bias, out, 0, N, D, act, 0);
 }
 
 void act_backward_reference(const float *dout, const float *pre, float *dx, size_t n, int act,
                             int accumulate)
 {
-    act_backward_range_generic(dout, pre, dx, 0, n, act, accumulate);
+    act_backward_range_generic(dout, pre, dx, 0, n, act, accumulate, 0);
 }

@@ -33,6 +33,10 @@ void bias_act_forward(float *x, const float *bias, float *out, size_t N, size_t 
  * not accumulating.  ReLU'(0) = 0. */
 void act_backward(const float *dout, const float *pre, float *dx, size_t n, int act, int accumulate);
 
+/* Bytes an op may move (reads + writes) before its output is written with non-temporal stores,
+ * which skip the cache: 32 MiB (one L3 slice of a current server core). Same bits either way. */
+size_t elementwise_stream_bytes(void);
+
 /* Naive references (one thread, double-precision GELU). */
 void bias_act_forward_reference(float *x, const float *bias, float *out, size_t N, size_t D, int act);
 void act_backward_reference(const float *dout, const float *pre, float *dx, size_t n, int act,

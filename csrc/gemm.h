@@ -9,9 +9,13 @@
  *   op(B) is K x N:  B is stored K x N (ldb >= N) or, when trans_b, N x K (ldb >= K)
  *   C     is M x N:  ldc >= N, C must not overlap A or B
  *
- * Results are bitwise independent of the thread count: every element of C is one
- * fused-multiply-add chain over k in a fixed blocking that depends only on K and
- * the instruction set, and threads split the output, never the K sum.
+ * Results are bitwise independent of the thread count: how an element of C is
+ * summed (FMA chains over fixed K blocks, or for few rows of A @ B^T 16-lane dot
+ * products) depends only on the shape and the instruction set, and threads split
+ * the output, never the K sum.
+ *
+ * Packing buffers: one process-wide buffer, grown on demand and kept (at most about
+ * 5 MiB per thread while K <= 32768); a concurrent second caller allocates its own.
  */
 #ifndef TF_GEMM_H
 #define TF_GEMM_H

@@ -80,6 +80,21 @@ TF_TARGET_AVX512 static inline __mmask16 ln_lanes16(long count)
     return count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1u);
 }
 
+/* The first `count` floats at src (zeros past them, nothing read past them) / stored to dst.
+ * Full vectors use plain loads and stores: masked stores are much slower on this CPU family
+ * even with every lane set, and do not forward to later loads. */
+TF_TARGET_AVX512 static inline __m512 ln_load16(const float *src, long count)
+{
+    if (count >= 16) return _mm512_loadu_ps(src);
+    return _mm512_maskz_loadu_ps(ln_lanes16(count), src);
+}
+
+TF_TARGET_AVX512 static inline void ln_store16(float *dst, long count, __m512 v)
+{
+    if (count >= 16) _mm512_storeu_ps(dst, v);
+    else _mm512_mask_storeu_ps(dst, ln_lanes16(count), v);
+}
+
 #define TF_ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* R consecutive rows (any D), interleaved: each sweep over the columns advances all R rows, so
@@ -137,12 +152,12 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_rows_avx512(
         vrstd[i] = _mm512_set1_ps(rstd);
     }
     for (c = 0; c < D; c += 16) {
-        __mmask16 k = ln_lanes16(D - c);
-        __m512 vw = _mm512_maskz_loadu_ps(k, w + c), vb = _mm512_maskz_loadu_ps(k, b + c);
+        long cnt = D - c;
+        __m512 vw = ln_load16(w + c, cnt), vb = ln_load16(b + c, cnt);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            __m512 xh = _mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i * D + c), vmean[i]), vrstd[i]);
-            _mm512_mask_storeu_ps(y + i * D + c, k, _mm512_fmadd_ps(xh, vw, vb));
+            __m512 xh = _mm512_mul_ps(_mm512_sub_ps(ln_load16(x + i * D + c, cnt), vmean[i]), vrstd[i]);
+            ln_store16(y + i * D + c, cnt, _mm512_fmadd_ps(xh, vw, vb));
         }
     }
 }
@@ -174,21 +189,22 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_backward_rows_avx512(
         sg[i] = sgx[i] = _mm512_setzero_ps();
     }
     for (long c = 0; c < D; c += 16) {
-        __mmask16 k = ln_lanes16(D - c);
-        __m512 vw = _mm512_maskz_loadu_ps(k, w + c);
-        __m512 dwv = _mm512_maskz_loadu_ps(k, dwp + c), dbv = _mm512_maskz_loadu_ps(k, dbp + c);
+        long cnt = D - c;
+        __mmask16 k = ln_lanes16(cnt);
+        __m512 vw = ln_load16(w + c, cnt);
+        __m512 dwv = ln_load16(dwp + c, cnt), dbv = ln_load16(dbp + c, cnt);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            __m512 vdy = _mm512_maskz_loadu_ps(k, dy + i * D + c);
-            __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i * D + c), vmean[i]), vrstd[i]);
+            __m512 vdy = ln_load16(dy + i * D + c, cnt);
+            __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(ln_load16(x + i * D + c, cnt), vmean[i]), vrstd[i]);
             __m512 g = _mm512_mul_ps(vdy, vw);
             sg[i] = _mm512_add_ps(sg[i], g);
             sgx[i] = _mm512_fmadd_ps(g, xh, sgx[i]);
             dwv = _mm512_fmadd_ps(vdy, xh, dwv);
             dbv = _mm512_add_ps(vdy, dbv);
         }
-        _mm512_mask_storeu_ps(dwp + c, k, dwv);
-        _mm512_mask_storeu_ps(dbp + c, k, dbv);
+        ln_store16(dwp + c, cnt, dwv);
+        ln_store16(dbp + c, cnt, dbv);
     }
     /* dx = rstd * (g - a - xhat * b) = g * rstd - ((x - mean) * (rstd^2 * b) + rstd * a) */
 #pragma GCC unroll 4
@@ -199,15 +215,15 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_backward_rows_avx512(
         vb[i] = _mm512_set1_ps(r * r * bb);
     }
     for (long c = 0; c < D; c += 16) {
-        __mmask16 k = ln_lanes16(D - c);
-        __m512 vw = _mm512_maskz_loadu_ps(k, w + c);
+        long cnt = D - c;
+        __m512 vw = ln_load16(w + c, cnt);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i * D + c), vmean[i]);
-            __m512 g = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, dy + i * D + c), vw);
+            __m512 d = _mm512_sub_ps(ln_load16(x + i * D + c, cnt), vmean[i]);
+            __m512 g = _mm512_mul_ps(ln_load16(dy + i * D + c, cnt), vw);
             __m512 v = _mm512_fmsub_ps(g, vrstd[i], _mm512_fmadd_ps(d, vb[i], va[i]));
-            if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, dx + i * D + c), v);
-            _mm512_mask_storeu_ps(dx + i * D + c, k, v);
+            if (acc) v = _mm512_add_ps(ln_load16(dx + i * D + c, cnt), v);
+            ln_store16(dx + i * D + c, cnt, v);
         }
     }
 }

@@ -80,6 +80,21 @@ TF_TARGET_AVX512 static inline __mmask16 first_lanes16(long count)
     return count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1u);
 }
 
+/* The first `count` floats at src (zeros past them, nothing read past them) / stored to dst.
+ * Full vectors use plain loads and stores: masked ones are slower on some cores, and masked
+ * stores do not forward to later loads. */
+TF_TARGET_AVX512 static inline __m512 load16(const float *src, long count)
+{
+    if (count >= 16) return _mm512_loadu_ps(src);
+    return _mm512_maskz_loadu_ps(first_lanes16(count), src);
+}
+
+TF_TARGET_AVX512 static inline void store16(float *dst, long count, __m512 v)
+{
+    if (count >= 16) _mm512_storeu_ps(dst, v);
+    else _mm512_mask_storeu_ps(dst, first_lanes16(count), v);
+}
+
 /* Lanes k..k+15 that are visible: below n and not padding. */
 TF_TARGET_AVX512 static inline __mmask16 visible16(long k, long n, const uint8_t *pad)
 {
@@ -106,7 +121,8 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
 #pragma GCC unroll 8
         for (int j = 0; j < NV; j++) {
             m[i][j] = visible16(16 * j, n[i], pad[i]);
-            v[i][j] = _mm512_mul_ps(_mm512_maskz_loadu_ps(m[i][j], s + i * Tk + 16 * j), vscale);
+            /* hidden lanes are loaded too (when inside the row) and ignored through m */
+            v[i][j] = _mm512_mul_ps(load16(s + i * Tk + 16 * j, Tk - 16 * j), vscale);
             vmax = _mm512_mask_max_ps(vmax, m[i][j], vmax, v[i][j]);
         }
         float mx = _mm512_reduce_max_ps(vmax);
@@ -132,8 +148,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
     for (int i = 0; i < R; i++) {
 #pragma GCC unroll 8
         for (int j = 0; j < NV; j++)
-            _mm512_mask_storeu_ps(p + i * Tk + 16 * j, first_lanes16(Tk - 16 * j),
-                                  _mm512_mul_ps(v[i][j], vinv[i]));
+            store16(p + i * Tk + 16 * j, Tk - 16 * j, _mm512_mul_ps(v[i][j], vinv[i]));
     }
 }
 
@@ -236,9 +251,8 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_backward_rows_regs_avx512(
         __m512 acc = _mm512_setzero_ps();
 #pragma GCC unroll 4
         for (int j = 0; j < NV; j++) {
-            __mmask16 m = first_lanes16(Tk - 16 * j);
-            pv[i][j] = _mm512_maskz_loadu_ps(m, p + i * Tk + 16 * j);
-            dv[i][j] = _mm512_maskz_loadu_ps(m, dp + i * Tk + 16 * j);
+            pv[i][j] = load16(p + i * Tk + 16 * j, Tk - 16 * j);
+            dv[i][j] = load16(dp + i * Tk + 16 * j, Tk - 16 * j);
             acc = _mm512_fmadd_ps(pv[i][j], dv[i][j], acc);
         }
         vdot[i] = _mm512_set1_ps(_mm512_reduce_add_ps(acc));
@@ -248,7 +262,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_backward_rows_regs_avx512(
 #pragma GCC unroll 4
         for (int j = 0; j < NV; j++) {
             __m512 r = _mm512_mul_ps(_mm512_mul_ps(pv[i][j], _mm512_sub_ps(dv[i][j], vdot[i])), vscale);
-            _mm512_mask_storeu_ps(ds + i * Tk + 16 * j, first_lanes16(Tk - 16 * j), r);
+            store16(ds + i * Tk + 16 * j, Tk - 16 * j, r);
         }
     }
 }
@@ -270,10 +284,8 @@ TF_TARGET_AVX512 static void softmax_backward_row_long_avx512(float *ds, const f
     const __m512 vdot = _mm512_set1_ps(_mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)));
     const __m512 vscale = _mm512_set1_ps(scale);
     for (k = 0; k < Tk; k += 16) {
-        __mmask16 m = first_lanes16(Tk - k);
-        __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, dp + k), vdot);
-        __m512 r = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + k), d), vscale);
-        _mm512_mask_storeu_ps(ds + k, m, r);
+        __m512 d = _mm512_sub_ps(load16(dp + k, Tk - k), vdot);
+        store16(ds + k, Tk - k, _mm512_mul_ps(_mm512_mul_ps(load16(p + k, Tk - k), d), vscale));
     }
 }
 

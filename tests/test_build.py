@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -16,8 +17,9 @@ def run_python(code, **env):
     for key in ("OMP_NUM_THREADS", "TRANSFORMER_ISA"):
         full_env.pop(key, None)
     full_env.update(env)
+    # From outside the checkout: its transformer/ folder has no compiled module to import.
     proc = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=120, cwd=tempfile.gettempdir())
     return proc
 
 

@@ -277,6 +277,43 @@ def test_every_kernel_gives_same_bits_at_1_and_2_threads(isa, restore_threads):
         np.testing.assert_array_equal(results[0][k], results[1][k], err_msg=k)
 
 
+# ---- large calls: outputs written with non-temporal stores (more than 32 MiB moved) -------------
+
+def _misaligned(shape, seed):
+    """C-contiguous float32 data starting 4 bytes past an allocation: not 64-byte aligned."""
+    n = int(np.prod(shape))
+    buf = np.empty(n + 1, np.float32)[1:]
+    buf[:] = rand(n, seed=seed)
+    return buf.reshape(shape)
+
+
+def test_large_calls_give_the_same_bits_as_small_ones(isa, restore_threads):
+    N, D = 1500, 2011                     # 3.0e6 elements: 36 MB moved by each op below
+    x, bias, a, g = _misaligned((N, D), 1), rand(D, seed=2), _misaligned((N, D), 3), _misaligned((N, D), 4)
+    for threads in (1, 2):
+        _C.set_num_threads(threads)
+        out = _misaligned((N, D), 5)
+        _C.add(x, a, out)
+        np.testing.assert_array_equal(out, x + a)
+        for act in ("relu", "gelu"):
+            xa, ya, dx = x.copy(), _misaligned((N, D), 6), _misaligned((N, D), 7)
+            _C.bias_act_forward(xa, bias, ya, act)
+            _C.act_backward(g, xa, dx, act)
+            rows = slice(N // 2 - 3, N // 2 + 4)          # the same rows as a small call
+            xs, ys, dxs = x[rows].copy(), np.empty((7, D), np.float32), np.empty((7, D), np.float32)
+            _C.bias_act_forward(xs, bias, ys, act)
+            _C.act_backward(g[rows].copy(), xs, dxs, act)
+            np.testing.assert_array_equal(ya[rows], ys, err_msg=act)
+            np.testing.assert_array_equal(dx[rows], dxs, err_msg=act)
+            np.testing.assert_array_equal(ya[[0, -1]], _act_rows(x[[0, -1]], bias, act))
+
+
+def _act_rows(x, bias, act):
+    out = np.empty_like(x)
+    _C.bias_act_forward(x.copy(), bias, out, act)
+    return out
+
+
 # ---- bad input ---------------------------------------------------------------------------------
 
 def _f(*shape):

@@ -195,6 +195,19 @@ def test_minus_infinity_scores_act_as_masked(isa):
     assert np.array_equal(probs[0, 0], [1, 0, 0, 0, 0]) and (probs[0, 1] == 0).all()
 
 
+@pytest.mark.parametrize("Tk", [7, 32, 65, 200])
+def test_hidden_scores_never_reach_the_result(isa, Tk):
+    # NaN or inf at hidden positions (causal or padding) must not leak into any probability.
+    rng = np.random.default_rng(20 + Tk)
+    scores = rng.standard_normal((2, 2, 6, Tk)).astype(np.float32)
+    mask = random_mask(rng, 2, Tk, fully_padded_row=1)
+    expected = forward(scores, 0.5, True, mask, 1)
+    hidden = ~visible(scores.shape, True, mask, 1)
+    poisoned = scores.copy()
+    poisoned[hidden] = np.where(rng.random(int(hidden.sum())) < 0.5, np.nan, np.inf)
+    assert np.array_equal(forward(poisoned, 0.5, True, mask, 1), expected)
+
+
 @pytest.mark.parametrize("shape", [(0, 2, 3, 4), (2, 0, 3, 4), (2, 3, 0, 4), (2, 3, 4, 0), (0, 3, 4)])
 def test_empty_shapes(shape):
     scores = np.ones(shape, dtype=np.float32)

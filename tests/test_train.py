@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -16,10 +17,14 @@ SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layer
          "--n-decoder-layers", "1", "--quiet", "--threads", "1"]
 
 
+# Subprocesses run from outside the checkout, whose transformer/ folder has no compiled module.
+OUTSIDE = tempfile.gettempdir()
+
+
 def run_cli(*argv):
     """`transformer ...` in a fresh process (signals, exit codes and stdout as a user sees them)."""
     return subprocess.run([sys.executable, "-m", "transformer", *argv], capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, cwd=OUTSIDE)
 
 
 def losses(out):
@@ -101,7 +106,7 @@ def test_a_signal_saves_a_checkpoint_and_exits(tmp_path, sig):
     out = str(tmp_path / "run")
     proc = subprocess.Popen([sys.executable, "-m", "transformer", "train", *SMALL, "--batch-size", "8",
                              "--minutes", "5", "--out", out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, cwd=OUTSIDE)
     log = os.path.join(out, train.LOG_FILE)
     deadline = time.time() + 120
     while time.time() < deadline and not (os.path.exists(log) and len(open(log).readlines()) >= 3):
@@ -140,7 +145,7 @@ def test_trained_directory_serves_translation(tmp_path):
     assert translated.returncode == 0, translated.stderr
     assert len(translated.stdout.splitlines()) == 2
     piped = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", out, "--beam", "1"],
-                           input="abc\nxyz\n", capture_output=True, text=True, timeout=120)
+                           input="abc\nxyz\n", capture_output=True, text=True, timeout=120, cwd=OUTSIDE)
     assert piped.returncode == 0 and len(piped.stdout.splitlines()) == 2
 
 

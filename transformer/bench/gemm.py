@@ -16,6 +16,8 @@ import time
 
 import numpy as np
 
+# Sleep between one library's timing block and the next when using several threads.
+SETTLE_S = 0.1
 # (M, N, K) of the model's large products: projections, feed-forward, output layer.
 LARGE = [(2048, 512, 512), (2048, 2048, 512), (2048, 512, 2048), (1024, 8000, 512)]
 # Decoding: a few rows against a weight matrix (x @ W^T).
@@ -43,8 +45,11 @@ def _openblas_threads_setter():
     return None
 
 
-def _time_interleaved(fns, repeats, min_seconds=0.02):
-    """Median seconds per call of each function, timed round-robin."""
+def _time_interleaved(fns, repeats, min_seconds=0.02, settle=0.0):
+    """Median seconds per call of each function, timed round-robin. With several threads, each
+    library's idle workers keep spinning for a while after its calls (OpenBLAS for up to ~0.1 s)
+    and would steal a core from the next library: `settle` seconds of sleep between blocks let
+    them park first."""
     inner = []
     for fn in fns:   # warm-up, and the number of calls per sample (>= min_seconds)
         fn()
@@ -55,6 +60,9 @@ def _time_interleaved(fns, repeats, min_seconds=0.02):
     samples = [[] for _ in fns]
     for _ in range(repeats):
         for i, fn in enumerate(fns):
+            if settle:
+                time.sleep(settle)
+                fn()   # wake this library's own team
             t0 = time.perf_counter()
             for _ in range(inner[i]):
                 fn()
@@ -87,7 +95,7 @@ def _measure(rng, batch, m, n, k, variant, repeats, torch, with_numpy):
            lambda: torch.matmul(opa_t, opb_t, out=ot)]
     if with_numpy:
         fns.append(lambda: np.matmul(opa_n, opb_n, out=out_n))
-    times = _time_interleaved(fns, repeats)
+    times = _time_interleaved(fns, repeats, settle=SETTLE_S if torch.get_num_threads() > 1 else 0.0)
     flops = 2.0 * m * n * k * int(np.prod(batch, dtype=np.int64))
     rec = {"ours_s": times[0], "ref_s": times[1], "ratio": times[1] / times[0],
            "ours_gflops": flops / times[0] / 1e9, "torch_gflops": flops / times[1] / 1e9}
