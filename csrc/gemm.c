@@ -76,8 +76,10 @@ static long ceil_div(long a, long b) { return (a + b - 1) / b; }
 static long min_l(long a, long b) { return a < b ? a : b; }
 static long max_l(long a, long b) { return a > b ? a : b; }
 
-/* Multiply-adds per thread below which a GEMM does not start another thread. */
-#define GEMM_GRAIN (1L << 19)
+/* Multiply-adds per thread below which a GEMM does not start another thread (2M: about 20 us
+ * of work; waking a sleeping OpenMP team costs tens of us on a virtual machine, and on a busy
+ * machine the join can wait a whole scheduler tick). */
+#define GEMM_GRAIN (1L << 21)
 /* A thread's B block in the tiles schedule holds at most this many floats (4 MiB of L3). */
 #define GEMM_TILE_B (1L << 20)
 /* A @ B^T uses the dot kernel for K >= GEMM_DOT_MIN_K and at most GEMM_DOT_ROWS / 2 rows, or

@@ -152,8 +152,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
     }
 }
 
-/* Any row length. Full vectors use plain loads and stores so that the normalising sweep's
- * reloads are forwarded from the exp sweep's stores (masked stores do not forward). */
+/* Any row length, three sweeps over the row (in L1). */
 TF_TARGET_AVX512 static void softmax_row_long_avx512(float *p, const float *s, const uint8_t *pad,
                                                      long n, long Tk, float scale)
 {
@@ -177,19 +176,11 @@ TF_TARGET_AVX512 static void softmax_row_long_avx512(float *p, const float *s, c
         __m512 v = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + k), vscale), vmx);
         __m512 e = _mm512_maskz_mov_ps(m, tf_exp_avx512(v));
         vsum = _mm512_add_ps(vsum, e);
-        if (Tk - k >= 16) _mm512_storeu_ps(p + k, e);
-        else _mm512_mask_storeu_ps(p + k, first_lanes16(Tk - k), e);
+        store16(p + k, Tk - k, e);
     }
-    for (; k < Tk; k += 16) _mm512_mask_storeu_ps(p + k, first_lanes16(Tk - k), _mm512_setzero_ps());
+    for (; k < Tk; k += 16) store16(p + k, Tk - k, _mm512_setzero_ps());
     const __m512 vinv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
-    for (k = 0; k < n; k += 16) {
-        if (Tk - k >= 16) {
-            _mm512_storeu_ps(p + k, _mm512_mul_ps(_mm512_loadu_ps(p + k), vinv));
-        } else {
-            __mmask16 m = first_lanes16(Tk - k);
-            _mm512_mask_storeu_ps(p + k, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + k), vinv));
-        }
-    }
+    for (k = 0; k < n; k += 16) store16(p + k, Tk - k, _mm512_mul_ps(load16(p + k, Tk - k), vinv));
 }
 
 /* `count` (1..4) consecutive rows starting at p / s; row i: padding pad[i], keys below n[i]. */

@@ -10,6 +10,10 @@ cdef extern from "elementwise.h" nogil:
                                                 size_t D, int act)
     void c_act_backward "act_backward" (const float *dout, const float *pre, float *dx, size_t n,
                                         int act, int accumulate)
+    void c_bias_act_forward_reference "bias_act_forward_reference" (float *x, const float *bias,
+            float *out, size_t N, size_t D, int act)
+    void c_act_backward_reference "act_backward_reference" (const float *dout, const float *pre,
+            float *dx, size_t n, int act, int accumulate)
 
 cdef extern from "dropout.h" nogil:
     void c_dropout_forward "dropout_forward" (const float *x, float *out, size_t n, float p,
@@ -24,6 +28,8 @@ cdef extern from "dropout.h" nogil:
             uint64_t offset)
     void c_dropout_mask "dropout_mask" (uint8_t *mask, size_t n, float p, uint64_t seed,
                                         uint64_t offset)
+    void c_dropout_forward_reference "dropout_forward_reference" (const float *x, float *out,
+            size_t n, float p, uint64_t seed, uint64_t offset)
 
 
 cdef int _ew_activation(object activation) except -1:
@@ -133,11 +139,12 @@ def bias_grad(dout, dbias):
         c_bias_grad(pg, pb, N, D)
 
 
-def bias_act_forward(x, bias, out, activation):
+def bias_act_forward(x, bias, out, activation, reference=False):
     """Fused bias + activation: x += bias in place (x then holds the pre-activation, which
     act_backward needs), out = act(x). activation: 'relu' or 'gelu' (exact erf form, PyTorch's
     default). x, out float32 [N, D]; bias [D]. out must not be x (nor overlap x or bias); bias must
-    not overlap x."""
+    not overlap x. GELU's SIMD paths are accurate to a few ulp (see csrc/elementwise.h).
+    reference=True runs the naive one-thread C loop (double-precision libm GELU) instead."""
     cdef int act = _ew_activation(activation)
     _check_f32(x, "x", 2, True)
     _check_f32(bias, "bias", 1)
@@ -154,14 +161,18 @@ def bias_act_forward(x, bias, out, activation):
     cdef float *px = _ew_f(x)
     cdef const float *pb = _ew_f(bias)
     cdef float *po = _ew_f(out)
+    if reference:
+        with nogil:
+            c_bias_act_forward_reference(px, pb, po, N, D, act)
+        return
     with nogil:
         c_bias_act_forward(px, pb, po, N, D, act)
 
 
-def act_backward(dout, pre, dx, activation, accumulate=False):
+def act_backward(dout, pre, dx, activation, accumulate=False, reference=False):
     """dx = dout * act'(pre) (dx += ... when accumulate). All float32 of one shape; dx may be dout
     when not accumulate (otherwise it must not overlap dout); dx never overlaps pre. ReLU's
-    derivative at 0 is 0 (PyTorch's)."""
+    derivative at 0 is 0 (PyTorch's). reference=True runs the naive one-thread C loop instead."""
     cdef int act = _ew_activation(activation)
     cdef bint acc = bool(accumulate)
     _check_f32(dout, "dout")
@@ -180,18 +191,23 @@ def act_backward(dout, pre, dx, activation, accumulate=False):
     cdef const float *pp = _ew_f(pre)
     cdef float *pd = _ew_f(dx)
     cdef size_t n = dout.size
+    if reference:
+        with nogil:
+            c_act_backward_reference(pg, pp, pd, n, act, acc)
+        return
     with nogil:
         c_act_backward(pg, pp, pd, n, act, acc)
 
 
-def dropout_forward(x, out, p, seed, offset=0):
+def dropout_forward(x, out, p, seed, offset=0, reference=False):
     """out = x * keep / (1 - p) where keep[i] = (uniform(seed, offset + i) >= p), from a
     counter-based RNG (csrc/rng.h: SplitMix64 output number offset + i of a stream keyed by seed,
     24-bit uniforms): element i's draw depends only on (seed, offset + i), so the mask is the same
     for any thread count. p in [0, 1) (used as float32); p == 0 copies. Kept values are
     x * float32(1 / (1 - p)). x, out float32 of one shape; out may be x (not partially overlap it).
     seed, offset: ints in [0, 2**64). A caller drawing several masks from one seed advances offset
-    by x.size per call."""
+    by x.size per call. reference=True runs the naive one-thread loop (float compare
+    uniform >= p, one scalar draw per element) instead."""
     cdef float pf = _ew_prob(p)
     cdef uint64_t s = _ew_u64(seed, "seed"), o = _ew_u64(offset, "offset")
     _check_f32(x, "x")
@@ -203,6 +219,10 @@ def dropout_forward(x, out, p, seed, offset=0):
     cdef const float *px = _ew_f(x)
     cdef float *po = _ew_f(out)
     cdef size_t n = x.size
+    if reference:
+        with nogil:
+            c_dropout_forward_reference(px, po, n, pf, s, o)
+        return
     with nogil:
         c_dropout_forward(px, po, n, pf, s, o)
 

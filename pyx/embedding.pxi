@@ -7,6 +7,11 @@ cdef extern from "embedding.h" nogil:
             const float *pe, float *out, size_t BT, size_t T, size_t D, float scale)
     void c_embedding_backward "embedding_backward" (const int64_t *ids, const float *dout,
             float *dtable, size_t BT, size_t D, float scale)
+    void c_embedding_forward_reference "embedding_forward_reference" (const int64_t *ids,
+            const float *table, const float *pe, float *out, size_t BT, size_t T, size_t D,
+            float scale)
+    void c_embedding_backward_reference "embedding_backward_reference" (const int64_t *ids,
+            const float *dout, float *dtable, size_t BT, size_t D, float scale)
 
 
 cdef float _emb_scale(object scale) except? -1.0:
@@ -39,11 +44,14 @@ cdef void _emb_check_ids(object ids, Py_ssize_t V) except *:
                          f"index {bad}")
 
 
-def embedding_forward(ids, table, out, scale=1.0, pe=None, pos_offset=0):
+def embedding_forward(ids, table, out, scale=1.0, pe=None, pos_offset=0, reference=False):
     """out[b, t, :] = table[ids[b, t], :] * scale (+ pe[pos_offset + t, :] when pe is given).
     ids: int64 C-contiguous [B, T], every value in [0, V) (checked, ValueError otherwise);
     table: float32 [V, D]; pe: None or float32 [L, D] with pos_offset + T <= L; out: float32 [B, T, D].
-    out must not overlap ids, table or pe. scale: a real number (used as float32)."""
+    out must not overlap ids, table or pe. scale: a real number (used as float32).
+    out = round(round(w * scale) + pe) exactly as PyTorch's two ops (no fused multiply-add), so the
+    result has the same bits at every SIMD level and thread count. reference=True runs the naive
+    one-thread C loop instead (for tests)."""
     _check(ids, "ids", _I64, 2)
     _check_f32(table, "table", 2)
     _check_f32(out, "out", 3, True)
@@ -75,15 +83,20 @@ def embedding_forward(ids, table, out, scale=1.0, pe=None, pos_offset=0):
     cdef const float *pp = NULL
     if pe is not None:
         pp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>pe) + off * D
+    if reference:
+        with nogil:
+            c_embedding_forward_reference(pi, pt, pp, po, <size_t>(B * T), <size_t>T, <size_t>D, s)
+        return
     with nogil:
         c_embedding_forward(pi, pt, pp, po, <size_t>(B * T), <size_t>T, <size_t>D, s)
 
 
-def embedding_backward(ids, dout, dtable, scale=1.0):
+def embedding_backward(ids, dout, dtable, scale=1.0, reference=False):
     """dtable[ids[b, t], :] += scale * dout[b, t, :]. Deterministic (no atomics): same bits for any
     thread count (parallel over column chunks of D; each thread adds tokens in order).
     ids int64 [B, T] (every value in [0, V), checked); dout float32 [B, T, D]; dtable float32 [V, D],
-    not overlapping dout or ids."""
+    not overlapping dout or ids. Each token adds round(scale * dout) (PyTorch's rounding).
+    reference=True runs the naive one-thread C loop instead (for tests)."""
     _check(ids, "ids", _I64, 2)
     _check_f32(dout, "dout", 3)
     _check_f32(dtable, "dtable", 2, True)
@@ -99,5 +112,9 @@ def embedding_backward(ids, dout, dtable, scale=1.0):
     cdef const int64_t *pi = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>ids)
     cdef const float *pg = <const float *>cnp.PyArray_DATA(<cnp.ndarray>dout)
     cdef float *pt = <float *>cnp.PyArray_DATA(<cnp.ndarray>dtable)
+    if reference:
+        with nogil:
+            c_embedding_backward_reference(pi, pg, pt, <size_t>(B * T), <size_t>D, s)
+        return
     with nogil:
         c_embedding_backward(pi, pg, pt, <size_t>(B * T), <size_t>D, s)

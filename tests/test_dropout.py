@@ -65,6 +65,22 @@ def test_kept_values_are_exactly_x_over_1_minus_p_and_dropped_are_zero(isa, p, n
     np.testing.assert_array_equal(out[~keep], 0.0)
 
 
+# p values on and next to multiples of 2^-24, where an integer threshold could be off by one
+EDGE_P = [0.1, 0.5, 1 / 3, 0.9999, 2.0 ** -24, float(np.nextafter(np.float32(0.25), np.float32(1))),
+          float(np.nextafter(np.float32(0.75), np.float32(0)))]
+
+
+@pytest.mark.parametrize("p", EDGE_P)
+@pytest.mark.parametrize("n", [1, 17, 4099])
+def test_fast_kernel_matches_naive_float_compare_reference(isa, p, n):
+    # the reference draws uniform(seed, offset + i) as a float and compares it with p
+    x = rand(n, seed=n)
+    fast, ref = np.empty_like(x), np.empty_like(x)
+    _C.dropout_forward(x, fast, p, seed=12, offset=2**40 + 3)
+    _C.dropout_forward(x, ref, p, seed=12, offset=2**40 + 3, reference=True)
+    np.testing.assert_array_equal(fast, ref)
+
+
 def test_mask_is_uniform_draw_at_least_p():
     # keep iff uniform >= p: the masks are nested (a larger p keeps a subset), and p just above
     # k * 2^-24 drops exactly the draws below (k + 1) * 2^-24

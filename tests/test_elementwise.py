@@ -154,6 +154,26 @@ def test_bias_gelu_forward(isa, shape):
     assert_ulps(out, gelu64(pre), GELU_ULPS)
 
 
+@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fast_kernels_match_the_naive_c_reference(isa, act, shape):
+    x, bias, g = rand(*shape, seed=1, scale=3.0), rand(shape[1], seed=2), rand(*shape, seed=3)
+    xf, xr = x.copy(), x.copy()
+    yf, yr = np.empty_like(x), np.empty_like(x)
+    _C.bias_act_forward(xf, bias, yf, act)
+    _C.bias_act_forward(xr, bias, yr, act, reference=True)
+    np.testing.assert_array_equal(xf, xr)
+    df, dr = rand(*shape, seed=4), rand(*shape, seed=4)
+    _C.act_backward(g, xf, df, act, accumulate=True)
+    _C.act_backward(g, xr, dr, act, accumulate=True, reference=True)
+    if act == "relu":
+        np.testing.assert_array_equal(yf, yr)
+        np.testing.assert_array_equal(df, dr)
+    else:   # the reference evaluates GELU in double precision
+        assert_ulps(yf, yr, GELU_ULPS)
+        assert_close(df, dr.astype(np.float64), GELU_GRAD_ATOL * (1 + np.abs(g)), GELU_GRAD_RTOL)
+
+
 def test_gelu_forward_over_the_whole_range(isa):
     # dense grid including the far left tail (where 1 + erf(x) cancels) and large positive x
     x = np.concatenate([np.linspace(-16, 10, 20001), [0.0, -0.0, 1e-30, -1e-30, 5e-39, 100, -100, 1e30, -1e30]])

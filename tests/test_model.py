@@ -490,3 +490,47 @@ def test_buffers_are_reused_across_batch_shapes():
         m.loss_and_grads(*batch(c, *shape))
         m.forward(*batch(c, *shape)[:2])
     assert m.ws.nbytes() == size
+
+
+def test_concurrent_calls_from_python_threads_are_serialised():
+    """The kernels release the GIL and the model's buffers are shared: a lock keeps two Python
+    threads calling one model from corrupting each other's results."""
+    import sys
+    import threading
+    c = cfg(dropout=0.0)
+    m = T.Seq2SeqTransformer(c, seed=0)
+    inputs = [batch(c, B=8, S=12, Tt=10, seed=s)[:2] for s in range(4)]
+    expected = [m.forward(*x) for x in inputs]
+    wrong = []
+
+    def work(i):
+        for _ in range(20):
+            wrong.append(not np.array_equal(m.forward(*inputs[i]), expected[i]))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)   # switch threads as often as possible
+    try:
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert len(wrong) == 80 and not any(wrong), f"{sum(wrong)} of {len(wrong)} results corrupted"
+
+
+def test_helpers_used_by_decoding():
+    c = cfg()
+    m = T.Seq2SeqTransformer(c, seed=0)
+    assert m.config is m.cfg
+    pe = m.positional_table(7)
+    assert pe.shape == (7, c.d_model) and pe.flags.c_contiguous
+    assert pe[0, 0] == 0.0 and pe[0, 1] == 1.0 and abs(pe[3, 0] - math.sin(3)) < 1e-6
+    src, tgt_in, _ = batch(c)
+    memory = m.encode(src)
+    assert memory.shape == src.shape + (c.d_model,) and memory.dtype == np.float32
+    ids = m.check_ids(src.astype(np.int32), "src", c.src_vocab_size)
+    assert ids.dtype == np.int64 and np.array_equal(ids, src)
+    with pytest.raises(ValueError, match="src"):
+        m.check_ids(np.full((1, 2), c.src_vocab_size), "src", c.src_vocab_size)

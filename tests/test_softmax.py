@@ -396,6 +396,7 @@ def test_forward_rejects_bad_input():
         (TypeError, "scores", lambda: _C.softmax_forward(s.astype(np.float64), p)),
         (TypeError, "scores", lambda: _C.softmax_forward(s.astype(np.float16), p)),
         (TypeError, "scores", lambda: _C.softmax_forward(s.astype(np.int32), p)),
+        (TypeError, "scores", lambda: _C.softmax_forward(s.astype(">f4"), p)),   # byte-swapped
         (TypeError, "scores", lambda: _C.softmax_forward(s.astype(object), p)),
         (TypeError, "scores", lambda: _C.softmax_forward(s.tolist(), p)),
         (ValueError, "scores", lambda: _C.softmax_forward(s[0, 0], p[0, 0])),

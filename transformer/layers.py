@@ -5,7 +5,9 @@ Conventions (llm.c's, see STYLE.md):
   flat buffer and gradients views into the flat gradient buffer (transformer/params.py);
 - `forward(...)` saves what `backward` needs (its inputs, softmax probabilities, layer-norm
   mean/rstd; dropout masks are regenerated from their seed, never stored) and returns an array
-  the layer owns: it stays valid until the layer's next forward;
+  the layer owns, valid until its next forward (LayerNorm, the encoder/decoder layers,
+  Embedding), or a shared scratch array the caller consumes at once (MultiHeadAttention,
+  FeedForward: their output only feeds dropout and the residual sum);
 - `backward(dout, ...)` adds into the parameter gradients and returns the input gradient. A
   layer may overwrite `dout` (it belongs to the layer above, which is done with it); `dx=` and
   `accumulate=` let a caller have the input gradient written or added where it wants it, which
@@ -23,6 +25,13 @@ __all__ = ["Workspace", "DropoutStream", "Linear", "LayerNorm", "Dropout", "Mult
            "FeedForward", "Embedding", "EncoderLayer", "DecoderLayer"]
 
 _f32 = np.float32
+
+
+def _aligned_empty(n):
+    """float32 [n] starting on a 64-byte (cache-line, AVX-512 vector) boundary."""
+    raw = np.empty(n + 16, dtype=_f32)
+    start = (-raw.ctypes.data % 64) // 4
+    return raw[start:start + n]
 
 
 class Workspace:
@@ -55,7 +64,7 @@ class Workspace:
                 n *= s
             buf = self._backing.get(k)
             if buf is None or buf.size < n:
-                buf = self._backing[k] = np.empty(n if buf is None else max(n, buf.size + buf.size // 4), dtype=_f32)
+                buf = self._backing[k] = _aligned_empty(n if buf is None else max(n, buf.size + buf.size // 4))
             v = self._views[(k, shape)] = buf[:n].reshape(shape)
         return v
 

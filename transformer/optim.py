@@ -5,6 +5,7 @@ import math
 import numpy as np
 
 from . import _C
+from .params import _aligned_zeros
 
 __all__ = ["Adam", "noam_lr", "clip_grad_norm"]
 
@@ -44,8 +45,8 @@ class Adam:
             raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
         self.decoupled = bool(decoupled)
         size = model.params.flat.size
-        self.exp_avg = np.zeros(size, dtype=np.float32)
-        self.exp_avg_sq = np.zeros(size, dtype=np.float32)
+        self.exp_avg = _aligned_zeros(size)      # 64-byte aligned, like the parameters
+        self.exp_avg_sq = _aligned_zeros(size)
         self.step_count = 0
 
     def step(self, lr=None):

@@ -17,7 +17,7 @@ import time
 import numpy as np
 
 # Sleep between one library's timing block and the next when using several threads.
-SETTLE_S = 0.1
+SETTLE_S = 0.05
 # (M, N, K) of the model's large products: projections, feed-forward, output layer.
 LARGE = [(2048, 512, 512), (2048, 2048, 512), (2048, 512, 2048), (1024, 8000, 512)]
 # Decoding: a few rows against a weight matrix (x @ W^T).
