@@ -75,6 +75,13 @@ def model_config_from_args(args, src_vocab, tgt_vocab, max_len):
     return ModelConfig(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, max_len=max_len, **preset)
 
 
+def describe(model):
+    cfg = model.cfg
+    return (f"model: d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
+            f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {model.num_parameters():,} parameters; "
+            f"threads {_C.get_num_threads()} ({_C.isa()})")
+
+
 def _log(message, stream=None):
     print(message, file=stream or sys.stderr, flush=True)
 
@@ -337,10 +344,7 @@ def train_builtin(args):
     rng = np.random.default_rng([args.seed, 10**9])
     dev = task.sample(rng, 500)
     trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, None, None, dev, state, task=task)
-    cfg = model.cfg
-    _log(f"model: d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
-         f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {model.num_parameters():,} parameters; "
-         f"threads {_C.get_num_threads()} ({_C.isa()})")
+    _log(describe(model))
     status = trainer.run()
     if status:
         return status
@@ -414,10 +418,7 @@ def train_on_data(args, engine=None):
 
     trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, batches_for_epoch, examples, dev_pairs, state,
                       clip=clip, checkpoints=engine is None)
-    cfg = model.cfg
-    _log(f"model: d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
-         f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {model.num_parameters():,} parameters; "
-         f"threads {_C.get_num_threads()} ({_C.isa()})")
+    _log(describe(model))
     status = trainer.run()
     if status:
         return status
