@@ -6,39 +6,33 @@
 #include <stdlib.h>
 
 #include "cpu.h"
+#include "simd_math.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-
-__attribute__((target("avx512f")))
+#if TF_HAVE_X86
+TF_TARGET_AVX512
 static float dot_avx512(const float *a, const float *b, long n)
 {
     __m512 acc = _mm512_setzero_ps();
     long i = 0;
     for (; i + 16 <= n; i += 16)
         acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), acc);
-    }
+    if (i < n)
+        acc = _mm512_fmadd_ps(tf_load16(a + i, n - i), tf_load16(b + i, n - i), acc);
     return _mm512_reduce_add_ps(acc);
 }
 
-__attribute__((target("avx512f")))
+TF_TARGET_AVX512
 static void axpy_avx512(float *y, float alpha, const float *x, long n)
 {
     __m512 va = _mm512_set1_ps(alpha);
     long i = 0;
     for (; i + 16 <= n; i += 16)
         _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, _mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i)));
-    if (i < n) {
-        __mmask16 m = (__mmask16)((1u << (n - i)) - 1);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(va, _mm512_maskz_loadu_ps(m, x + i),
-                                                        _mm512_maskz_loadu_ps(m, y + i)));
-    }
+    if (i < n)
+        tf_store16(y + i, n - i, _mm512_fmadd_ps(va, tf_load16(x + i, n - i), tf_load16(y + i, n - i)));
 }
 
-__attribute__((target("avx2,fma")))
+TF_TARGET_AVX2
 static float dot_avx2(const float *a, const float *b, long n)
 {
     __m256 acc = _mm256_setzero_ps();
@@ -53,7 +47,7 @@ static float dot_avx2(const float *a, const float *b, long n)
     return total;
 }
 
-__attribute__((target("avx2,fma")))
+TF_TARGET_AVX2
 static void axpy_avx2(float *y, float alpha, const float *x, long n)
 {
     __m256 va = _mm256_set1_ps(alpha);
@@ -82,7 +76,7 @@ void attention_decode_forward(const float *q, long ldq, const float *k, const fl
 {
     float (*dot)(const float *, const float *, long) = dot_generic;
     void (*axpy)(float *, float, const float *, long) = axpy_generic;
-#if defined(__x86_64__)
+#if TF_HAVE_X86
     int isa = tf_isa();
     if (isa >= TF_ISA_AVX512) { dot = dot_avx512; axpy = axpy_avx512; }
     else if (isa >= TF_ISA_AVX2) { dot = dot_avx2; axpy = axpy_avx2; }

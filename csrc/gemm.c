@@ -36,6 +36,7 @@
  */
 #include "gemm.h"
 #include "cpu.h"
+#include "simd_math.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -369,7 +370,6 @@ static inline __attribute__((always_inline)) TARGET_AVX512 void transpose16(__m5
     }
 }
 
-static inline __mmask16 mask16(long n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1); }
 
 /* pack_a_any for MR = 14: a row-major A is transposed 16 k-values at a time. */
 static TARGET_AVX512 void pack_a_avx512(int trans_a, const float *A, long lda, long m, long kc, float *Ap)
@@ -379,13 +379,13 @@ static TARGET_AVX512 void pack_a_avx512(int trans_a, const float *A, long lda, l
         int mr = m - ip < MR ? (int)(m - ip) : MR;
         float *dst = Ap + ip * kc;
         if (trans_a) {
-            __mmask16 mm = mask16(mr);
+            __mmask16 mm = tf_lanes16(mr);
             for (long k = 0; k < kc; k++)
                 _mm512_mask_storeu_ps(dst + k * MR, 0x3FFF, _mm512_maskz_loadu_ps(mm, A + k * lda + ip));
             continue;
         }
         for (long k0 = 0; k0 < kc; k0 += 16) {
-            __mmask16 mk = mask16(kc - k0);
+            __mmask16 mk = tf_lanes16(kc - k0);
             __m512 r[16];
 #pragma GCC unroll 16
             for (int i = 0; i < 16; i++)
@@ -406,7 +406,7 @@ static TARGET_AVX512 void pack_b_avx512(int trans_b, const float *B, long ldb, l
         int nr = n - jp < NR ? (int)(n - jp) : NR;
         float *dst = Bp + jp * kc;
         if (!trans_b) {
-            __mmask16 m0 = mask16(nr), m1 = mask16(nr - 16 < 0 ? 0 : nr - 16);
+            __mmask16 m0 = tf_lanes16(nr), m1 = tf_lanes16(nr - 16 < 0 ? 0 : nr - 16);
             const float *src = B + jp;
             for (long k = 0; k < kc; k++) {
                 _mm512_store_ps(dst + k * NR, _mm512_maskz_loadu_ps(m0, src + k * ldb));
@@ -417,7 +417,7 @@ static TARGET_AVX512 void pack_b_avx512(int trans_b, const float *B, long ldb, l
         for (int h = 0; h < 2; h++) {
             int j0 = 16 * h, jn = nr - j0;   /* columns j0 .. j0+jn of this half */
             for (long k0 = 0; k0 < kc; k0 += 16) {
-                __mmask16 mk = mask16(kc - k0);
+                __mmask16 mk = tf_lanes16(kc - k0);
                 __m512 r[16];
 #pragma GCC unroll 16
                 for (int j = 0; j < 16; j++)
@@ -436,7 +436,7 @@ static TARGET_AVX512 void dot_avx512(long M, long K, float alpha, const float *A
                                      const float *B, long ldb, int accumulate, float *C, long ldc,
                                      long j0, long j1)
 {
-    const __mmask16 tail = mask16(K % 16);
+    const __mmask16 tail = tf_lanes16(K % 16);
     const long kfull = K - K % 16;
     for (long j = j0; j < j1; j += 4) {
         int nr = (int)min_l(4, j1 - j);

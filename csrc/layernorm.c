@@ -74,27 +74,6 @@ static void layernorm_backward_row_generic(float *dx, float *dwp, float *dbp, co
 /* ------------------------------------------------------------------------- */
 /* AVX-512 */
 
-TF_TARGET_AVX512 static inline __mmask16 ln_lanes16(long count)
-{
-    if (count <= 0) return 0;
-    return count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1u);
-}
-
-/* The first `count` floats at src (zeros past them, nothing read past them) / stored to dst.
- * Full vectors use plain loads and stores: masked stores are much slower on this CPU family
- * even with every lane set, and do not forward to later loads. */
-TF_TARGET_AVX512 static inline __m512 ln_load16(const float *src, long count)
-{
-    if (count >= 16) return _mm512_loadu_ps(src);
-    return _mm512_maskz_loadu_ps(ln_lanes16(count), src);
-}
-
-TF_TARGET_AVX512 static inline void ln_store16(float *dst, long count, __m512 v)
-{
-    if (count >= 16) _mm512_storeu_ps(dst, v);
-    else _mm512_mask_storeu_ps(dst, ln_lanes16(count), v);
-}
-
 #define TF_ALWAYS_INLINE inline __attribute__((always_inline))
 
 /* R consecutive rows (any D), interleaved: each sweep over the columns advances all R rows, so
@@ -116,7 +95,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_rows_avx512(
         }
     }
     for (; c < D; c += 16) {
-        __mmask16 k = ln_lanes16(D - c);
+        __mmask16 k = tf_lanes16(D - c);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) s0[i] = _mm512_add_ps(s0[i], _mm512_maskz_loadu_ps(k, x + i * D + c));
     }
@@ -137,7 +116,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_rows_avx512(
         }
     }
     for (; c < D; c += 16) {
-        __mmask16 k = ln_lanes16(D - c);
+        __mmask16 k = tf_lanes16(D - c);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
             __m512 d = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i * D + c), vmean[i]);
@@ -153,11 +132,11 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_rows_avx512(
     }
     for (c = 0; c < D; c += 16) {
         long cnt = D - c;
-        __m512 vw = ln_load16(w + c, cnt), vb = ln_load16(b + c, cnt);
+        __m512 vw = tf_load16(w + c, cnt), vb = tf_load16(b + c, cnt);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            __m512 xh = _mm512_mul_ps(_mm512_sub_ps(ln_load16(x + i * D + c, cnt), vmean[i]), vrstd[i]);
-            ln_store16(y + i * D + c, cnt, _mm512_fmadd_ps(xh, vw, vb));
+            __m512 xh = _mm512_mul_ps(_mm512_sub_ps(tf_load16(x + i * D + c, cnt), vmean[i]), vrstd[i]);
+            tf_store16(y + i * D + c, cnt, _mm512_fmadd_ps(xh, vw, vb));
         }
     }
 }
@@ -190,21 +169,21 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_backward_rows_avx512(
     }
     for (long c = 0; c < D; c += 16) {
         long cnt = D - c;
-        __mmask16 k = ln_lanes16(cnt);
-        __m512 vw = ln_load16(w + c, cnt);
-        __m512 dwv = ln_load16(dwp + c, cnt), dbv = ln_load16(dbp + c, cnt);
+        __mmask16 k = tf_lanes16(cnt);
+        __m512 vw = tf_load16(w + c, cnt);
+        __m512 dwv = tf_load16(dwp + c, cnt), dbv = tf_load16(dbp + c, cnt);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            __m512 vdy = ln_load16(dy + i * D + c, cnt);
-            __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(ln_load16(x + i * D + c, cnt), vmean[i]), vrstd[i]);
+            __m512 vdy = tf_load16(dy + i * D + c, cnt);
+            __m512 xh = _mm512_maskz_mul_ps(k, _mm512_sub_ps(tf_load16(x + i * D + c, cnt), vmean[i]), vrstd[i]);
             __m512 g = _mm512_mul_ps(vdy, vw);
             sg[i] = _mm512_add_ps(sg[i], g);
             sgx[i] = _mm512_fmadd_ps(g, xh, sgx[i]);
             dwv = _mm512_fmadd_ps(vdy, xh, dwv);
             dbv = _mm512_add_ps(vdy, dbv);
         }
-        ln_store16(dwp + c, cnt, dwv);
-        ln_store16(dbp + c, cnt, dbv);
+        tf_store16(dwp + c, cnt, dwv);
+        tf_store16(dbp + c, cnt, dbv);
     }
     /* dx = rstd * (g - a - xhat * b) = g * rstd - ((x - mean) * (rstd^2 * b) + rstd * a) */
 #pragma GCC unroll 4
@@ -216,14 +195,14 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void layernorm_backward_rows_avx512(
     }
     for (long c = 0; c < D; c += 16) {
         long cnt = D - c;
-        __m512 vw = ln_load16(w + c, cnt);
+        __m512 vw = tf_load16(w + c, cnt);
 #pragma GCC unroll 4
         for (int i = 0; i < R; i++) {
-            __m512 d = _mm512_sub_ps(ln_load16(x + i * D + c, cnt), vmean[i]);
-            __m512 g = _mm512_mul_ps(ln_load16(dy + i * D + c, cnt), vw);
+            __m512 d = _mm512_sub_ps(tf_load16(x + i * D + c, cnt), vmean[i]);
+            __m512 g = _mm512_mul_ps(tf_load16(dy + i * D + c, cnt), vw);
             __m512 v = _mm512_fmsub_ps(g, vrstd[i], _mm512_fmadd_ps(d, vb[i], va[i]));
-            if (acc) v = _mm512_add_ps(ln_load16(dx + i * D + c, cnt), v);
-            ln_store16(dx + i * D + c, cnt, v);
+            if (acc) v = _mm512_add_ps(tf_load16(dx + i * D + c, cnt), v);
+            tf_store16(dx + i * D + c, cnt, v);
         }
     }
 }

@@ -48,6 +48,28 @@
 
 #if TF_HAVE_X86
 
+/* The first `count` lanes of a 16-float vector, as a mask (count may be <= 0 or >= 16). */
+TF_TARGET_AVX512 static inline __mmask16 tf_lanes16(long count)
+{
+    if (count <= 0) return 0;
+    return count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1u);
+}
+
+/* The first `count` floats at src (zeros past them, nothing read past them) / stored to dst.
+ * Full vectors use plain loads and stores: masked ones are slower on some cores, and masked
+ * stores do not forward to later loads. */
+TF_TARGET_AVX512 static inline __m512 tf_load16(const float *src, long count)
+{
+    if (count >= 16) return _mm512_loadu_ps(src);
+    return _mm512_maskz_loadu_ps(tf_lanes16(count), src);
+}
+
+TF_TARGET_AVX512 static inline void tf_store16(float *dst, long count, __m512 v)
+{
+    if (count >= 16) _mm512_storeu_ps(dst, v);
+    else _mm512_mask_storeu_ps(dst, tf_lanes16(count), v);
+}
+
 TF_TARGET_AVX512 static inline __m512 tf_exp_avx512(__m512 x)
 {
     /* min/max with the constant first: a NaN in x passes through. */

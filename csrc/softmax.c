@@ -74,31 +74,10 @@ static void softmax_backward_row_generic(float *ds, const float *p, const float 
 /* ------------------------------------------------------------------------- */
 /* AVX-512: 16 keys per vector, tails and masks as k-registers. */
 
-TF_TARGET_AVX512 static inline __mmask16 first_lanes16(long count)
-{
-    if (count <= 0) return 0;
-    return count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1u);
-}
-
-/* The first `count` floats at src (zeros past them, nothing read past them) / stored to dst.
- * Full vectors use plain loads and stores: masked ones are slower on some cores, and masked
- * stores do not forward to later loads. */
-TF_TARGET_AVX512 static inline __m512 load16(const float *src, long count)
-{
-    if (count >= 16) return _mm512_loadu_ps(src);
-    return _mm512_maskz_loadu_ps(first_lanes16(count), src);
-}
-
-TF_TARGET_AVX512 static inline void store16(float *dst, long count, __m512 v)
-{
-    if (count >= 16) _mm512_storeu_ps(dst, v);
-    else _mm512_mask_storeu_ps(dst, first_lanes16(count), v);
-}
-
 /* Lanes k..k+15 that are visible: below n and not padding. */
 TF_TARGET_AVX512 static inline __mmask16 visible16(long k, long n, const uint8_t *pad)
 {
-    __mmask16 m = first_lanes16(n - k);
+    __mmask16 m = tf_lanes16(n - k);
     if (pad) m = _mm_mask_cmpeq_epi8_mask(m, _mm_maskz_loadu_epi8(m, pad + k), _mm_setzero_si128());
     return m;
 }
@@ -122,7 +101,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
         for (int j = 0; j < NV; j++) {
             m[i][j] = visible16(16 * j, n[i], pad[i]);
             /* hidden lanes are loaded too (when inside the row) and ignored through m */
-            v[i][j] = _mm512_mul_ps(load16(s + i * Tk + 16 * j, Tk - 16 * j), vscale);
+            v[i][j] = _mm512_mul_ps(tf_load16(s + i * Tk + 16 * j, Tk - 16 * j), vscale);
             vmax = _mm512_mask_max_ps(vmax, m[i][j], vmax, v[i][j]);
         }
         float mx = _mm512_reduce_max_ps(vmax);
@@ -148,7 +127,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
     for (int i = 0; i < R; i++) {
 #pragma GCC unroll 8
         for (int j = 0; j < NV; j++)
-            store16(p + i * Tk + 16 * j, Tk - 16 * j, _mm512_mul_ps(v[i][j], vinv[i]));
+            tf_store16(p + i * Tk + 16 * j, Tk - 16 * j, _mm512_mul_ps(v[i][j], vinv[i]));
     }
 }
 
@@ -176,11 +155,11 @@ TF_TARGET_AVX512 static void softmax_row_long_avx512(float *p, const float *s, c
         __m512 v = _mm512_sub_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, s + k), vscale), vmx);
         __m512 e = _mm512_maskz_mov_ps(m, tf_exp_avx512(v));
         vsum = _mm512_add_ps(vsum, e);
-        store16(p + k, Tk - k, e);
+        tf_store16(p + k, Tk - k, e);
     }
-    for (; k < Tk; k += 16) store16(p + k, Tk - k, _mm512_setzero_ps());
+    for (; k < Tk; k += 16) tf_store16(p + k, Tk - k, _mm512_setzero_ps());
     const __m512 vinv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
-    for (k = 0; k < n; k += 16) store16(p + k, Tk - k, _mm512_mul_ps(load16(p + k, Tk - k), vinv));
+    for (k = 0; k < n; k += 16) tf_store16(p + k, Tk - k, _mm512_mul_ps(tf_load16(p + k, Tk - k), vinv));
 }
 
 /* `count` (1..4) consecutive rows starting at p / s; row i: padding pad[i], keys below n[i]. */
@@ -242,8 +221,8 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_backward_rows_regs_avx512(
         __m512 acc = _mm512_setzero_ps();
 #pragma GCC unroll 4
         for (int j = 0; j < NV; j++) {
-            pv[i][j] = load16(p + i * Tk + 16 * j, Tk - 16 * j);
-            dv[i][j] = load16(dp + i * Tk + 16 * j, Tk - 16 * j);
+            pv[i][j] = tf_load16(p + i * Tk + 16 * j, Tk - 16 * j);
+            dv[i][j] = tf_load16(dp + i * Tk + 16 * j, Tk - 16 * j);
             acc = _mm512_fmadd_ps(pv[i][j], dv[i][j], acc);
         }
         vdot[i] = _mm512_set1_ps(_mm512_reduce_add_ps(acc));
@@ -253,7 +232,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_backward_rows_regs_avx512(
 #pragma GCC unroll 4
         for (int j = 0; j < NV; j++) {
             __m512 r = _mm512_mul_ps(_mm512_mul_ps(pv[i][j], _mm512_sub_ps(dv[i][j], vdot[i])), vscale);
-            store16(ds + i * Tk + 16 * j, Tk - 16 * j, r);
+            tf_store16(ds + i * Tk + 16 * j, Tk - 16 * j, r);
         }
     }
 }
@@ -269,14 +248,14 @@ TF_TARGET_AVX512 static void softmax_backward_row_long_avx512(float *ds, const f
         acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(p + k + 16), _mm512_loadu_ps(dp + k + 16), acc1);
     }
     for (; k < Tk; k += 16) {
-        __mmask16 m = first_lanes16(Tk - k);
+        __mmask16 m = tf_lanes16(Tk - k);
         acc0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, p + k), _mm512_maskz_loadu_ps(m, dp + k), acc0);
     }
     const __m512 vdot = _mm512_set1_ps(_mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1)));
     const __m512 vscale = _mm512_set1_ps(scale);
     for (k = 0; k < Tk; k += 16) {
-        __m512 d = _mm512_sub_ps(load16(dp + k, Tk - k), vdot);
-        store16(ds + k, Tk - k, _mm512_mul_ps(_mm512_mul_ps(load16(p + k, Tk - k), d), vscale));
+        __m512 d = _mm512_sub_ps(tf_load16(dp + k, Tk - k), vdot);
+        tf_store16(ds + k, Tk - k, _mm512_mul_ps(_mm512_mul_ps(tf_load16(p + k, Tk - k), d), vscale));
     }
 }
 
@@ -321,7 +300,7 @@ TF_TARGET_AVX512 static void softmax_backward_rows_avx512(float *ds, const float
 TF_TARGET_AVX512 static void exp_array_avx512(float *out, const float *x, long n)
 {
     for (long k = 0; k < n; k += 16) {
-        __mmask16 m = first_lanes16(n - k);
+        __mmask16 m = tf_lanes16(n - k);
         _mm512_mask_storeu_ps(out + k, m, tf_exp_avx512(_mm512_maskz_loadu_ps(m, x + k)));
     }
 }

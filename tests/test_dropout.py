@@ -19,18 +19,6 @@ N_STATS = 1_000_000
 SIZES = [0, 1, 2, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 1009]
 
 
-@pytest.fixture(params=LEVELS)
-def isa(request):
-    assert _C.set_isa(request.param) == request.param
-    yield request.param
-    _C.set_isa(_C.best_isa())
-
-
-@pytest.fixture
-def restore_threads():
-    n = _C.get_num_threads()
-    yield
-    _C.set_num_threads(n)
 
 
 def rand(*shape, seed=0):

@@ -20,18 +20,6 @@ CASES = [(1, 1, 1, 1), (2, 3, 5, 7), (3, 5, 11, 15), (2, 4, 9, 16), (1, 7, 13, 1
          (0, 4, 5, 8), (2, 0, 5, 8), (2, 3, 5, 0)]
 
 
-@pytest.fixture(params=LEVELS)
-def isa(request):
-    assert _C.set_isa(request.param) == request.param
-    yield request.param
-    _C.set_isa(_C.best_isa())
-
-
-@pytest.fixture
-def restore_threads():
-    n = _C.get_num_threads()
-    yield
-    _C.set_num_threads(n)
 
 
 def rand(*shape, seed=0):

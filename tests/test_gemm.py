@@ -12,9 +12,6 @@ import transformer as T
 from transformer import _C, ops
 
 TOL = 1e-6
-ISAS = [name for name in ("generic", "avx2", "avx512")
-        if _C.set_isa(name) == name or name == "generic"]
-_C.set_isa(_C.best_isa())
 TRANS = [(False, False), (False, True), (True, False), (True, True)]
 
 # Register tiles and cache blocks of each micro-kernel (csrc/gemm.c).
@@ -24,18 +21,6 @@ KC = 256
 MC = {"generic": 128, "avx2": 144, "avx512": 336}
 
 
-@pytest.fixture(params=ISAS)
-def isa(request):
-    _C.set_isa(request.param)
-    yield request.param
-    _C.set_isa(_C.best_isa())
-
-
-@pytest.fixture
-def threads():
-    before = T.get_num_threads()
-    yield
-    T.set_num_threads(before)
 
 
 def rng(seed=0):

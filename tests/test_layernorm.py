@@ -4,35 +4,19 @@ nn.LayerNorm semantics: biased variance, eps inside the square root, affine weig
 Reference: the formula in numpy float64. Tolerance for float32 results against float64
 references: |ours - ref| <= RTOL * |ref| + ATOL * scale of the tensor.
 """
-import contextlib
 
 import numpy as np
 import pytest
 
 from transformer import _C, ops
 
+from conftest import ISA_LEVELS as LEVELS, num_threads
+
 RTOL, ATOL = 1e-5, 1e-6          # forward and backward vs float64 references
 FD_RTOL = 1e-5                   # float32 backward vs float64 central differences
-_ORDER = {"generic": 0, "avx2": 1, "avx512": 2}
-LEVELS = [name for name in _ORDER if _ORDER[name] <= _ORDER[_C.best_isa()]]
 D_SIZES = [1, 2, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 129]
 
 
-@pytest.fixture(params=LEVELS)
-def isa(request):
-    _C.set_isa(request.param)
-    yield request.param
-    _C.set_isa(_C.best_isa())
-
-
-@contextlib.contextmanager
-def num_threads(n):
-    old = _C.get_num_threads()
-    _C.set_num_threads(n)
-    try:
-        yield
-    finally:
-        _C.set_num_threads(old)
 
 
 def assert_close(actual, expected, rtol=RTOL, atol=ATOL, what="result"):

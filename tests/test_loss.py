@@ -22,23 +22,8 @@ LOSS_RTOL = 1e-6
 GRAD_ATOL = 4e-7
 TORCH_FACTOR = 4.0
 
-ISA_LEVELS = [name for name in ("generic", "avx2", "avx512")
-              if _C.set_isa(name) == name]
-_C.set_isa(_C.best_isa())
 
 
-@pytest.fixture(params=ISA_LEVELS)
-def isa(request):
-    _C.set_isa(request.param)
-    yield request.param
-    _C.set_isa(_C.best_isa())
-
-
-@pytest.fixture
-def restore_threads():
-    before = _C.get_num_threads()
-    yield
-    _C.set_num_threads(before)
 
 
 def reference(logits, targets, ignore_index=-100, label_smoothing=0.0, grad_scale=1.0):

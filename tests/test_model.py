@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 import transformer as T
-from transformer import _C
 from transformer.layers import Dropout, DropoutStream
 from transformer.serialization import load_file, save_file
 

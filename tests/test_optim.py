@@ -22,23 +22,8 @@ STEPS = 20
 TORCH_RTOL = 1e-6
 SUMSQ_RTOL = 1e-12
 
-ISA_LEVELS = [name for name in ("generic", "avx2", "avx512")
-              if _C.set_isa(name) == name]
-_C.set_isa(_C.best_isa())
 
 
-@pytest.fixture(params=ISA_LEVELS)
-def isa(request):
-    _C.set_isa(request.param)
-    yield request.param
-    _C.set_isa(_C.best_isa())
-
-
-@pytest.fixture
-def restore_threads():
-    before = _C.get_num_threads()
-    yield
-    _C.set_num_threads(before)
 
 
 def random_problem(n, seed=0):

@@ -5,12 +5,13 @@ PE[pos, 2i] = sin(pos / 10000^(2i/d_model)), PE[pos, 2i+1] = cos(pos / 10000^(2i
 MAX_ULP float32 ulp from the float64 numpy table rounded once (libm and numpy may differ in the
 last double bit, which can move a float32 rounding by one step); nearly all entries identical.
 """
-import contextlib
 
 import numpy as np
 import pytest
 
 from transformer import _C, ops
+
+from conftest import num_threads
 
 MAX_ULP = 1
 
@@ -33,15 +34,6 @@ def assert_table_equal(actual, expected):
     assert ulps.max(initial=0) <= MAX_ULP, f"max ulp difference {ulps.max()}, max |diff| {np.abs(actual - expected).max()}"
     assert (ulps == 0).mean() > 0.999 if ulps.size else True
 
-
-@contextlib.contextmanager
-def num_threads(n):
-    old = _C.get_num_threads()
-    _C.set_num_threads(n)
-    try:
-        yield
-    finally:
-        _C.set_num_threads(old)
 
 
 @pytest.mark.parametrize("max_len, d_model", [(1, 1), (1, 2), (5, 1), (7, 3), (50, 16), (33, 17),

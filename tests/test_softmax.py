@@ -3,35 +3,19 @@
 Reference: a two-pass softmax in numpy float64 with the same masks. Tolerance for every float32
 result against a float64 reference: |ours - ref| <= RTOL * |ref| + ATOL.
 """
-import contextlib
 
 import numpy as np
 import pytest
 
 from transformer import _C, ops
 
+from conftest import ISA_LEVELS as LEVELS, num_threads
+
 RTOL, ATOL = 1e-5, 1e-8          # forward and backward vs float64 references
 FD_RTOL = 1e-4                   # float32 backward vs float64 central differences
-_ORDER = {"generic": 0, "avx2": 1, "avx512": 2}
-LEVELS = [name for name in _ORDER if _ORDER[name] <= _ORDER[_C.best_isa()]]
 TK_SIZES = [1, 2, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 97, 128, 129, 200]
 
 
-@pytest.fixture(params=LEVELS)
-def isa(request):
-    _C.set_isa(request.param)
-    yield request.param
-    _C.set_isa(_C.best_isa())
-
-
-@contextlib.contextmanager
-def num_threads(n):
-    old = _C.get_num_threads()
-    _C.set_num_threads(n)
-    try:
-        yield
-    finally:
-        _C.set_num_threads(old)
 
 
 def assert_close(actual, expected, rtol=RTOL, atol=ATOL, what="result"):

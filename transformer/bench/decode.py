@@ -9,7 +9,6 @@ after warm-up; the median of the repeats is reported. Tokens/s counts output tok
 also for beam search.
 """
 import json
-import os
 import statistics
 import sys
 import tempfile

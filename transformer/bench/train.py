@@ -10,6 +10,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -104,10 +105,12 @@ def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True):
                     ours_t.append(_timed(ours.step))
                     ref_t.append(_timed(ref.step))
                 o, r = statistics.median(ours_t), statistics.median(ref_t)
-                records.append({"bench": "train_step", "config": name, "threads": n,
+                records.append({"bench": "train_step", "kernel": f"train_step {name}", "config": name,
+                                "threads": n,
                                 "shape": f"B{c['batch']} S{c['length']} T{c['length']} V{c['vocab']}",
                                 "ours_s": o, "ref_s": r, "ratio": r / o,
                                 "ours_tokens_per_s": tokens / o, "ref_tokens_per_s": tokens / r,
+                                "ours_per_s": tokens / o,
                                 "repeats": n_rep})
             del ours, ref
         if memory:
@@ -115,7 +118,8 @@ def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True):
                 if name != "base" and len(configs) > 1:
                     continue
                 ours_kb, ref_kb = _peak_rss(name, "ours"), _peak_rss(name, "torch")
-                records.append({"bench": "train_step_peak_rss", "config": name,
+                records.append({"bench": "train_step_peak_rss", "kernel": f"train_step {name} peak RSS",
+                                "config": name,
                                 "ours_mb": ours_kb / 1024, "ref_mb": ref_kb / 1024,
                                 "ratio": ref_kb / ours_kb})
     finally:
@@ -125,16 +129,33 @@ def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True):
 
 
 def _peak_rss(name, engine):
-    """Peak resident set (KiB) of a fresh process running three training steps of `engine`."""
-    code = ("import resource, sys; from transformer.bench.train import _Ours, _Torch; "
+    """Peak resident set (KiB) of a fresh process running three training steps of `engine`.
+
+    Read from /proc/self/status VmHWM, the high-water mark of the child's own address space:
+    ru_maxrss would not do here, since Linux carries the parent's high-water mark across
+    fork + exec into the child's ru_maxrss (the parent holds both models when this runs)."""
+    code = ("import resource, sys; from transformer.bench.train import _Ours, _Torch, _vm_hwm_kib; "
             f"e = (_Ours if {engine!r} == 'ours' else _Torch)({name!r}); "
             "[e.step() for _ in range(3)]; "
-            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+            "print(_vm_hwm_kib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     env = dict(os.environ)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    # cwd outside any checkout: `python -c` puts the cwd first on sys.path
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         check=True, cwd=tempfile.gettempdir())
     return int(out.stdout.strip().splitlines()[-1])
+
+
+def _vm_hwm_kib():
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
 
 
 def profile(name="tiny", threads=1, steps=5):
