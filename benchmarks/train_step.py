@@ -8,13 +8,9 @@ base step, each measured in its own subprocess.
 """
 import argparse
 import json
-import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from transformer.bench import train  # noqa: E402
+from transformer.bench import train
 
 
 def main(argv=None):
