@@ -17,7 +17,10 @@ import time
 import numpy as np
 
 # Sleep between one library's timing block and the next when using several threads.
-SETTLE_S = 0.05
+# Before each library's timed block, wait for the previous library's idle threads to stop
+# spinning: OpenBLAS (numpy) busy-waits about 2**28 cycles (~80 ms here) after a call, and a
+# spinning team steals the core the next library's second thread needs.
+SETTLE_S = 0.25
 # (M, N, K) of the model's large products: projections, feed-forward, output layer.
 LARGE = [(2048, 512, 512), (2048, 2048, 512), (2048, 512, 2048), (1024, 8000, 512)]
 # Decoding: a few rows against a weight matrix (x @ W^T).

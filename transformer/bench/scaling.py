@@ -80,7 +80,9 @@ def plot(records, path, title_extra=""):
                 continue
             threads = sorted(values)
             all_threads.update(threads)
-            label = f"{kernel} {shape.split(' ')[0]} ({'ours' if engine == 'ours' else 'PyTorch'})"
+            config = shape.split(" ")[0]
+            name = kernel if config in kernel.split() else f"{kernel} {config}"
+            label = f"{name} ({'ours' if engine == 'ours' else 'PyTorch'})"
             ax_speed.plot(threads, [values[n] for n in threads], style, color=color, label=label)
             if 1 in values:
                 ax_eff.plot(threads, [values[n] / (n * values[1]) for n in threads], style, color=color,
