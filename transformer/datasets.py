@@ -18,6 +18,8 @@ import urllib.error
 import urllib.request
 import zipfile
 
+from .serialization import atomic_write_bytes
+
 DEFAULT_BASE = "https://www.manythings.org/anki"
 URL_ENV = "TRANSFORMER_DATA_URL"
 CACHE_ENV = "TRANSFORMER_CACHE"
@@ -34,15 +36,6 @@ def cache_dir():
 
 def _sha256(data):
     return hashlib.sha256(data).hexdigest()
-
-
-def _write_atomic(path, data):
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _fetch(url, timeout=60):
@@ -88,6 +81,6 @@ def resolve(spec):
         data = _anki_zip_to_tsv(_fetch(url), src, tgt, url)
     if not data.strip():
         raise ValueError(f"{url}: the download is empty")
-    _write_atomic(path, data)
-    _write_atomic(checksum_path, (_sha256(data) + "\n").encode())
+    atomic_write_bytes(path, data)
+    atomic_write_bytes(checksum_path, (_sha256(data) + "\n").encode())
     return path

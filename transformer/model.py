@@ -8,7 +8,6 @@ Parameter names, shapes and numerics follow the PyTorch reference of DESIGN.md
 """
 import json
 import os
-import tempfile
 import threading
 
 import numpy as np
@@ -18,7 +17,7 @@ from .config import ModelConfig
 from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, LayerNorm, Linear,
                      Workspace)
 from .params import Parameters
-from .serialization import load_file, save_file
+from .serialization import atomic_write_bytes, load_file, save_file
 
 __all__ = ["Seq2SeqTransformer", "Encoder", "Decoder"]
 
@@ -243,8 +242,8 @@ class Seq2SeqTransformer:
         """Write the directory `path`: config.json and model.safetensors (atomic writes, no pickle)."""
         path = os.fspath(path)
         os.makedirs(path, exist_ok=True)
-        _atomic_write_text(os.path.join(path, CONFIG_FILE),
-                           json.dumps(self.cfg.to_dict(), indent=2, sort_keys=True) + "\n")
+        atomic_write_bytes(os.path.join(path, CONFIG_FILE),
+                           (json.dumps(self.cfg.to_dict(), indent=2, sort_keys=True) + "\n").encode())
         with self._lock:
             save_file(self.params.data, os.path.join(path, WEIGHTS_FILE),
                       metadata={"format": "transformer.Seq2SeqTransformer"})
@@ -327,20 +326,3 @@ def _check_smoothing(value):
     if not 0.0 <= value <= 1.0:
         raise ValueError(f"label_smoothing must be in [0, 1], got {value}")
     return value
-
-
-def _atomic_write_text(path, text):
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise

@@ -6,13 +6,14 @@ then the raw little-endian data; offsets are relative to the end of the header a
 tile the data area exactly. Writes go to a temporary file in the same directory, are fsync'ed and
 renamed over the target (atomic). Reads check everything and raise ValueError naming the file.
 """
+import contextlib
 import json
 import os
 import tempfile
 
 import numpy as np
 
-__all__ = ["save_file", "load_file", "read_metadata"]
+__all__ = ["save_file", "load_file", "read_metadata", "atomic_writer", "atomic_write_bytes"]
 
 _DTYPES = {"F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "F16": np.dtype("<f2"),
            "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
@@ -25,6 +26,41 @@ def _code(dtype):
         if dt.kind == dtype.kind and dt.itemsize == dtype.itemsize:
             return code
     return None
+
+
+@contextlib.contextmanager
+def atomic_writer(path):
+    """A binary file whose contents replace `path` only once the block completes: written to a
+    temporary file in the same directory, fsync'ed, renamed over `path`, and the rename made
+    durable. An exception (or a kill) at any moment leaves `path` as it was."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:
+        pass
+
+
+def atomic_write_bytes(path, data):
+    with atomic_writer(path) as f:
+        f.write(data)
 
 
 def save_file(tensors, path, metadata=None):
@@ -53,32 +89,12 @@ def save_file(tensors, path, metadata=None):
         offset += arr.nbytes
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)  # the data area starts 8-byte aligned, as safetensors does
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".safetensors", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(len(text).to_bytes(8, "little"))
-            f.write(text)
-            for arr in arrays:
-                if arr.nbytes:
-                    f.write(memoryview(arr.reshape(-1)).cast("B"))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    try:  # make the rename itself durable
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:
-        pass
+    with atomic_writer(path) as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for arr in arrays:
+            if arr.nbytes:
+                f.write(memoryview(arr.reshape(-1)).cast("B"))
 
 
 def read_metadata(path):

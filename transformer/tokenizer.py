@@ -5,7 +5,8 @@ Ids 0-3 are reserved: <pad>=0, <s>=1 (BOS), </s>=2 (EOS), <unk>=3, matching
 ModelConfig's defaults (pad_id=0, bos_id=1, eos_id=2).
 """
 import json
-import os
+
+from .serialization import atomic_write_bytes
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -67,12 +68,7 @@ class SubwordTokenizer:
             raise ValueError(f"not a valid tokenizer file: {exc}") from None
 
     def save(self, path):
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(self.to_json())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        atomic_write_bytes(path, self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path):
