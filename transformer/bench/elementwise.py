@@ -21,9 +21,10 @@ for page faults):
 python -m transformer.bench.elementwise  prints one JSON line per measurement.
 """
 import json
-import time
 
 import numpy as np
+
+from .timing import time_pair
 
 EMBEDDING_SHAPES = [(32, 32, 128, 4000), (16, 64, 512, 8000)]   # B, T, D, V
 ACT_SHAPE = (2048, 2048)
@@ -33,31 +34,11 @@ DROPOUT_SHAPE = (1024, 512)
 DROPOUT_P = 0.1
 
 
-def _time_pair(ours, ref, repeats, min_batch_s=0.004, settle_s=0.02):
-    """Median seconds per call of ours() and ref(), batches interleaved.
-
-    Ours and PyTorch run two OpenMP runtimes whose idle workers spin for a while after each
-    parallel region; on 2 cores the other runtime's spinning team steals the time slice. Each batch
-    therefore starts after `settle_s` of sleep and one untimed call."""
-    for _ in range(3):
-        ours()
-        ref()
-    t0 = time.perf_counter()
-    ours()
-    ref()
-    once = max(time.perf_counter() - t0, 1e-7)
-    inner = max(1, int(min_batch_s / once))
-    ours_t, ref_t = [], []
-    for _ in range(repeats):
-        for fn, times in ((ours, ours_t), (ref, ref_t)):
-            time.sleep(settle_s)
-            fn()
-            t0 = time.perf_counter()
-            for _ in range(inner):
-                fn()
-            times.append((time.perf_counter() - t0) / inner)
-    _time_pair.last_min = (float(np.min(ours_t)), float(np.min(ref_t)))
-    return float(np.median(ours_t)), float(np.median(ref_t))
+def _time_pair(ours, ref, repeats):
+    """Median seconds per call of ours() and ref(); the best batches are kept for _record."""
+    (ours_s, ours_min), (ref_s, ref_min) = time_pair(ours, ref, repeats)
+    _time_pair.last_min = (ours_min, ref_min)
+    return ours_s, ref_s
 
 
 def _record(kernel, shape, threads, ours_s, ref_s, nbytes, **extra):
