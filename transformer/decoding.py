@@ -60,6 +60,7 @@ class DecoderCache:
         self.h = np.empty((N, D), f32)
         self.tmp = np.empty((N, D), f32)
         self.ctx = np.empty((N, D), f32)
+        self.query = np.empty((N, D), f32)
         self.qkv = np.empty((N, 3 * D), f32)
         self.ff_pre = np.empty((N, cfg.d_ff), f32)
         self.ff_act = np.empty((N, cfg.d_ff), f32)
@@ -88,10 +89,7 @@ class DecoderCache:
         for layer in range(cfg.n_decoder_layers):
             p = f"transformer.decoder.layers.{layer}"
             # Masked self-attention over the cache (the mask is implicit: only keys <= t exist).
-            source = x
-            if cfg.norm_first:
-                self._layer_norm(f"{p}.norm1", x, h, n)
-                source = h
+            source = self._sublayer_input(f"{p}.norm1", x, n)
             _C.gemm(source, w[f"{p}.self_attn.in_proj_weight"], qkv, trans_b=True)
             _C.add_bias(qkv, w[f"{p}.self_attn.in_proj_bias"])
             self.self_k[layer][:n, :, t, :] = qkv[:, D:2 * D].reshape(n, self.H, self.dh)
@@ -102,13 +100,9 @@ class DecoderCache:
             self._residual(f"{p}.norm1", x, tmp, n, post=not cfg.norm_first)
 
             # Cross-attention over the encoder output.
-            source = x
-            if cfg.norm_first:
-                self._layer_norm(f"{p}.norm2", x, h, n)
-                source = h
-            in_w = w[f"{p}.multihead_attn.in_proj_weight"]
-            _C.gemm(source, in_w[:D], h if not cfg.norm_first else tmp, trans_b=True)
-            query = h if not cfg.norm_first else tmp
+            source = self._sublayer_input(f"{p}.norm2", x, n)
+            query = self.query[:n]
+            _C.gemm(source, w[f"{p}.multihead_attn.in_proj_weight"][:D], query, trans_b=True)
             _C.add_bias(query, w[f"{p}.multihead_attn.in_proj_bias"][:D])
             if self.keep_attention and layer == cfg.n_decoder_layers - 1:
                 probs = np.empty((n, self.H, self.S), np.float32)
@@ -118,10 +112,7 @@ class DecoderCache:
             self._residual(f"{p}.norm2", x, tmp, n, post=not cfg.norm_first)
 
             # Position-wise feed-forward (section 3.3).
-            source = x
-            if cfg.norm_first:
-                self._layer_norm(f"{p}.norm3", x, h, n)
-                source = h
+            source = self._sublayer_input(f"{p}.norm3", x, n)
             _C.gemm(source, w[f"{p}.linear1.weight"], self.ff_pre[:n], trans_b=True)
             _C.bias_act_forward(self.ff_pre[:n], w[f"{p}.linear1.bias"], self.ff_act[:n], cfg.activation)
             self._linear(f"{p}.linear2", self.ff_act, tmp, n)
@@ -132,6 +123,13 @@ class DecoderCache:
         if probs is not None:
             self.attention.append(probs)
         return self.logits[:n]
+
+    def _sublayer_input(self, norm, x, n):
+        """What a sublayer reads: x itself (post-LN, the paper's), or norm(x) in `h` (pre-LN)."""
+        if not self.cfg.norm_first:
+            return x
+        self._layer_norm(norm, x, self.h, n)
+        return self.h[:n]
 
     def _residual(self, norm, x, delta, n, post):
         """x = norm(x + delta) after the sublayer (post-LN) or x = x + delta (pre-LN)."""
