@@ -14,8 +14,10 @@
  * products) depends only on the shape and the instruction set, and threads split
  * the output, never the K sum.
  *
- * Packing buffers: one process-wide buffer, grown on demand and kept (at most about
- * 5 MiB per thread while K <= 32768); a concurrent second caller allocates its own.
+ * Packing buffers: one process-wide buffer, grown on demand and kept (a few threads: at
+ * most about 5 MiB per thread while K <= 32768; many threads: two B blocks of at most 4 MiB
+ * shared by the team, plus at most 336 KiB per thread); a concurrent second caller
+ * allocates its own.
  */
 #ifndef TF_GEMM_H
 #define TF_GEMM_H
@@ -46,5 +48,20 @@ void gemm_reference(int trans_a, int trans_b, long batch0, long batch1,
                     const float *B, long ldb, long b_stride0, long b_stride1,
                     int accumulate,
                     float *C, long ldc, long c_stride0, long c_stride1);
+
+/* Testing hooks, for tests/test_gemm.py only (through transformer._C); not thread-safe
+ * against concurrent GEMMs, and never needed to get a correct or fast result. */
+enum { GEMM_AUTO = 0, GEMM_DOT, GEMM_PRIVATE, GEMM_NARROW, GEMM_BY_BATCH, GEMM_TILES, GEMM_SHARED };
+/* From now on run every product the dot path does not take with `schedule` (GEMM_TILES or
+ * GEMM_SHARED; anything else: GEMM_AUTO, the normal choice); when all_threads, start every
+ * thread of the process whatever the size of the product; when lazy, odd threads of the
+ * shared schedule leave their own work to the others (exercises taking others' work). */
+void gemm_test_force(int schedule, int all_threads, int lazy);
+/* The schedule the last GEMM ran (its first thread's view; GEMM_AUTO before any). */
+int gemm_test_last_schedule(void);
+/* Since the last reset: counts[0], counts[1]: floats of op(A), op(B) copied into packing
+ * buffers (zero padding not counted); counts[2]: shared-schedule work units a thread took
+ * from another's rectangle. reset: read and set to zero. */
+void gemm_test_counters(long counts[3], int reset);
 
 #endif

@@ -13,6 +13,11 @@ cdef extern from "gemm.h" nogil:
         const float *A, long lda, long a_stride0, long a_stride1,
         const float *B, long ldb, long b_stride0, long b_stride1,
         int accumulate, float *C, long ldc, long c_stride0, long c_stride1)
+    void c_gemm_test_force "gemm_test_force"(int schedule, int all_threads, int lazy)
+    int c_gemm_test_last_schedule "gemm_test_last_schedule"()
+    void c_gemm_test_counters "gemm_test_counters"(long counts[3], int reset)
+    enum:
+        GEMM_AUTO, GEMM_DOT, GEMM_PRIVATE, GEMM_NARROW, GEMM_BY_BATCH, GEMM_TILES, GEMM_SHARED
 
 
 cdef void _gemm_operand(object x, str name, int ndim) except *:
@@ -196,3 +201,31 @@ def gemm_reference(a, b, out, bint trans_a=False, bint trans_b=False, alpha=1.0,
     """Same contract as gemm, computed by the naive triple loop in C (the tests' second opinion):
     a double-precision sum per element, scaled by alpha (and added to out) in double, rounded once."""
     return _gemm_call(a, b, out, trans_a, trans_b, _gemm_alpha(alpha), accumulate, True)
+
+
+# ---------------------------------------------------------------------------
+# Testing hooks (tests/test_gemm.py): which schedule runs, and how much was packed.
+
+_GEMM_SCHEDULES = {"auto": GEMM_AUTO, "dot": GEMM_DOT, "private": GEMM_PRIVATE, "narrow": GEMM_NARROW,
+                   "by_batch": GEMM_BY_BATCH, "tiles": GEMM_TILES, "shared": GEMM_SHARED}
+
+
+def _gemm_force_schedule(str schedule="auto", bint all_threads=False, bint lazy=False):
+    """Test-only. Run every later gemm the dot path does not take with `schedule` ("tiles" or
+    "shared"; "auto" restores the normal choice); all_threads: use every thread of the process
+    even for products too small to be worth it; lazy: in the shared schedule, odd threads leave
+    their own work to the others. Process-wide: restore with _gemm_force_schedule("auto")."""
+    if schedule not in ("auto", "tiles", "shared"):
+        raise ValueError(f"schedule must be 'auto', 'tiles' or 'shared', got {schedule!r}")
+    c_gemm_test_force(_GEMM_SCHEDULES[schedule], all_threads, lazy)
+
+
+def _gemm_stats(bint reset=False):
+    """Test-only. {"schedule": the schedule the last gemm ran, and since the last reset:
+    "packed_a"/"packed_b": floats of op(a)/op(b) copied into packing buffers (padding not
+    counted), "taken": shared-schedule work units a thread took from another's share}."""
+    cdef long counts[3]
+    c_gemm_test_counters(counts, reset)
+    names = {v: k for k, v in _GEMM_SCHEDULES.items()}
+    return {"schedule": names[c_gemm_test_last_schedule()], "packed_a": counts[0], "packed_b": counts[1],
+            "taken": counts[2]}

@@ -19,8 +19,11 @@ MR = {"generic": 4, "avx2": 6, "avx512": 14}
 NR = {"generic": 8, "avx2": 16, "avx512": 32}
 KC = 256
 MC = {"generic": 128, "avx2": 144, "avx512": 336}
-
-
+NC = {"generic": 2048, "avx2": 4096, "avx512": 4096}
+# Thread counts whose results must be bitwise identical (more than the 2 cores: oversubscribed).
+THREADS = (1, 2, 3, 4, 7, 16)
+# The shared schedule gives each thread at least this many MR-row panels before splitting columns.
+SHARED_PANELS = 3
 
 
 def rng(seed=0):
@@ -62,6 +65,18 @@ def outside(big, shape):
     mask = np.ones(big.shape, dtype=bool)
     mask[..., 1:shape[-2] + 1, 3:shape[-1] + 3] = False
     return big[mask]
+
+
+def assert_same_bits(got, want, what):
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), \
+        f"{what}: bits differ, max difference {np.abs(got - want).max():.3g}"
+
+
+@pytest.fixture
+def forced():
+    """Force a schedule with _C._gemm_force_schedule(...); the normal choice is restored afterwards."""
+    yield _C._gemm_force_schedule
+    _C._gemm_force_schedule("auto")
 
 
 def shapes_past_boundaries(isa):
@@ -255,14 +270,13 @@ def test_result_bits_do_not_depend_on_thread_count(isa, threads, trans_a, trans_
         a = r.uniform(-1, 1, batch + ((k, m) if trans_a else (m, k))).astype(np.float32)
         b = r.uniform(-1, 1, batch + ((n, k) if trans_b else (k, n))).astype(np.float32)
         results = []
-        for nthreads in (1, 2):
+        for nthreads in THREADS:
             T.set_num_threads(nthreads)
             out = np.ones(batch + (m, n), np.float32)
             _C.gemm(a, b, out, trans_a, trans_b, alpha=0.3, accumulate=True)
             results.append(out)
-        assert np.array_equal(results[0].view(np.uint32), results[1].view(np.uint32)), \
-            f"1 vs 2 threads differ for {batch + (m, n, k)}: max {np.abs(results[0] - results[1]).max():.3g}"
-        assert_close(results[1], a, b, trans_a, trans_b, alpha=0.3, out0=np.ones(batch + (m, n), np.float32))
+            assert_same_bits(out, results[0], f"{nthreads} vs 1 threads, {batch + (m, n, k)}")
+        assert_close(results[0], a, b, trans_a, trans_b, alpha=0.3, out0=np.ones(batch + (m, n), np.float32))
 
 
 @pytest.mark.parametrize("trans_a,trans_b", TRANS)
@@ -278,6 +292,144 @@ def test_every_schedule_on_one_thread(isa, threads, trans_a, trans_b):
         _C.gemm(a, b, out, trans_a, trans_b, alpha=-1.5, accumulate=True)
         assert_close(out, a, b, trans_a, trans_b, alpha=-1.5, out0=np.ones((m, n), np.float32))
         assert (outside(big, (m, n)) == 1).all()
+
+
+# ---------------------------------------------------------------------------
+# Multi-thread schedules. "tiles" (a few threads: each packs its own B blocks) and "shared" (many
+# threads: the team packs each B block once, then splits the rows of C) must give the bits of the
+# one-thread schedule for every team, split and edge; forced with every thread of the process
+# started even for small products, so 7 and 16 threads meet empty and one-panel shares. "lazy":
+# odd threads of the shared schedule leave their own share to the others (what happens to the
+# share of a thread the OS stalls), so taking another thread's work is always exercised.
+
+def shared_edge_cases(isa):
+    """(batch, M, N, K) around the shared schedule's edges: register tiles, the row split (a thread
+    needs SHARED_PANELS row panels: 16 threads split rows 16 ways from 16 * 3 * MR rows on), the MC
+    row chunks, the K blocks (fixed, so several K blocks meet the double-buffered barrier), the N block."""
+    mr, nr, mc = MR[isa], NR[isa], MC[isa]
+    rows16 = 16 * SHARED_PANELS * mr
+    return [((), 1, 1, 1), ((), mr - 1, nr + 1, KC + 1), ((), 2 * mr + 1, 2 * nr - 1, 2 * KC + 1),
+            ((), rows16 - 1, nr + 3, 40), ((), rows16 + 1, 2 * nr + 1, KC - 1), ((), mc + 1, 3 * nr + 1, 70),
+            ((), 2 * mc + 5, 50, 300), ((), 2 * mr + 3, NC[isa] + nr + 1, 20),
+            ((3,), 4 * mr + 1, nr + 5, KC + 3), ((2, 2), 3 * mr, 2 * nr, 33)]
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_tiles_and_shared_schedules_give_the_one_thread_bits(isa, threads, forced, trans_a, trans_b):
+    r = rng(14)
+    for batch, m, n, k in shared_edge_cases(isa):
+        a = r.uniform(-1, 1, batch + ((k, m) if trans_a else (m, k))).astype(np.float32)
+        b = r.uniform(-1, 1, batch + ((n, k) if trans_b else (k, n))).astype(np.float32)
+        out0 = r.uniform(-1, 1, batch + (m, n)).astype(np.float32)
+        T.set_num_threads(1)
+        forced("auto")
+        want = out0.copy()
+        _C.gemm(a, b, want, trans_a, trans_b, alpha=-0.7, accumulate=True)
+        assert_close(want, a, b, trans_a, trans_b, alpha=-0.7, out0=out0)
+        for schedule, lazy in (("tiles", False), ("shared", False), ("shared", True)):
+            forced(schedule, all_threads=True, lazy=lazy)
+            for nthreads in THREADS:
+                T.set_num_threads(nthreads)
+                big, out = padded_out(batch + (m, n), fill=np.nan)
+                out[...] = out0
+                _C.gemm(a, b, out, trans_a, trans_b, alpha=-0.7, accumulate=True)
+                what = f"{schedule} (lazy={lazy}) on {nthreads} threads, {batch + (m, n, k)}"
+                assert_same_bits(out, want, what)
+                assert np.isnan(outside(big, batch + (m, n))).all(), f"{what}: wrote outside out"
+                if nthreads == 16:   # and without accumulating: out is written, never read
+                    out[...] = np.nan
+                    _C.gemm(a, b, out, trans_a, trans_b, alpha=2.0)
+                    assert_close(out, a, b, trans_a, trans_b, alpha=2.0)
+
+
+@pytest.mark.parametrize("trans_a,trans_b", TRANS)
+def test_shared_schedule_on_head_views_and_broadcast_operands(isa, threads, forced, trans_a, trans_b):
+    """4-D [B, H, T, dh] views in place (strided batch axes for a, b and out), and a weight
+    broadcast over the batch (stride 0), with several K blocks, on 1..16 threads."""
+    r = rng(15)
+    B, H, L, dh = 2, 2, 3 * MR[isa] + 5, 40
+    q = r.uniform(-1, 1, (B, L, H * dh)).astype(np.float32)
+    a = np.ascontiguousarray(np.swapaxes(head_view(q, B, L, H), -1, -2)) if trans_a else head_view(q, B, L, H)
+    w = operand(r, dh, 2 * NR[isa] + 3, trans_b)   # op(w): [dh, n]
+    n = 2 * NR[isa] + 3
+    wide = r.uniform(-1, 1, (B, H) + ((n, KC + 9) if trans_b else (KC + 9, n))).astype(np.float32)
+    p = r.uniform(-1, 1, (B, H) + ((KC + 9, L) if trans_a else (L, KC + 9))).astype(np.float32)
+    cases = [(a, np.broadcast_to(w, (B, H) + w.shape)), (p, wide)]
+    for x, y in cases:
+        ctx0 = r.uniform(-1, 1, (B, L, H * y.shape[-2 if trans_b else -1])).astype(np.float32)
+        T.set_num_threads(1)
+        forced("auto")
+        want = ctx0.copy()
+        _C.gemm(x, y, head_view(want, B, L, H), trans_a, trans_b, alpha=0.5, accumulate=True)
+        assert_close(head_view(want, B, L, H), x, y, trans_a, trans_b, alpha=0.5, out0=head_view(ctx0, B, L, H))
+        for nthreads in THREADS:
+            forced("shared", all_threads=True, lazy=nthreads % 2 == 1)
+            T.set_num_threads(nthreads)
+            got = ctx0.copy()
+            _C.gemm(x, y, head_view(got, B, L, H), trans_a, trans_b, alpha=0.5, accumulate=True)
+            assert_same_bits(got, want, f"shared on {nthreads} threads, {x.shape} @ {y.shape}")
+
+
+def test_shared_schedule_packs_each_b_block_once_whatever_the_team(threads, forced):
+    """The point of the shared schedule: op(B) is packed K * N floats in all, on any team, and op(A)
+    M * K per N block (rows are split, not repacked), plus the rows of any work a thread takes from
+    another (lazy: odd threads leave all theirs). (Tiles pack B once per thread that takes a tile of
+    the column block: how often depends on which threads the OS runs, so no count here.)"""
+    r = rng(16)
+    isa = _C.best_isa()
+    m, n, k = 16 * SHARED_PANELS * MR[isa] + 7, 3 * NR[isa] + 5, 2 * KC + 3   # every team splits rows only
+    a, b = operand(r, m, k, False), operand(r, k, n, False)
+    out = np.empty((m, n), np.float32)
+    for nthreads in THREADS:
+        for lazy in (False, True):
+            forced("shared", all_threads=True, lazy=lazy)
+            T.set_num_threads(nthreads)
+            _C._gemm_stats(reset=True)
+            _C.gemm(a, b, out)
+            stats = _C._gemm_stats(reset=True)
+            assert stats["schedule"] == "shared"
+            assert stats["packed_b"] == k * n, f"{nthreads} threads packed {stats['packed_b']} floats of B, not {k * n}"
+            # each thread owns m / nthreads rows; a taken unit repacks at most its owner's rows
+            most = m * k + stats["taken"] * -(-m // nthreads) * KC
+            assert m * k <= stats["packed_a"] <= most, f"{nthreads} threads packed {stats['packed_a']} floats of A"
+            if lazy and nthreads > 1:
+                assert stats["taken"] >= 3 * (nthreads // 2), "odd threads' work was not taken by others"
+            assert_close(out, a, b, False, False)
+
+
+def test_many_threads_choose_the_shared_schedule_for_large_products(threads):
+    """The rule: one thread runs alone; a few threads share tiles; many threads (16) on a product
+    with many rows share B blocks; few rows, many batch entries and A @ B^T with few rows keep
+    their own schedules."""
+    r = rng(17)
+    isa = _C.best_isa()
+
+    def schedule(batch, m, n, k, trans_b=False):
+        a = r.uniform(-1, 1, batch + (m, k)).astype(np.float32)
+        b = r.uniform(-1, 1, batch + ((n, k) if trans_b else (k, n))).astype(np.float32)
+        out = np.empty(batch + (m, n), np.float32)
+        _C._gemm_stats(reset=True)
+        _C.gemm(a, b, out, False, trans_b)
+        assert_close(out, a, b, False, trans_b)
+        return _C._gemm_stats(reset=True)
+
+    large = ((), 2 * MC[isa] + 1, 300, 200)           # > 2**25 multiply-adds: enough for 16 threads
+    T.set_num_threads(1)
+    assert schedule(*large)["schedule"] == "private"
+    T.set_num_threads(2)
+    assert schedule(*large)["schedule"] == "tiles"
+    T.set_num_threads(16)
+    stats = schedule(*large)
+    assert stats["schedule"] == "shared" and stats["packed_b"] == 300 * 200
+    assert schedule((), 5, 20000, 400)["schedule"] == "narrow"
+    assert schedule((64,), 100, 100, 64)["schedule"] == "by_batch"
+    if isa == "avx512":
+        assert schedule((), 3, 30000, 400, trans_b=True)["schedule"] == "dot"
+
+
+def test_force_schedule_refuses_unknown_names(forced):
+    with pytest.raises(ValueError, match="schedule"):
+        forced("fastest")
 
 
 # ---------------------------------------------------------------------------

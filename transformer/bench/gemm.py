@@ -6,7 +6,14 @@ torch via torch.set_num_threads, numpy's OpenBLAS via its own set_num_threads (f
 library numpy loaded; when it cannot be found, numpy is reported with its default threads and
 `numpy_threads` says so).
 
-    python -m transformer.bench.gemm          # JSON lines
+Each record also names the schedule ours ran ("private", "tiles", "shared", "narrow", "dot",
+"by_batch"; csrc/gemm.c) and how many floats of op(b) it packed per call, relative to K * N
+(1.0: B packed once; the tiles schedule packs it about once per thread). `schedules=("auto",
+"tiles", "shared")` times the large products under each forced schedule as well (a test-only
+hook of transformer._C), to check the rule that picks one.
+
+    python -m transformer.bench.gemm                      # JSON lines
+    python -m transformer.bench.gemm --threads 1,2 --large-only --schedules auto,shared
 """
 import ctypes
 import glob
@@ -80,7 +87,7 @@ def _operands(rng, batch, m, n, k, variant):
     return a, b, ta, tb
 
 
-def _measure(rng, batch, m, n, k, variant, repeats, torch, with_numpy):
+def _measure(rng, batch, m, n, k, variant, repeats, torch, with_numpy, schedule="auto"):
     from transformer import _C
 
     a, b, ta, tb = _operands(rng, batch, m, n, k, variant)
@@ -94,23 +101,34 @@ def _measure(rng, batch, m, n, k, variant, repeats, torch, with_numpy):
     opa_n = np.swapaxes(a, -1, -2) if ta else a
     opb_n = np.swapaxes(b, -1, -2) if tb else b
 
+    _C._gemm_force_schedule(schedule)
     fns = [lambda: _C.gemm(a, b, out, ta, tb),
            lambda: torch.matmul(opa_t, opb_t, out=ot)]
     if with_numpy:
         fns.append(lambda: np.matmul(opa_n, opb_n, out=out_n))
-    times = _time_interleaved(fns, repeats, settle=SETTLE_S if torch.get_num_threads() > 1 else 0.0)
+    try:
+        times = _time_interleaved(fns, repeats, settle=SETTLE_S if torch.get_num_threads() > 1 else 0.0)
+        _C._gemm_stats(reset=True)
+        _C.gemm(a, b, out, ta, tb)
+        stats = _C._gemm_stats(reset=True)
+    finally:
+        _C._gemm_force_schedule("auto")
     flops = 2.0 * m * n * k * int(np.prod(batch, dtype=np.int64))
     rec = {"ours_s": times[0], "ref_s": times[1], "ratio": times[1] / times[0],
            "ours_gflops": flops / times[0] / 1e9, "torch_gflops": flops / times[1] / 1e9}
     if with_numpy:
         rec.update(numpy_s=times[2], numpy_ratio=times[2] / times[0], numpy_gflops=flops / times[2] / 1e9)
+    batches = int(np.prod(batch, dtype=np.int64))
+    rec.update(schedule=stats["schedule"], packed_b_per_kn=stats["packed_b"] / (k * n * batches))
     diff = float(np.abs(out - out_t).max())
     rec["max_abs_diff_vs_torch"] = diff
     return rec
 
 
-def run(threads=(1, 2), repeats=5, large=True, skinny=True, attention=True):
-    """One record per (case, thread count): ours vs torch (ratio = torch time / ours) and numpy."""
+def run(threads=(1, 2), repeats=5, large=True, skinny=True, attention=True, schedules=("auto",)):
+    """One record per (case, thread count): ours vs torch (ratio = torch time / ours) and numpy.
+    schedules: the large products are timed once per entry ("auto": the normal choice; "tiles" or
+    "shared": forced), the others with "auto" only."""
     import torch
 
     import transformer as T
@@ -127,18 +145,20 @@ def run(threads=(1, 2), repeats=5, large=True, skinny=True, attention=True):
                 set_blas_threads(nthreads)
             cases = []
             if large:
-                cases += [("gemm " + v, (), s, v, True) for s in LARGE for v in ("NN", "NT", "TN")]
+                cases += [("gemm " + v, (), s, v, True, sch) for s in LARGE for v in ("NN", "NT", "TN")
+                          for sch in schedules]
             if skinny:
-                cases += [("gemm " + v, (), s, v, True) for s in SKINNY for v in ("NT", "NN")]
+                cases += [("gemm " + v, (), s, v, True, "auto") for s in SKINNY for v in ("NT", "NN")]
             if attention:
-                cases += [("batched gemm " + v, (bh,), (t, t if v == "NT" else dh, dh if v == "NT" else t), v, True)
-                          for bh, t, dh in ATTENTION for v in ("NT", "NN")]
-            for kernel, batch, (m, n, k), variant, with_numpy in cases:
+                cases += [("batched gemm " + v, (bh,), (t, t if v == "NT" else dh, dh if v == "NT" else t), v,
+                           True, "auto") for bh, t, dh in ATTENTION for v in ("NT", "NN")]
+            for kernel, batch, (m, n, k), variant, with_numpy, schedule in cases:
                 rec = {"kernel": kernel,
                        "shape": "x".join(map(str, batch + (m, n, k))),
                        "threads": nthreads,
-                       "numpy_threads": nthreads if set_blas_threads is not None else "default"}
-                rec.update(_measure(rng, batch, m, n, k, variant, repeats, torch, with_numpy))
+                       "numpy_threads": nthreads if set_blas_threads is not None else "default",
+                       "forced_schedule": schedule}
+                rec.update(_measure(rng, batch, m, n, k, variant, repeats, torch, with_numpy, schedule))
                 records.append(rec)
     finally:
         T.set_num_threads(before_ours)
@@ -147,5 +167,15 @@ def run(threads=(1, 2), repeats=5, large=True, skinny=True, attention=True):
 
 
 if __name__ == "__main__":
-    for record in run():
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--large-only", action="store_true", help="only the model's large products")
+    parser.add_argument("--schedules", default="auto", help="for the large products: auto,tiles,shared")
+    args = parser.parse_args()
+    only = args.large_only
+    for record in run(threads=tuple(int(t) for t in args.threads.split(",")), repeats=args.repeats,
+                      skinny=not only, attention=not only, schedules=tuple(args.schedules.split(","))):
         print(json.dumps(record), flush=True)
