@@ -4,13 +4,14 @@
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cpu.h"
 #include "simd_math.h"
 
 #if TF_HAVE_X86
 TF_TARGET_AVX512
-static float dot_avx512(const float *a, const float *b, long n)
+static inline float dot_avx512(const float *a, const float *b, long n)
 {
     __m512 acc = _mm512_setzero_ps();
     long i = 0;
@@ -74,13 +75,123 @@ void attention_decode_forward(const float *q, long ldq, const float *k, const fl
                               const uint8_t *key_mask, float *out, long ldo, float *probs,
                               long N, long H, long Tmax, long n_keys, long dh, float scale)
 {
+    attention_decode_rows_forward(q, ldq, k, v, NULL, NULL, 0, key_mask, out, ldo, probs,
+                                  N, H, Tmax, n_keys, dh, scale, 0);
+}
+
+/* One (row, head) pair: scores, softmax and weighted sum (the definition every level follows).
+ * kp, vp: the pair's cache when krow is NULL; else key j lives at k/v + krow[j]*H*head + h*head. */
+typedef struct {
+    const float *k, *v;          /* whole caches */
+    long H, head, dh, n_keys;    /* head = Tmax * dh */
+    float scale;
+} cache_view;
+
+static void attend_pair(const cache_view *c, const float *qp, const float *kp, const float *vp,
+                        const int64_t *krow, long h, const uint8_t *mask, float *scores,
+                        float *op, float *pp,
+                        float (*dot)(const float *, const float *, long),
+                        void (*axpy)(float *, float, const float *, long))
+{
+    long n_keys = c->n_keys, dh = c->dh;
+    float max = -INFINITY;
+    for (long j = 0; j < n_keys; j++) {
+        if (mask && mask[j]) { scores[j] = -INFINITY; continue; }
+        const float *kj = krow ? c->k + ((long)krow[j] * c->H + h) * c->head + j * dh : kp + j * dh;
+        scores[j] = c->scale * dot(qp, kj, dh);
+        if (scores[j] > max) max = scores[j];
+    }
+    for (long d = 0; d < dh; d++) op[d] = 0.0f;
+    if (max == -INFINITY) {  /* every key masked (or none): zeros, never NaN */
+        if (pp) for (long j = 0; j < n_keys; j++) pp[j] = 0.0f;
+        return;
+    }
+    float sum = 0.0f;
+    for (long j = 0; j < n_keys; j++) {
+        float e = scores[j] == -INFINITY ? 0.0f : expf(scores[j] - max);
+        scores[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+    for (long j = 0; j < n_keys; j++) {
+        float w = scores[j] * inv;
+        if (pp) pp[j] = w;
+        if (w == 0.0f) continue;
+        const float *vj = krow ? c->v + ((long)krow[j] * c->H + h) * c->head + j * dh : vp + j * dh;
+        axpy(op, w, vj, dh);
+    }
+}
+
+#if TF_HAVE_X86
+/* attend_pair at the AVX-512 level with the dot product inlined and the weighted sum kept in
+ * registers (64 output floats at a time) instead of read and written back per key: the same
+ * operations on the same values in the same order, so the same bits. */
+TF_TARGET_AVX512
+static void attend_pair_avx512(const cache_view *c, const float *qp, const float *kp,
+                               const float *vp, const int64_t *krow, long h,
+                               const uint8_t *mask, float *scores, float *op, float *pp)
+{
+    long n_keys = c->n_keys, dh = c->dh;
+    float max = -INFINITY;
+    for (long j = 0; j < n_keys; j++) {
+        if (mask && mask[j]) { scores[j] = -INFINITY; continue; }
+        const float *kj = krow ? c->k + ((long)krow[j] * c->H + h) * c->head + j * dh : kp + j * dh;
+        scores[j] = c->scale * dot_avx512(qp, kj, dh);
+        if (scores[j] > max) max = scores[j];
+    }
+    if (max == -INFINITY) {
+        for (long d = 0; d < dh; d++) op[d] = 0.0f;
+        if (pp) for (long j = 0; j < n_keys; j++) pp[j] = 0.0f;
+        return;
+    }
+    float sum = 0.0f;
+    for (long j = 0; j < n_keys; j++) {
+        float e = scores[j] == -INFINITY ? 0.0f : expf(scores[j] - max);
+        scores[j] = e;
+        sum += e;
+    }
+    float inv = 1.0f / sum;
+    for (long j = 0; j < n_keys; j++) {
+        scores[j] *= inv;
+        if (pp) pp[j] = scores[j];
+    }
+    for (long c0 = 0; c0 < dh; c0 += 64) {
+        long len = dh - c0 < 64 ? dh - c0 : 64;
+        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (long j = 0; j < n_keys; j++) {
+            float w = scores[j];
+            if (w == 0.0f) continue;
+            const float *x = (krow ? c->v + ((long)krow[j] * c->H + h) * c->head + j * dh
+                                   : vp + j * dh) + c0;
+            __m512 vw = _mm512_set1_ps(w);
+            a0 = _mm512_fmadd_ps(vw, tf_load16(x, len), a0);
+            if (len > 16) a1 = _mm512_fmadd_ps(vw, tf_load16(x + 16, len - 16), a1);
+            if (len > 32) a2 = _mm512_fmadd_ps(vw, tf_load16(x + 32, len - 32), a2);
+            if (len > 48) a3 = _mm512_fmadd_ps(vw, tf_load16(x + 48, len - 48), a3);
+        }
+        tf_store16(op + c0, len, a0);
+        if (len > 16) tf_store16(op + c0 + 16, len - 16, a1);
+        if (len > 32) tf_store16(op + c0 + 32, len - 32, a2);
+        if (len > 48) tf_store16(op + c0 + 48, len - 48, a3);
+    }
+}
+#endif
+
+void attention_decode_rows_forward(const float *q, long ldq, const float *k, const float *v,
+                                   const int64_t *rows, const int64_t *key_rows, long ld_key_rows,
+                                   const uint8_t *key_mask, float *out, long ldo, float *probs,
+                                   long N, long H, long Tmax, long n_keys, long dh, float scale,
+                                   int reference)
+{
     float (*dot)(const float *, const float *, long) = dot_generic;
     void (*axpy)(float *, float, const float *, long) = axpy_generic;
-#if TF_HAVE_X86
     int isa = tf_isa();
+#if TF_HAVE_X86
     if (isa >= TF_ISA_AVX512) { dot = dot_avx512; axpy = axpy_avx512; }
     else if (isa >= TF_ISA_AVX2) { dot = dot_avx2; axpy = axpy_avx2; }
+    if (reference) isa = TF_ISA_GENERIC;   /* attend_pair with this level's dot and axpy */
 #endif
+    const cache_view c = {k, v, H, Tmax * dh, dh, n_keys, scale};
     long pairs = N * H;
     int threads = tf_team(pairs * n_keys * dh, 1L << 15);
 #pragma omp parallel num_threads(threads)
@@ -89,36 +200,34 @@ void attention_decode_forward(const float *q, long ldq, const float *k, const fl
 #pragma omp for schedule(static)
         for (long p = 0; p < pairs; p++) {
             long n = p / H, h = p % H;
+            long row = rows ? (long)rows[n] : n;
+            const int64_t *krow = key_rows ? key_rows + n * ld_key_rows : NULL;
             const float *qp = q + n * ldq + h * dh;
-            const float *kp = k + p * Tmax * dh;
-            const float *vp = v + p * Tmax * dh;
-            const uint8_t *mask = key_mask ? key_mask + n * Tmax : NULL;
+            const float *kp = k + (row * H + h) * c.head;
+            const float *vp = v + (row * H + h) * c.head;
+            const uint8_t *mask = key_mask ? key_mask + row * Tmax : NULL;
             float *op = out + n * ldo + h * dh;
-            float max = -INFINITY;
-            for (long j = 0; j < n_keys; j++) {
-                if (mask && mask[j]) { scores[j] = -INFINITY; continue; }
-                scores[j] = scale * dot(qp, kp + j * dh, dh);
-                if (scores[j] > max) max = scores[j];
-            }
-            for (long d = 0; d < dh; d++) op[d] = 0.0f;
             float *pp = probs ? probs + p * n_keys : NULL;
-            if (max == -INFINITY) {  /* every key masked (or none): zeros, never NaN */
-                if (pp) for (long j = 0; j < n_keys; j++) pp[j] = 0.0f;
+#if TF_HAVE_X86
+            if (isa >= TF_ISA_AVX512) {
+                attend_pair_avx512(&c, qp, kp, vp, krow, h, mask, scores, op, pp);
                 continue;
             }
-            float sum = 0.0f;
-            for (long j = 0; j < n_keys; j++) {
-                float e = scores[j] == -INFINITY ? 0.0f : expf(scores[j] - max);
-                scores[j] = e;
-                sum += e;
-            }
-            float inv = 1.0f / sum;
-            for (long j = 0; j < n_keys; j++) {
-                float w = scores[j] * inv;
-                if (pp) pp[j] = w;
-                if (w != 0.0f) axpy(op, w, vp + j * dh, dh);
-            }
+#endif
+            attend_pair(&c, qp, kp, vp, krow, h, mask, scores, op, pp, dot, axpy);
         }
         free(scores);
+    }
+}
+
+void attention_cache_store(const float *x, long ldx, float *cache, const int64_t *rows,
+                           long N, long H, long Tmax, long dh, long t)
+{
+    /* N * H * dh floats: a few KiB per step, one thread (a team would cost more). */
+    for (long n = 0; n < N; n++) {
+        long row = rows ? (long)rows[n] : n;
+        for (long h = 0; h < H; h++)
+            memcpy(cache + ((row * H + h) * Tmax + t) * dh, x + n * ldx + h * dh,
+                   (size_t)dh * sizeof(float));
     }
 }

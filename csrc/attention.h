@@ -18,4 +18,30 @@ void attention_decode_forward(const float *q, long ldq, const float *k, const fl
                               const uint8_t *key_mask, float *out, long ldo, float *probs,
                               long N, long H, long Tmax, long n_keys, long dh, float scale);
 
+/* The same, reading the cache through row indices, so beam search and finished
+ * sentences never move the cache (only small index tables change):
+ * k, v:      (R, H, Tmax, dh) caches of R rows (R may differ from N)
+ * rows:      (N) cache row of query row n, or NULL for row n (cross-attention: the
+ *            sentence whose encoder output row n reads; key_mask row too)
+ * key_rows:  (N, ld_key_rows) when not NULL, key j of query row n is k[key_rows[n, j], h, j]
+ *            (self-attention in beam search: the row that computed that step of the
+ *            hypothesis), overriding rows for keys
+ * Every index must be in [0, R) (the caller checks). Arithmetic and its order are those
+ * of attention_decode_forward: the same bits as gathering the cache first.
+ * reference = 1: the plain per-key loop (a dot product and an axpy call per key) at the
+ * current SIMD level; the fast path (AVX-512: dot inlined, the weighted sum kept in
+ * registers) must give exactly its bits. */
+void attention_decode_rows_forward(const float *q, long ldq, const float *k, const float *v,
+                                   const int64_t *rows, const int64_t *key_rows, long ld_key_rows,
+                                   const uint8_t *key_mask, float *out, long ldo, float *probs,
+                                   long N, long H, long Tmax, long n_keys, long dh, float scale,
+                                   int reference);
+
+/* cache[rows[n], h, t, :] = x[n, h*dh : (h+1)*dh]: store one step's keys (or values).
+ * x:     (N, H*dh) rows start every ldx floats
+ * cache: (R, H, Tmax, dh)
+ * rows:  (N) cache row of each x row, or NULL for row n; distinct, in [0, R) */
+void attention_cache_store(const float *x, long ldx, float *cache, const int64_t *rows,
+                           long N, long H, long Tmax, long dh, long t);
+
 #endif

@@ -4,41 +4,139 @@ cdef extern from "attention.h" nogil:
     void attention_decode_forward(const float *q, long ldq, const float *k, const float *v,
                                   const uint8_t *key_mask, float *out, long ldo, float *probs,
                                   long N, long H, long Tmax, long n_keys, long dh, float scale)
+    void attention_decode_rows_forward(const float *q, long ldq, const float *k, const float *v,
+                                       const int64_t *rows, const int64_t *key_rows,
+                                       long ld_key_rows, const uint8_t *key_mask, float *out,
+                                       long ldo, float *probs, long N, long H, long Tmax,
+                                       long n_keys, long dh, float scale, int reference)
+    void c_attention_cache_store "attention_cache_store"(const float *x, long ldx, float *cache, const int64_t *rows,
+                               long N, long H, long Tmax, long dh, long t)
+
+
+cdef Py_ssize_t _att_bad_index(const int64_t *p, Py_ssize_t count, Py_ssize_t stride,
+                               Py_ssize_t width, Py_ssize_t limit) noexcept nogil:
+    """Flat position of the first value outside [0, limit) among `count` rows of `width`
+    values spaced `stride` apart, or -1."""
+    cdef Py_ssize_t i, j
+    for i in range(count):
+        for j in range(width):
+            if <uint64_t>p[i * stride + j] >= <uint64_t>limit:
+                return i * width + j
+    return -1
+
+
+cdef bint _att_meet(object x, object y):
+    """Whether the byte extents [first, last] of two ndarrays with non-negative strides intersect
+    (what np.may_share_memory tests, without its Python-level cost: these run every decoding step)."""
+    cdef cnp.ndarray a = <cnp.ndarray>x, b = <cnp.ndarray>y
+    if cnp.PyArray_SIZE(a) == 0 or cnp.PyArray_SIZE(b) == 0:
+        return False
+    cdef char *a0 = <char *>cnp.PyArray_DATA(a)
+    cdef char *b0 = <char *>cnp.PyArray_DATA(b)
+    cdef char *a1 = a0 + cnp.PyArray_ITEMSIZE(a)
+    cdef char *b1 = b0 + cnp.PyArray_ITEMSIZE(b)
+    cdef int i
+    for i in range(cnp.PyArray_NDIM(a)):
+        a1 += (cnp.PyArray_DIMS(a)[i] - 1) * cnp.PyArray_STRIDES(a)[i]
+    for i in range(cnp.PyArray_NDIM(b)):
+        b1 += (cnp.PyArray_DIMS(b)[i] - 1) * cnp.PyArray_STRIDES(b)[i]
+    return a0 < b1 and b0 < a1
+
+
+cdef void _att_apart(object out, str oname, object x, str xname) except *:
+    if _att_meet(out, x):
+        raise ValueError(f"{oname} must not overlap {xname}")
+
+
+cdef object _att_rows(object rows, str name, Py_ssize_t N, Py_ssize_t R):
+    """rows: int64 C-contiguous [N], every value in [0, R)."""
+    _check(rows, name, _I64, 1)
+    if rows.shape[0] != N:
+        raise ValueError(f"{name} must have shape ({N},) (one per query row), got {rows.shape}")
+    if N == 0:
+        return rows
+    cdef const int64_t[::1] view = rows
+    cdef Py_ssize_t bad
+    with nogil:
+        bad = _att_bad_index(&view[0], 1, N, N, R)
+    if bad >= 0:
+        raise ValueError(f"{name} must be in [0, {R}) (rows of the cache), got {rows[bad]} at {bad}")
+    return rows
 
 
 def attention_decode(q, k_cache, v_cache, Py_ssize_t n_keys, out, float scale, key_mask=None,
-                     probs=None):
+                     probs=None, rows=None, key_rows=None, reference=False):
     """One query per (row, head) attends to the first n_keys entries of a key/value cache.
 
     q: float32 [N, H*dh] rows with unit inner stride (a column slice of a fused projection is
-    fine); k_cache, v_cache: float32 C-contiguous [N, H, Tmax, dh]; out: float32 [N, H*dh] rows
+    fine); k_cache, v_cache: float32 C-contiguous [R, H, Tmax, dh]; out: float32 [N, H*dh] rows
     with unit inner stride, not overlapping the other arrays; key_mask: None or bool/uint8
-    C-contiguous [N, Tmax], True = ignore; probs: None or float32 C-contiguous [N, H, n_keys]
+    C-contiguous [R, Tmax], True = ignore; probs: None or float32 C-contiguous [N, H, n_keys]
     receiving the attention weights. out[n, h] = softmax(scale * q[n, h] . k[n, h, :n_keys]) @
     v[n, h, :n_keys]. Rows whose keys are all masked give zeros.
+
+    Without rows and key_rows, R must be N; with key_rows only, N <= R. rows: None or int64 C-contiguous [N] in [0, R):
+    query row n reads cache row rows[n] (and key_mask row rows[n]) instead of row n.
+    key_rows: None or int64 C-contiguous [N, >= n_keys], values (of the first n_keys columns)
+    in [0, R): key and value j of query row n are read from cache row key_rows[n, j]
+    (position j), overriding rows for them (beam search's per-hypothesis history). The results
+    have the bits of gathering those cache rows first and calling without indices.
+    reference=True runs the plain per-key loop (one dot-product and one axpy call per key) at
+    the current SIMD level: the default fast path gives exactly its bits.
     """
     _check(q, "q", _F32, 2, False, False)
     _check_f32(k_cache, "k_cache", 4)
     _check_f32(v_cache, "v_cache", 4)
     _check(out, "out", _F32, 2, True, False)
     _same_shape(k_cache, "k_cache", v_cache, "v_cache")
-    cdef Py_ssize_t N = k_cache.shape[0], H = k_cache.shape[1], Tmax = k_cache.shape[2]
+    cdef Py_ssize_t R = k_cache.shape[0], H = k_cache.shape[1], Tmax = k_cache.shape[2]
     cdef Py_ssize_t dh = k_cache.shape[3]
+    cdef Py_ssize_t N = q.shape[0] if (rows is not None or key_rows is not None) else R
     if q.shape != (N, H * dh) or q.strides[1] != 4 or q.strides[0] < 0:
         raise ValueError(f"q must be [N, H*dh] = {(N, H * dh)} with unit inner stride, got {q.shape}")
     if out.shape != (N, H * dh) or out.strides[1] != 4 or out.strides[0] < H * dh * 4:
         raise ValueError(f"out must be [N, H*dh] = {(N, H * dh)} with unit inner stride, got {out.shape}")
     if not 0 <= n_keys <= Tmax:
         raise ValueError(f"n_keys must be in [0, {Tmax}], got {n_keys}")
-    for name, arr in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
-        _no_overlap(out, "out", arr, name)
+    _att_apart(out, "out", q, "q")
+    _att_apart(out, "out", k_cache, "k_cache")
+    _att_apart(out, "out", v_cache, "v_cache")
+    cdef const int64_t *rows_ptr = NULL
+    cdef const int64_t[::1] rows_view
+    if rows is not None:
+        _att_rows(rows, "rows", N, R)
+        _att_apart(out, "out", rows, "rows")
+        if N > 0:
+            rows_view = rows
+            rows_ptr = &rows_view[0]
+    elif N > R:
+        raise ValueError(f"k_cache must have at least N = {N} rows when rows is None, got {R}")
+    cdef const int64_t *key_rows_ptr = NULL
+    cdef const int64_t[:, ::1] key_rows_view
+    cdef Py_ssize_t ld_key_rows = 0, bad
+    if key_rows is not None:
+        _check(key_rows, "key_rows", _I64, 2)
+        if key_rows.shape[0] != N or key_rows.shape[1] < n_keys:
+            raise ValueError(f"key_rows must be [N, >= n_keys] = [{N}, >= {n_keys}], got shape "
+                             f"{key_rows.shape}")
+        _att_apart(out, "out", key_rows, "key_rows")
+        if N > 0 and n_keys > 0:
+            key_rows_view = key_rows
+            key_rows_ptr = &key_rows_view[0, 0]
+            ld_key_rows = key_rows.shape[1]
+            with nogil:
+                bad = _att_bad_index(key_rows_ptr, N, ld_key_rows, n_keys, R)
+            if bad >= 0:
+                raise ValueError(f"key_rows must be in [0, {R}) (rows of the cache), got "
+                                 f"{key_rows[bad // n_keys, bad % n_keys]} at "
+                                 f"{(bad // n_keys, bad % n_keys)}")
     cdef const uint8_t[:, ::1] mask_view
     cdef const uint8_t *mask_ptr = NULL
     if key_mask is not None:
         key_mask = _check_mask(key_mask, "key_mask", 2)
-        if key_mask.shape != (N, Tmax):
-            raise ValueError(f"key_mask must have shape [N, Tmax] = {(N, Tmax)}, got {key_mask.shape}")
-        if N * Tmax > 0:
+        if key_mask.shape != (R, Tmax):
+            raise ValueError(f"key_mask must have shape [R, Tmax] = {(R, Tmax)}, got {key_mask.shape}")
+        if R * Tmax > 0:
             mask_view = key_mask
             mask_ptr = &mask_view[0, 0]
     cdef float *probs_ptr = NULL
@@ -57,8 +155,45 @@ def attention_decode(q, k_cache, v_cache, Py_ssize_t n_keys, out, float scale, k
     cdef const float[:, :, :, ::1] k_view = k_cache
     cdef const float[:, :, :, ::1] v_view = v_cache
     cdef long ldq = q.strides[0] // 4, ldo = out.strides[0] // 4
+    cdef int ref = 1 if reference else 0
     with nogil:
-        attention_decode_forward(&q_view[0, 0], ldq, &k_view[0, 0, 0, 0], &v_view[0, 0, 0, 0],
-                                 mask_ptr, &out_view[0, 0], ldo, probs_ptr, N, H, Tmax, n_keys, dh,
-                                 scale)
+        attention_decode_rows_forward(&q_view[0, 0], ldq, &k_view[0, 0, 0, 0], &v_view[0, 0, 0, 0],
+                                      rows_ptr, key_rows_ptr, ld_key_rows, mask_ptr,
+                                      &out_view[0, 0], ldo, probs_ptr, N, H, Tmax, n_keys, dh,
+                                      scale, ref)
     return out
+
+
+def attention_cache_store(x, cache, Py_ssize_t t, rows=None):
+    """cache[rows[n], h, t, :] = x[n, h*dh:(h+1)*dh] for every n, h: one decoding step's keys
+    (or values) into a cache. x: float32 [N, H*dh] rows with unit inner stride (a column slice
+    of a fused projection is fine); cache: float32 C-contiguous writeable [R, H, Tmax, dh], not
+    overlapping x; t in [0, Tmax); rows: None (row n, then R must be >= N) or int64
+    C-contiguous [N] in [0, R) (a repeated row keeps the last x row written to it)."""
+    _check(x, "x", _F32, 2, False, False)
+    _check_f32(cache, "cache", 4, True)
+    cdef Py_ssize_t R = cache.shape[0], H = cache.shape[1], Tmax = cache.shape[2], dh = cache.shape[3]
+    cdef Py_ssize_t N = x.shape[0]
+    if x.shape[1] != H * dh or (x.shape[1] > 1 and x.strides[1] != 4) or x.strides[0] < 0:
+        raise ValueError(f"x must be [N, H*dh] = [N, {H * dh}] with unit inner stride, got {x.shape}")
+    if not 0 <= t < Tmax:
+        raise ValueError(f"t must be in [0, {Tmax}), got {t}")
+    _att_apart(cache, "cache", x, "x")
+    cdef const int64_t *rows_ptr = NULL
+    cdef const int64_t[::1] rows_view
+    if rows is None:
+        if N > R:
+            raise ValueError(f"cache must have at least N = {N} rows without rows, got {R}")
+    else:
+        _att_rows(rows, "rows", N, R)
+        if N > 0:
+            rows_view = rows
+            rows_ptr = &rows_view[0]
+    if N * H * dh == 0:
+        return cache
+    cdef const float[:, :] x_view = x
+    cdef float[:, :, :, ::1] c_view = cache
+    cdef long ldx = x.strides[0] // 4
+    with nogil:
+        c_attention_cache_store(&x_view[0, 0], ldx, &c_view[0, 0, 0, 0], rows_ptr, N, H, Tmax, dh, t)
+    return cache

@@ -89,3 +89,32 @@ def test_bad_arguments_are_named():
         _C.attention_decode(q, k, k, 3, out, 1.0, key_mask=np.zeros((2, 4), bool))
     with pytest.raises(ValueError, match="k_cache"):
         _C.attention_decode(q, np.asfortranarray(k), k, 3, out, 1.0)
+    with pytest.raises(ValueError, match="out must not overlap k_cache"):
+        _C.attention_decode(q, k, k, 3, k.reshape(2, -1)[:, :8], 1.0)
+
+
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("dh", [1, 15, 16, 17, 31, 32, 33, 48, 63, 64, 65, 80, 127, 129])
+def test_fast_path_has_the_bits_of_the_plain_per_key_loop(isa, dh):
+    # The AVX-512 path inlines the dot product and keeps the weighted sum in registers; the
+    # plain loop calls a dot and an axpy per key. Decoding results rely on them agreeing exactly.
+    rng = np.random.default_rng(dh)
+    N, H, Tmax, n_keys = 3, 2, 11, 9
+    q = rng.standard_normal((N, H * dh), dtype=np.float32)
+    k, v = (rng.standard_normal((N + 1, H, Tmax, dh), dtype=np.float32) for _ in range(2))
+    mask = rng.random((N + 1, Tmax)) < 0.3
+    mask[1] = True
+    rows = np.array([1, 3, 0])
+    key_rows = rng.integers(0, N + 1, size=(N, Tmax))
+    best = _C.best_isa()
+    try:
+        _C.set_isa(isa)
+        for kwargs in (dict(key_mask=mask, rows=rows), dict(rows=rows, key_rows=key_rows)):
+            got, want = np.empty((N, H * dh), np.float32), np.empty((N, H * dh), np.float32)
+            got_p, want_p = np.empty((N, H, n_keys), np.float32), np.empty((N, H, n_keys), np.float32)
+            _C.attention_decode(q, k, v, n_keys, got, 0.3, probs=got_p, **kwargs)
+            _C.attention_decode(q, k, v, n_keys, want, 0.3, probs=want_p, reference=True, **kwargs)
+            assert np.array_equal(got, want), np.abs(got - want).max()
+            assert np.array_equal(got_p, want_p)
+    finally:
+        _C.set_isa(best)

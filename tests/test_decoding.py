@@ -46,6 +46,58 @@ def test_cached_greedy_gives_exactly_the_tokens_of_full_recomputation(norm_first
         assert got == recompute_greedy(model, src, 10, min_len)
 
 
+def recompute_beam(model, src_row, K, max_len, length_penalty, min_len=0):
+    """Beam search the slow way for one sentence: every live hypothesis's whole prefix through
+    model.forward at every step, log-probabilities in float64, candidates ranked by score then
+    (beam, token); EOS finishes a hypothesis, the sentence is done at K finished or max_len."""
+    cfg = model.cfg
+    V, eos = cfg.tgt_vocab_size, cfg.eos_id
+    beams = [([], 0.0)]
+    finished = []
+    for t in range(max_len):
+        ys = np.array([[cfg.bos_id] + tokens for tokens, _ in beams])
+        logits = model.forward(np.repeat(src_row[None], len(beams), 0), ys)[:, -1].astype(np.float64)
+        logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+        if t < min_len:
+            logp[:, eos] = -np.inf
+        ranked = sorted(((score + logp[b, v], b * V + v) for b, (_, score) in enumerate(beams) for v in range(V)),
+                        key=lambda c: (-c[0], c[1]))[:min(2 * K, K * V)]
+        next_beams = []
+        for score, candidate in ranked:
+            if not np.isfinite(score):
+                break
+            b, v = divmod(candidate, V)
+            if v == eos or t == max_len - 1:
+                finished.append((score / ((5.0 + t + 1) / 6.0) ** length_penalty,
+                                 beams[b][0] + ([] if v == eos else [v])))
+                if len(finished) >= K:
+                    break
+                continue
+            next_beams.append((beams[b][0] + [v], score))
+            if len(next_beams) == K:
+                break
+        if len(finished) >= K or not next_beams:
+            break
+        beams = next_beams
+    return max(finished, key=lambda f: f[0])[1] if finished else []
+
+
+# Seeds and EOS biases picked so that hypotheses end at different lengths (some at max_len).
+@pytest.mark.parametrize("norm_first, K, seed, eos_bias, length_penalty, min_len", [
+    (False, 3, 0, 1.0, 0.6, 0), (False, 3, 2, 1.0, 1.0, 0), (True, 4, 1, 1.0, 0.6, 0), (False, 1, 2, 1.0, 0.0, 0),
+    (True, 2, 0, 1.0, 0.6, 0), (True, 2, 2, 0.0, 0.6, 2), (False, 5, 1, 0.5, 0.6, 3)])
+def test_cached_beam_search_gives_the_hypothesis_of_full_recomputation(norm_first, K, seed, eos_bias,
+                                                                      length_penalty, min_len):
+    model = make_model(norm_first, seed=seed)
+    model.params.data["generator.bias"][model.cfg.eos_id] += eos_bias
+    src = padded_source(np.random.default_rng(K), 40, [5, 2, 7, 4])
+    got = model.beam_search(src, beam_size=K, max_len=8, length_penalty=length_penalty, min_len=min_len)
+    want = [recompute_beam(model, src[row, :max(1, int((src[row] != 0).sum()))], K, 8, length_penalty, min_len)
+            for row in range(len(src))]
+    print(got, want)
+    assert got == want
+
+
 def test_batched_decoding_equals_one_sentence_at_a_time():
     model = make_model(seed=3)
     rng = np.random.default_rng(5)

@@ -19,6 +19,12 @@ class DecoderCache:
     """Everything one decoding call needs: weights as views, caches, step buffers.
 
     `rows` decoder rows share `B` encoder outputs (rows_per_sentence = beam size).
+
+    Nothing in the caches moves while decoding. A live row reads its sentence's encoder
+    keys/values through `sentence` (cross-attention is stored once per sentence, not once per
+    beam), writes its step-t key/value to cache row `slot` (each live row owns one), and reads its
+    own history through `origin[row, j]`, the cache row that computed step j of its hypothesis.
+    Beam search and finished sentences then only permute these small integer tables.
     """
 
     def __init__(self, model, memory, src_pad, rows_per_sentence, max_steps, keep_attention=False):
@@ -34,7 +40,7 @@ class DecoderCache:
         self.pe = model.positional_table(max_steps)
         N = self.N
 
-        # Cross-attention keys and values: once per sentence, then one copy per beam.
+        # Cross-attention keys and values: once per sentence, [B, H, S, dh].
         self.memory_k, self.memory_v = [], []
         flat_memory = np.ascontiguousarray(memory).reshape(B * S, D)
         projected = np.empty((B * S, D), dtype=np.float32)
@@ -45,15 +51,19 @@ class DecoderCache:
             for part in (1, 2):
                 _C.gemm(flat_memory, w[part * D:(part + 1) * D], projected, trans_b=True)
                 _C.add_bias(projected, b[part * D:(part + 1) * D])
-                per_head = projected.reshape(B, S, H, self.dh).transpose(0, 2, 1, 3)
-                heads.append(np.ascontiguousarray(np.repeat(per_head, rows_per_sentence, axis=0)))
+                # A copy (never a view: `projected` is reused for the values).
+                heads.append(projected.reshape(B, S, H, self.dh).transpose(0, 2, 1, 3).copy())
             self.memory_k.append(heads[0])
             self.memory_v.append(heads[1])
-        self.src_pad = np.ascontiguousarray(np.repeat(src_pad, rows_per_sentence, axis=0))
+        self.src_pad = np.ascontiguousarray(src_pad, dtype=np.bool_)
 
         shape = (N, H, max_steps, self.dh)
         self.self_k = [np.zeros(shape, np.float32) for _ in range(cfg.n_decoder_layers)]
         self.self_v = [np.zeros(shape, np.float32) for _ in range(cfg.n_decoder_layers)]
+        self.slot = np.arange(N, dtype=np.int64)                            # live row -> cache row
+        self.sentence = np.arange(N, dtype=np.int64) // rows_per_sentence   # live row -> sentence
+        self.origin = np.zeros((N, max_steps), np.int64)                    # (row, step) -> cache row
+        self._origin_spare = np.zeros_like(self.origin)
 
         f32 = np.float32
         self.x = np.empty((N, D), f32)
@@ -70,56 +80,75 @@ class DecoderCache:
         self.keep_attention = keep_attention
         self.attention = [] if keep_attention else None
 
-    def _layer_norm(self, name, x, out, n):
-        _C.layernorm_forward(x[:n], self.w[f"{name}.weight"], self.w[f"{name}.bias"], out[:n],
-                             self.mean[:n], self.rstd[:n])
+        # Each layer's weights looked up once (the step loop runs per token).
+        def norm(name):
+            return (weights[f"{name}.weight"], weights[f"{name}.bias"])
 
-    def _linear(self, name, x, out, n):
-        _C.gemm(x[:n], self.w[f"{name}.weight"], out[:n], trans_b=True)
-        _C.add_bias(out[:n], self.w[f"{name}.bias"])
+        self.layers = []
+        for layer in range(cfg.n_decoder_layers):
+            p = f"transformer.decoder.layers.{layer}"
+            self.layers.append(dict(
+                norm1=norm(f"{p}.norm1"), norm2=norm(f"{p}.norm2"), norm3=norm(f"{p}.norm3"),
+                qkv=(weights[f"{p}.self_attn.in_proj_weight"], weights[f"{p}.self_attn.in_proj_bias"]),
+                self_out=norm(f"{p}.self_attn.out_proj"),
+                cross_q=(weights[f"{p}.multihead_attn.in_proj_weight"][:D],
+                         weights[f"{p}.multihead_attn.in_proj_bias"][:D]),
+                cross_out=norm(f"{p}.multihead_attn.out_proj"),
+                linear1=norm(f"{p}.linear1"), linear2=norm(f"{p}.linear2")))
+        self.final_norm = norm("transformer.decoder.norm")
+        self.generator = norm("generator")
+        self.embed = weights["tgt_embed.weight"]
+        self.embed_scale = math.sqrt(D)
+
+    def _layer_norm(self, weight_bias, x, out, n):
+        _C.layernorm_forward(x[:n], weight_bias[0], weight_bias[1], out[:n], self.mean[:n], self.rstd[:n])
+
+    @staticmethod
+    def _linear(weight_bias, x, out):
+        _C.gemm(x, weight_bias[0], out, trans_b=True)
+        _C.add_bias(out, weight_bias[1])
 
     def step(self, ids, t):
         """Feed token ids [n] at position t; returns logits [n, V] (a view, valid until the next step)."""
-        cfg, w, D, n = self.cfg, self.w, self.D, len(ids)
+        cfg, D, n = self.cfg, self.D, len(ids)
         x, h, tmp, ctx, qkv = self.x[:n], self.h[:n], self.tmp[:n], self.ctx[:n], self.qkv[:n]
+        slot, origin, sentence = self.slot[:n], self.origin[:n], self.sentence[:n]
+        post = not cfg.norm_first
+        origin[:, t] = slot                      # step t of every hypothesis: its own cache row
         # Embedding * sqrt(d_model) + PE[t] (section 3.4, 3.5).
-        _C.embedding_forward(ids.reshape(n, 1), w["tgt_embed.weight"], x.reshape(n, 1, D),
-                             math.sqrt(D), self.pe, t)
+        _C.embedding_forward(ids.reshape(n, 1), self.embed, x.reshape(n, 1, D), self.embed_scale, self.pe, t)
         probs = None
-        for layer in range(cfg.n_decoder_layers):
-            p = f"transformer.decoder.layers.{layer}"
+        for layer, w in enumerate(self.layers):
             # Masked self-attention over the cache (the mask is implicit: only keys <= t exist).
-            source = self._sublayer_input(f"{p}.norm1", x, n)
-            _C.gemm(source, w[f"{p}.self_attn.in_proj_weight"], qkv, trans_b=True)
-            _C.add_bias(qkv, w[f"{p}.self_attn.in_proj_bias"])
-            self.self_k[layer][:n, :, t, :] = qkv[:, D:2 * D].reshape(n, self.H, self.dh)
-            self.self_v[layer][:n, :, t, :] = qkv[:, 2 * D:].reshape(n, self.H, self.dh)
-            _C.attention_decode(qkv[:, :D], self.self_k[layer][:n], self.self_v[layer][:n], t + 1,
-                                ctx, self.scale)
-            self._linear(f"{p}.self_attn.out_proj", ctx, tmp, n)
-            self._residual(f"{p}.norm1", x, tmp, n, post=not cfg.norm_first)
+            source = self._sublayer_input(w["norm1"], x, n)
+            self._linear(w["qkv"], source, qkv)
+            _C.attention_cache_store(qkv[:, D:2 * D], self.self_k[layer], t, slot)
+            _C.attention_cache_store(qkv[:, 2 * D:], self.self_v[layer], t, slot)
+            _C.attention_decode(qkv[:, :D], self.self_k[layer], self.self_v[layer], t + 1, ctx, self.scale,
+                                key_rows=origin)
+            _C.gemm(ctx, w["self_out"][0], tmp, trans_b=True)
+            self._residual(w["norm1"], x, tmp, w["self_out"][1], n, post)
 
             # Cross-attention over the encoder output.
-            source = self._sublayer_input(f"{p}.norm2", x, n)
+            source = self._sublayer_input(w["norm2"], x, n)
             query = self.query[:n]
-            _C.gemm(source, w[f"{p}.multihead_attn.in_proj_weight"][:D], query, trans_b=True)
-            _C.add_bias(query, w[f"{p}.multihead_attn.in_proj_bias"][:D])
+            self._linear(w["cross_q"], source, query)
             if self.keep_attention and layer == cfg.n_decoder_layers - 1:
                 probs = np.empty((n, self.H, self.S), np.float32)
-            _C.attention_decode(query, self.memory_k[layer][:n], self.memory_v[layer][:n], self.S,
-                                ctx, self.scale, self.src_pad[:n], probs)
-            self._linear(f"{p}.multihead_attn.out_proj", ctx, tmp, n)
-            self._residual(f"{p}.norm2", x, tmp, n, post=not cfg.norm_first)
+            _C.attention_decode(query, self.memory_k[layer], self.memory_v[layer], self.S, ctx, self.scale,
+                                self.src_pad, probs, rows=sentence)
+            _C.gemm(ctx, w["cross_out"][0], tmp, trans_b=True)
+            self._residual(w["norm2"], x, tmp, w["cross_out"][1], n, post)
 
             # Position-wise feed-forward (section 3.3).
-            source = self._sublayer_input(f"{p}.norm3", x, n)
-            _C.gemm(source, w[f"{p}.linear1.weight"], self.ff_pre[:n], trans_b=True)
-            _C.bias_act_forward(self.ff_pre[:n], w[f"{p}.linear1.bias"], self.ff_act[:n], cfg.activation)
-            self._linear(f"{p}.linear2", self.ff_act, tmp, n)
-            self._residual(f"{p}.norm3", x, tmp, n, post=not cfg.norm_first)
+            source = self._sublayer_input(w["norm3"], x, n)
+            _C.gemm(source, w["linear1"][0], self.ff_pre[:n], trans_b=True)
+            _C.bias_act_forward(self.ff_pre[:n], w["linear1"][1], self.ff_act[:n], cfg.activation)
+            _C.gemm(self.ff_act[:n], w["linear2"][0], tmp, trans_b=True)
+            self._residual(w["norm3"], x, tmp, w["linear2"][1], n, post)
 
-        self._layer_norm("transformer.decoder.norm", x, h, n)
-        self._linear("generator", h, self.logits, n)
+        self._layer_norm(self.final_norm, x, h, n)
+        self._linear(self.generator, h, self.logits[:n])
         if probs is not None:
             self.attention.append(probs)
         return self.logits[:n]
@@ -131,22 +160,26 @@ class DecoderCache:
         self._layer_norm(norm, x, self.h, n)
         return self.h[:n]
 
-    def _residual(self, norm, x, delta, n, post):
-        """x = norm(x + delta) after the sublayer (post-LN) or x = x + delta (pre-LN)."""
-        _C.add(x, delta, delta if post else x)
+    def _residual(self, norm, x, delta, bias, n, post):
+        """x = norm(x + (delta + bias)) after the sublayer (post-LN) or x = x + (delta + bias)
+        (pre-LN): the output projection's bias and the residual sum in one pass, with the bits of
+        add_bias then add."""
+        _C.dropout_add_forward(delta, x, delta if post else x, 0.0, 0, bias=bias)
         if post:
             self._layer_norm(norm, delta, x, n)
 
-    def reorder(self, rows, t):
-        """Keep decoder rows `rows` (int indices, in their new order) for positions <= t."""
-        n = len(rows)
-        for cache in self.self_k + self.self_v:
-            cache[:n, :, :t + 1] = cache[rows, :, :t + 1]
-        for cache in self.memory_k + self.memory_v:
-            cache[:n] = cache[rows]
-        self.src_pad[:n] = self.src_pad[rows]
+    def reorder(self, parents, t, slots=None):
+        """The next step's rows: row i continues the hypothesis of row parents[i] (positions <= t;
+        two rows may share a parent) and takes over the cache row and sentence of row slots[i]
+        (distinct), or keeps its own when slots is None (no row dropped). Only index tables move."""
+        m = len(parents)
+        np.take(self.origin[:, :t + 1], parents, axis=0, out=self._origin_spare[:m, :t + 1])
+        self.origin, self._origin_spare = self._origin_spare, self.origin
+        if slots is not None:
+            self.slot[:m] = self.slot[slots]
+            self.sentence[:m] = self.sentence[slots]
         if self.attention:
-            self.attention = [a[rows] for a in self.attention]
+            self.attention = [a[parents] for a in self.attention]
 
 
 def _check_decode_args(model, src, max_len, min_len):
@@ -201,7 +234,7 @@ def greedy_decode(model, src, max_len=128, min_len=0, return_attention=False):
             alive, ids = alive[keep], ids[keep]
             if not len(alive):
                 break
-            cache.reorder(keep, t)
+            cache.reorder(keep, t, keep)
     hyps = [out[b, :lengths[b]].tolist() for b in range(B)]
     if return_attention:
         return hyps, [np.stack(a[:len(h) + 1]) if a else np.zeros((0, cfg.n_heads, src.shape[1]), np.float32)
@@ -220,6 +253,9 @@ def beam_search(model, src, beam_size=4, max_len=128, length_penalty=0.6, min_le
 
     A hypothesis that emits EOS is finished and kept; a sentence is done once it has beam_size
     finished hypotheses, or at max_len, where its live beams are finished as they stand.
+    Each step's candidates (every beam times every token, scored by the beam's log-probability
+    plus the token's) are ranked best first, ties by beam then token; csrc/beam.c does the ranking
+    and the walk through it, Python only records finished hypotheses.
     """
     if isinstance(beam_size, bool) or not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
         raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
@@ -228,7 +264,7 @@ def beam_search(model, src, beam_size=4, max_len=128, length_penalty=0.6, min_le
         raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty!r}")
     src, max_len, min_len = _check_decode_args(model, src, max_len, min_len)
     cfg = model.cfg
-    K, V, eos = int(beam_size), cfg.tgt_vocab_size, cfg.eos_id
+    K, eos = int(beam_size), cfg.eos_id
     B = src.shape[0]
     memory = model.encode(src)
     cache = DecoderCache(model, memory, src == cfg.pad_id, K, max_len)
@@ -236,58 +272,49 @@ def beam_search(model, src, beam_size=4, max_len=128, length_penalty=0.6, min_le
     sentences = np.arange(B)                      # live sentence slots -> sentence index
     scores = np.full((B, K), -np.inf, dtype=np.float64)
     scores[:, 0] = 0.0                            # one live beam at first: the others are copies
-    hyps = np.full((B * K, max_len), cfg.pad_id, dtype=np.int64)
+    n_finished = np.zeros(B, dtype=np.int64)      # len(finished[sentences[slot]]) per slot
     finished = [[] for _ in range(B)]             # (normalised score, tokens)
+    hyps = np.full((B * K, max_len), cfg.pad_id, dtype=np.int64)
+    spare = np.empty_like(hyps)
     ids = np.full(B * K, cfg.bos_id, dtype=np.int64)
-    logp = np.empty((B * K, V), dtype=np.float32)
+    # beam_select's outputs, written every step (the new beams, the hypotheses just finished).
+    parents, tokens = np.empty(B * K, np.int64), np.empty(B * K, np.int64)
+    new_scores, done = np.empty((B, K)), np.empty(B, np.uint8)
+    fin_rows, fin_tokens = np.empty((B, 2 * K), np.int64), np.empty((B, 2 * K), np.int64)
+    fin_scores, fin_count = np.empty((B, 2 * K)), np.empty(B, np.int64)
     for t in range(max_len):
         nb = len(sentences)
-        logits = cache.step(ids, t)
-        _C.log_softmax(logits, logp[:nb * K])
-        step_logp = logp[:nb * K]
-        if t < min_len:
-            step_logp[:, eos] = -np.inf
-        candidates = (scores[:nb].reshape(-1, 1) + step_logp).reshape(nb, K * V)
-        width = min(2 * K, K * V)
-        top = np.argpartition(-candidates, width - 1, axis=1)[:, :width]
-        top_scores = np.take_along_axis(candidates, top, axis=1)
-        order = np.argsort(-top_scores, axis=1, kind="stable")
-        top, top_scores = np.take_along_axis(top, order, 1), np.take_along_axis(top_scores, order, 1)
-
-        rows = np.repeat(np.arange(nb) * K, K)   # unfilled beams stay dead (score -inf)
-        new_ids = np.full(nb * K, eos, dtype=np.int64)
-        new_scores = np.full((nb, K), -np.inf)
-        done = np.zeros(nb, dtype=bool)
-        last_step = t == max_len - 1
-        for slot in range(nb):
-            sentence, kept = sentences[slot], 0
-            for candidate, score in zip(top[slot], top_scores[slot]):
-                if not np.isfinite(score):
-                    break
-                beam, token = divmod(int(candidate), V)
-                row = slot * K + beam
-                if token == eos or last_step:
-                    tokens = hyps[row, :t].tolist() + ([] if token == eos else [token])
-                    finished[sentence].append((score / _length_penalty(t + 1, length_penalty), tokens))
-                    if len(finished[sentence]) >= K:
-                        break
-                    continue
-                rows[slot * K + kept] = row
-                new_ids[slot * K + kept] = token
-                new_scores[slot, kept] = score
-                kept += 1
-                if kept == K:
-                    break
-            done[slot] = len(finished[sentence]) >= K or last_step or kept == 0
-        if done.all():
+        n = nb * K
+        logp = cache.step(ids, t)
+        _C.log_softmax(logp, logp)
+        _C.beam_select(logp, scores[:nb], n_finished[:nb], eos if t < min_len else -1, eos,
+                       t == max_len - 1, parents[:n], tokens[:n], new_scores[:nb], done[:nb],
+                       fin_rows[:nb], fin_tokens[:nb], fin_scores[:nb], fin_count[:nb])
+        for slot in np.flatnonzero(fin_count[:nb]).tolist():
+            hypotheses = finished[sentences[slot]]
+            for row, token, score in zip(fin_rows[slot, :fin_count[slot]].tolist(),
+                                         fin_tokens[slot, :fin_count[slot]].tolist(),
+                                         fin_scores[slot, :fin_count[slot]]):
+                hypothesis = hyps[row, :t].tolist() + ([] if token == eos else [token])
+                hypotheses.append((score / _length_penalty(t + 1, length_penalty), hypothesis))
+        if done[:nb].all():
             break
-        hyps[:nb * K] = hyps[rows]
-        hyps[np.arange(nb * K), t] = new_ids
-        live = np.flatnonzero(~done)
-        keep_rows = (live[:, None] * K + np.arange(K)).ravel()
-        cache.reorder(rows[keep_rows], t)
-        hyps[:len(keep_rows)] = hyps[keep_rows]
-        ids = new_ids[keep_rows]
-        scores[:len(live)] = new_scores[live]
-        sentences = sentences[live]
+        if done[:nb].any():                       # drop the finished sentences' rows
+            live = np.flatnonzero(done[:nb] == 0)
+            keep = (live[:, None] * K + np.arange(K)).ravel()
+            chosen = parents[keep]
+            cache.reorder(chosen, t, keep)
+            ids = tokens[keep]
+            m = len(live)
+            scores[:m], n_finished[:m] = new_scores[live], n_finished[live]
+            sentences = sentences[live]
+        else:
+            chosen = parents[:n]
+            cache.reorder(chosen, t)
+            ids = tokens[:n]
+            scores[:nb] = new_scores[:nb]
+        m = len(ids)
+        np.take(hyps[:, :t], chosen, axis=0, out=spare[:m, :t])
+        spare[:m, t] = ids
+        hyps, spare = spare, hyps
     return [max(f, key=lambda item: item[0])[1] if f else [] for f in finished]

@@ -1,0 +1,49 @@
+/* Beam search's candidate selection (one step for every live sentence at once).
+ *
+ * Each sentence slot has K beams (rows slot*K .. slot*K+K-1) with running
+ * log-probabilities; every beam extended by every token is a candidate scored
+ * score[beam] + logp[row, token] (added in double, as numpy adds a float64 score to a
+ * float32 log-probability). The kernel keeps the best min(2K, K*V) finite candidates
+ * of each slot, best first (ties: the lower beam*V + token first), then walks them in
+ * that order the way beam search does: a candidate ending in EOS (or any candidate at
+ * the last step) finishes a hypothesis, the others fill the K beams of the next step,
+ * until K beams are filled or the slot has K finished hypotheses. Parallel over slots;
+ * every slot's result depends only on its own rows, so the bits are the same at any
+ * thread count, and the SIMD levels compare the same doubles, so they agree too.
+ */
+#ifndef TF_BEAM_H
+#define TF_BEAM_H
+
+#include <stdint.h>
+
+/* logp:        (n*K, V) float32 log-probabilities, row slot*K + beam
+ * scores:      (n, K) double running scores; -inf (or NaN) marks a dead beam, skipped
+ * n_finished:  (n) int64 finished hypotheses of each slot so far; incremented here
+ * banned:      a token never chosen (EOS before min_len), or -1
+ * eos:         the end-of-sentence token; last_step: 1 at the final step
+ * parents:     (n*K) out: row (slot*K + beam) each new beam extends; slot*K when unfilled
+ * tokens:      (n*K) out: each new beam's token; eos when unfilled
+ * new_scores:  (n, K) out: each new beam's score; -inf when unfilled
+ * done:        (n) out: 1 when the slot has K finished hypotheses, at the last step, or
+ *              when no beam could be filled
+ * fin_rows, fin_tokens: (n, 2K) out: the hypotheses finished at this step, in order
+ * fin_scores:  (n, 2K) out: their (unnormalised) scores
+ * fin_count:   (n) out: how many of each slot's fin_* entries are set */
+void beam_select(const float *logp, const double *scores, int64_t *n_finished,
+                 long n, long K, long V, int64_t banned, int64_t eos, int last_step,
+                 int64_t *parents, int64_t *tokens, double *new_scores, uint8_t *done,
+                 int64_t *fin_rows, int64_t *fin_tokens, double *fin_scores, int64_t *fin_count);
+
+/* The top-`width` part of beam_select on its own (for tests): each slot's best `width`
+ * candidates with a score above -inf, best first, ties by lower index.
+ * top_index: (n, width) beam*V + token, -1 past the last found; top_score: (n, width),
+ * -inf past the last found. */
+void beam_topk(const float *logp, const double *scores, long n, long K, long V,
+               int64_t banned, long width, int64_t *top_index, double *top_score);
+
+/* The naive reference of beam_topk: `width` passes of a plain scalar scan per slot, each
+ * taking the best candidate not yet taken; one thread. Same arguments. */
+void beam_topk_reference(const float *logp, const double *scores, long n, long K, long V,
+                         int64_t banned, long width, int64_t *top_index, double *top_score);
+
+#endif
