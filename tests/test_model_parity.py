@@ -213,3 +213,63 @@ def test_encode_matches_torch_encoder_output_at_non_pad_positions(case):
     assert memory.shape == ref.shape and memory.dtype == np.float32
     err, diff = rel(memory[keep], ref[keep])
     assert err <= LOGITS_RTOL, f"{case}: memory relative difference {err:.3g} (max abs {diff:.3g})"
+
+
+ATTENTION_ATOL = 1e-5   # attention weights are probabilities in [0, 1]
+
+
+def _torch_attention_weights(tm, src, tgt_in):
+    """Every layer's per-head attention weights from PyTorch itself: each MultiheadAttention call
+    is repeated with need_weights=True, average_attn_weights=False on the inputs it was given."""
+    captured = []
+
+    def hook(module, args, kwargs, output):
+        kwargs = {**kwargs, "need_weights": True, "average_attn_weights": False}
+        captured.append(module.forward(*args, **kwargs)[1].detach().numpy().copy())
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True)
+               for m in tm.modules() if isinstance(m, torch.nn.MultiheadAttention)]
+    try:
+        tm.train()       # dropout is 0: train mode only keeps PyTorch off its fused eval fast path
+        with torch.no_grad():
+            tm(torch.from_numpy(src), torch.from_numpy(tgt_in))
+    finally:
+        for h in handles:
+            h.remove()
+    n_enc = tm.cfg.n_encoder_layers
+    return {"encoder": captured[:n_enc], "decoder_self": captured[n_enc::2],
+            "cross": captured[n_enc + 1::2]}
+
+
+@pytest.mark.parametrize("case", ["post_ln_relu", "pre_ln_gelu"])
+def test_forward_return_attention_matches_torch(case):
+    tm, ours = pair(case)
+    src, tgt_in, _ = batch(case)
+    logits, attention = ours.forward(src, tgt_in, return_attention=True)
+    np.testing.assert_array_equal(logits, ours.forward(src, tgt_in))
+    ref = _torch_attention_weights(tm, src, tgt_in)
+    cfg = config(case)
+    B, S = src.shape
+    T = tgt_in.shape[1]
+    shapes = {"encoder": (B, cfg.n_heads, S, S), "decoder_self": (B, cfg.n_heads, T, T),
+              "cross": (B, cfg.n_heads, T, S)}
+    layers = {"encoder": cfg.n_encoder_layers, "decoder_self": cfg.n_decoder_layers,
+              "cross": cfg.n_decoder_layers}
+    assert set(attention) == set(shapes)
+    for kind, weights in attention.items():
+        assert len(weights) == layers[kind] == len(ref[kind])
+        for layer, (w, r) in enumerate(zip(weights, ref[kind])):
+            assert w.dtype == np.float32 and w.shape == shapes[kind] == r.shape
+            diff = np.abs(w - r).max()
+            assert diff <= ATTENTION_ATOL, f"{case} {kind} layer {layer}: max abs difference {diff:.3g}"
+    # the decoder's self-attention never looks ahead; padded source keys get no weight
+    assert np.all(np.triu(attention["decoder_self"][0], k=1) == 0)
+    assert np.all(attention["cross"][-1][src[:, None, None, :].repeat(T, 2).repeat(cfg.n_heads, 1)
+                                         == cfg.pad_id] == 0)
+
+
+def test_forward_return_attention_must_be_bool():
+    _, ours = pair("post_ln_relu")
+    src, tgt_in, _ = batch("post_ln_relu")
+    with pytest.raises(TypeError, match="return_attention"):
+        ours.forward(src, tgt_in, return_attention="yes")

@@ -432,21 +432,22 @@ class DecoderLayer:
         self.norm_first = cfg.norm_first
         self.ws = ws
 
-    def forward(self, y, memory, B, T, S, tgt_pad, src_pad):
-        # y [B*T, D], memory [B*S, D] -> [B*T, D]
+    def forward(self, y, memory, B, T, S, tgt_pad, src_pad, causal=True):
+        # y [B*T, D], memory [B*S, D] -> [B*T, D]; causal=False lets position i see every target
+        # position (only to demonstrate the leakage the mask prevents)
         ws = self.ws
         s1 = ws.persistent(self, "s1", y.shape)
         s2 = ws.persistent(self, "s2", y.shape)
         s3 = ws.persistent(self, "s3", y.shape)
         if self.norm_first:
-            a = self.self_attn.forward(self.norm1.forward(y), None, B, T, T, tgt_pad, True)
+            a = self.self_attn.forward(self.norm1.forward(y), None, B, T, T, tgt_pad, causal)
             _C.add(y, self.dropout1.forward_(a), s1)
             c = self.cross_attn.forward(self.norm2.forward(s1), memory, B, T, S, src_pad, False)
             _C.add(s1, self.dropout2.forward_(c), s2)
             f = self.feed_forward.forward(self.norm3.forward(s2))
             _C.add(s2, self.dropout3.forward_(f), s3)
             return s3
-        a = self.self_attn.forward(y, None, B, T, T, tgt_pad, True)
+        a = self.self_attn.forward(y, None, B, T, T, tgt_pad, causal)
         _C.add(y, self.dropout1.forward_(a), s1)
         h1 = self.norm1.forward(s1)
         c = self.cross_attn.forward(h1, memory, B, T, S, src_pad, False)

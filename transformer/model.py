@@ -51,10 +51,11 @@ class Decoder:
 
     def __init__(self, layers, norm):
         self.layers, self.norm = layers, norm
+        self.causal = True
 
     def forward(self, y, memory, B, T, S, tgt_pad, src_pad):
         for layer in self.layers:
-            y = layer.forward(y, memory, B, T, S, tgt_pad, src_pad)
+            y = layer.forward(y, memory, B, T, S, tgt_pad, src_pad, self.causal)
         return self.norm.forward(y)
 
     def backward(self, dout, dmemory):
@@ -111,6 +112,8 @@ class Seq2SeqTransformer:
 
     def positional_table(self, n):
         """The sinusoidal table PE[:n] (section 3.5), float32 [n, d_model], C-contiguous."""
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+            raise TypeError(f"n must be an int, got {type(n).__name__}")
         if not 0 <= n <= self.cfg.max_len:
             raise ValueError(f"n must be in [0, max_len={self.cfg.max_len}], got {n}")
         return self.pe[:n]
@@ -132,18 +135,27 @@ class Seq2SeqTransformer:
         """Greedy decoding with a key/value cache: list of token-id lists (BOS dropped, cut at EOS).
         With return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
         from .decoding import greedy_decode
+        _check_bool(return_attention, "return_attention")
         return greedy_decode(self, src, max_len=max_len, min_len=min_len,
-                             return_attention=return_attention)
+                             return_attention=bool(return_attention))
 
     def beam_search(self, src, beam_size=4, max_len=128, length_penalty=0.6, min_len=0):
         """Beam search with a key/value cache: the best hypothesis per sentence."""
         from .decoding import beam_search
+        if isinstance(length_penalty, np.floating):     # np.float32(0.6) is a number too
+            length_penalty = float(length_penalty)
         return beam_search(self, src, beam_size=beam_size, max_len=max_len,
                            length_penalty=length_penalty, min_len=min_len)
 
-    def forward(self, src, tgt_in):
+    def forward(self, src, tgt_in, return_attention=False):
         """Logits float32 [B, T, tgt_vocab] for src [B, S] and the shifted target tgt_in [B, T]
-        (teacher forcing), in eval mode (no dropout)."""
+        (teacher forcing), in eval mode (no dropout).
+
+        With return_attention, returns (logits, attention): attention["encoder"],
+        attention["decoder_self"] and attention["cross"] are lists with one float32 array per
+        layer, [B, H, S, S], [B, H, T, T] and [B, H, T, S]: the softmax weights of every head
+        (rows of padded queries are included; masked keys have weight 0)."""
+        _check_bool(return_attention, "return_attention")
         src, tgt_in, _ = self._check_inputs(src, tgt_in)
         B, T = tgt_in.shape
         logits = np.empty((B * T, self.cfg.tgt_vocab_size), dtype=np.float32)
@@ -151,7 +163,14 @@ class Seq2SeqTransformer:
             self.stream.training = False
             h = self._encode_decode(src, tgt_in)
             self.generator.forward(h, logits)
-        return logits.reshape(B, T, -1)
+            if not return_attention:
+                return logits.reshape(B, T, -1)
+            attention = {
+                "encoder": [layer.self_attn.probs.copy() for layer in self.encoder.layers],
+                "decoder_self": [layer.self_attn.probs.copy() for layer in self.decoder.layers],
+                "cross": [layer.cross_attn.probs.copy() for layer in self.decoder.layers],
+            }
+        return logits.reshape(B, T, -1), attention
 
     def forward_backward(self, src, tgt_in, tgt_out, label_smoothing=0.1):
         """One training pass (dropout on): ADDS d loss / d params into the gradient buffer and
@@ -234,13 +253,20 @@ class Seq2SeqTransformer:
                 raise TypeError(f"state_dict[{k!r}] must be real-valued, got dtype {v.dtype}")
             if v.shape != data[k].shape:
                 raise ValueError(f"state_dict[{k!r}] has shape {v.shape}, expected {data[k].shape}")
+            if v.dtype.kind == "f" and v.dtype.itemsize > 4 and v.size:
+                # finite values beyond float32's range would silently become inf
+                with np.errstate(invalid="ignore"):
+                    too_big = np.abs(v[np.isfinite(v)]) > np.finfo(np.float32).max
+                if too_big.any():
+                    raise ValueError(f"state_dict[{k!r}] has finite values beyond float32's range "
+                                     f"(largest {np.abs(v[np.isfinite(v)]).max():.3g})")
         with self._lock:
             for k, v in sd.items():
                 np.copyto(data[k], v, casting="unsafe")
 
     def save(self, path):
         """Write the directory `path`: config.json and model.safetensors (atomic writes, no pickle)."""
-        path = os.fspath(path)
+        path = _path(path)
         os.makedirs(path, exist_ok=True)
         atomic_write_bytes(os.path.join(path, CONFIG_FILE),
                            (json.dumps(self.cfg.to_dict(), indent=2, sort_keys=True) + "\n").encode())
@@ -251,7 +277,7 @@ class Seq2SeqTransformer:
     @classmethod
     def load(cls, path):
         """A model from a directory written by save(); ValueError if anything is damaged."""
-        path = os.fspath(path)
+        path = _path(path)
         cfg_path = os.path.join(path, CONFIG_FILE)
         try:
             with open(cfg_path, "r", encoding="utf-8") as f:
@@ -276,7 +302,11 @@ class Seq2SeqTransformer:
 
     def check_ids(self, x, name, vocab):
         """x as checked token ids: int64 C-contiguous [B, L], 1 <= L <= max_len, ids in [0, vocab)."""
-        return _ids(x, name, vocab, self.cfg.max_len)
+        if isinstance(vocab, bool) or not isinstance(vocab, (int, np.integer)):
+            raise TypeError(f"vocab must be an int, got {type(vocab).__name__}")
+        if vocab < 1:
+            raise ValueError(f"vocab must be >= 1, got {vocab}")
+        return _ids(x, name, int(vocab), self.cfg.max_len)
 
     def _check_inputs(self, src, tgt_in, tgt_out=None):
         cfg = self.cfg
@@ -311,6 +341,19 @@ def _ids(x, name, vocab, max_len):
     if lo < 0 or hi >= vocab:
         raise ValueError(f"{name} ids must be in [0, {vocab}), got values in [{lo}, {hi}]")
     return np.ascontiguousarray(x, dtype=np.int64)
+
+
+def _check_bool(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _path(path):
+    """A file-system path (str, bytes or os.PathLike), or TypeError naming `path`."""
+    try:
+        return os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
 
 
 def _padding_mask(ids, pad):
