@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from .config import ModelConfig
 from .model import Seq2SeqTransformer
 from .optim import Adam
-from .serialization import load_file, read_metadata, save_file
+from .serialization import load_file, read_metadata, remove_stale_temporaries, save_file
 from .tokenizer import load_tokenizer, tokenizer_from_json
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
@@ -48,8 +48,9 @@ def _digest(tensors):
 
 
 def save_checkpoint(directory, model, optimizer, train_state, src_tokenizer, tgt_tokenizer, args):
-    """Write DIR/checkpoint.safetensors atomically."""
+    """Write DIR/checkpoint.safetensors atomically (and clear what killed earlier writes left)."""
     os.makedirs(directory, exist_ok=True)
+    remove_stale_temporaries(directory)
     opt = optimizer.state_dict()
     tensors = {f"model/{name}": view for name, view in model.params.data.items()}
     tensors["optimizer/exp_avg"] = opt["exp_avg"]

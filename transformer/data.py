@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import os
 import re
+import zlib
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,15 +47,25 @@ def _open_lines(path):
         with opener(path, "rb") as f:
             for raw in f:
                 yield raw
-    except (OSError, EOFError) as exc:
+    except (OSError, EOFError, zlib.error) as exc:   # zlib.error: a corrupted gzip stream
         raise ValueError(f"{path}: cannot be read ({exc})") from None
+
+
+def _check_column(spec, name):
+    """A column: a 0-based index (int, or a str of digits) or a header name (str)."""
+    if isinstance(spec, bool) or not isinstance(spec, (int, np.integer, str)):
+        raise TypeError(f"{name} must be a column name (str) or 0-based index (int), got {type(spec).__name__}")
+    if isinstance(spec, (int, np.integer)) and spec < 0:
+        raise ValueError(f"{name} must be a 0-based column index >= 0, got {spec}")
+    if isinstance(spec, str) and spec.startswith("-") and spec[1:].isdigit():
+        raise ValueError(f"{name} must be a 0-based column index >= 0, got {spec!r}")
+    return spec
 
 
 def _resolve_column(spec, header, path):
     if isinstance(spec, (int, np.integer)):
         return int(spec)
-    spec = str(spec)
-    if spec.lstrip("-").isdigit():
+    if spec.isascii() and spec.isdigit():
         return int(spec)
     if header is None:
         raise ValueError(f"{path}: column {spec!r} given by name, but the file has no header line")
@@ -72,7 +83,17 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None):
     returned ReadReport. Returns (pairs, report). Raises FileNotFoundError for a missing file and
     ValueError when nothing usable is left.
     """
-    path = os.fspath(path)
+    try:
+        path = os.fspath(path)
+    except TypeError:
+        raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
+    src_col = _check_column(src_col, "src_col")
+    tgt_col = _check_column(tgt_col, "tgt_col")
+    if max_pairs is not None:
+        if isinstance(max_pairs, bool) or not isinstance(max_pairs, (int, np.integer)):
+            raise TypeError(f"max_pairs must be None or an int, got {type(max_pairs).__name__}")
+        if max_pairs < 1:
+            raise ValueError(f"max_pairs must be >= 1 (or None for all), got {max_pairs}")
     report = ReadReport(path)
     pairs = []
     header = None
@@ -140,7 +161,10 @@ def pad_batch(sequences, pad_id, length=None):
     length = max((len(s) for s in sequences), default=0) if length is None else length
     out = np.full((len(sequences), length), pad_id, dtype=np.int64)
     for row, seq in enumerate(sequences):
-        out[row, :len(seq)] = seq[:length]
+        try:
+            out[row, :len(seq)] = seq[:length]
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise TypeError(f"sequences[{row}] must be a sequence of int ids ({exc})") from None
     return out
 
 
@@ -157,7 +181,9 @@ def length_batches(examples, max_tokens, seed=0, epoch=0, shuffle=True):
     the order of batches depend only on (seed, epoch): a resumed run sees the same batches.
     Returns a list of index lists.
     """
-    if max_tokens < 1:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, float, np.integer, np.floating)):
+        raise TypeError(f"max_tokens must be a number, got {type(max_tokens).__name__}")
+    if not max_tokens >= 1:   # NaN too
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
     rng = np.random.default_rng([seed, epoch])
     lengths = np.array([max(len(e[0]), len(e[1])) for e in examples], dtype=np.int64)
@@ -180,6 +206,15 @@ def length_batches(examples, max_tokens, seed=0, epoch=0, shuffle=True):
 
 def collate(examples, indices, pad_id):
     """The padded arrays (src, tgt_in, tgt_out) of the examples at `indices`."""
+    try:
+        indices = list(indices)
+    except TypeError:
+        raise TypeError(f"indices must be a sequence of ints, got {type(indices).__name__}") from None
+    for i in indices:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)):
+            raise TypeError(f"indices must hold ints, got {type(i).__name__}")
+        if not 0 <= i < len(examples):
+            raise ValueError(f"indices must be in [0, {len(examples)}), got {i}")
     chosen = [examples[i] for i in indices]
     return (pad_batch([e[0] for e in chosen], pad_id),
             pad_batch([e[1] for e in chosen], pad_id),

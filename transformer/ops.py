@@ -5,7 +5,7 @@ Conventions, the same for every function here:
   non-contiguous or Fortran-ordered inputs are accepted and converted (matmul
   reads transposed views in place, without a copy);
 - an `out` array must be exactly right (ndarray, float32, the result's shape,
-  C-contiguous, writeable, not overlapping an input) or it is refused with
+  C-contiguous, writeable, aligned, not overlapping an input) or it is refused with
   ValueError/TypeError;
 - every error names the argument.
 """
@@ -24,7 +24,19 @@ def _input(x, name):
             raise TypeError(f"{name} must be a float32 array: {exc}") from None
     if x.dtype != np.float32:
         raise TypeError(f"{name} must have dtype float32, got {x.dtype}")
+    if not x.flags.aligned:
+        # a float32 view at an odd byte offset: the kernels read whole floats, so copy it
+        x = x.copy()
     return x
+
+
+def _flag(value, name):
+    """A yes/no argument: bool (or numpy bool, or the ints 0 and 1); nothing else is guessed at."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _out(out, name, shape, inputs):
@@ -38,6 +50,8 @@ def _out(out, name, shape, inputs):
         raise ValueError(f"{name} must be C-contiguous")
     if not out.flags.writeable:
         raise ValueError(f"{name} must be writeable")
+    if not out.flags.aligned:
+        raise ValueError(f"{name} must be aligned to its dtype (4 bytes)")
     for other_name, other in inputs:
         if np.may_share_memory(out, other):
             raise ValueError(f"{name} must not overlap {other_name}")
@@ -67,7 +81,8 @@ def matmul(a, b, trans_a=False, trans_b=False, out=None, accumulate=False):
     for name, x in (("a", a), ("b", b)):
         if x.ndim not in (2, 3):
             raise ValueError(f"{name} must be 2-D or 3-D, got shape {x.shape}")
-    trans_a, trans_b = bool(trans_a), bool(trans_b)
+    trans_a, trans_b = _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b")
+    accumulate = _flag(accumulate, "accumulate")
     m, k = (a.shape[-1], a.shape[-2]) if trans_a else a.shape[-2:]
     k2, n = (b.shape[-1], b.shape[-2]) if trans_b else b.shape[-2:]
     if k != k2:
@@ -93,7 +108,7 @@ def matmul(a, b, trans_a=False, trans_b=False, out=None, accumulate=False):
             a = np.broadcast_to(a, (batch,) + a.shape)
         if b.ndim == 2:
             b = np.broadcast_to(b, (batch,) + b.shape)
-    _C.gemm(a, b, out, trans_a, trans_b, 1.0, bool(accumulate))
+    _C.gemm(a, b, out, trans_a, trans_b, 1.0, accumulate)
     return out
 
 
@@ -108,6 +123,7 @@ def softmax(scores, scale=1.0, causal=False, key_padding_mask=None):
     if scores.ndim not in (3, 4):
         raise ValueError(f"scores must be 3-D [B, Tq, Tk] or 4-D [B, H, Tq, Tk], got shape {scores.shape}")
     scale = _finite_float(scale, "scale")
+    causal = _flag(causal, "causal")
     if key_padding_mask is not None:
         key_padding_mask = np.asarray(key_padding_mask)
         if key_padding_mask.dtype != np.bool_:
@@ -118,7 +134,7 @@ def softmax(scores, scale=1.0, causal=False, key_padding_mask=None):
         key_padding_mask = np.ascontiguousarray(key_padding_mask)
     scores = np.ascontiguousarray(scores)
     probs = np.empty_like(scores)
-    _C.softmax_forward(scores, probs, scale, bool(causal), key_padding_mask, 0)
+    _C.softmax_forward(scores, probs, scale, causal, key_padding_mask, 0)
     return probs
 
 

@@ -9,11 +9,14 @@ renamed over the target (atomic). Reads check everything and raise ValueError na
 import contextlib
 import json
 import os
+import re
+import socket
 import tempfile
 
 import numpy as np
 
-__all__ = ["save_file", "load_file", "read_metadata", "atomic_writer", "atomic_write_bytes"]
+__all__ = ["save_file", "load_file", "read_metadata", "atomic_writer", "atomic_write_bytes",
+           "remove_stale_temporaries"]
 
 _DTYPES = {"F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "F16": np.dtype("<f2"),
            "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
@@ -35,7 +38,7 @@ def atomic_writer(path):
     durable. An exception (or a kill) at any moment leaves `path` as it was."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=_temporary_prefix(), dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             yield f
@@ -56,6 +59,48 @@ def atomic_writer(path):
             os.close(dfd)
     except OSError:
         pass
+
+
+def _temporary_prefix(pid=None):
+    """Temporary files are named after the host and process writing them, so a later run can
+    tell the leftovers of a killed writer from a write in progress (remove_stale_temporaries)."""
+    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:64] or "host"
+    return f".tmp-{host}-{os.getpid() if pid is None else pid}-"
+
+
+_TEMPORARY = re.compile(r"^\.tmp-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>[0-9]+)-")
+
+
+def remove_stale_temporaries(directory):
+    """Delete the temporary files that writers on this host left in `directory` when they were
+    killed mid-write (SIGKILL, power loss): those whose process no longer exists. Files of live
+    processes and of other hosts are left alone. Returns the paths removed."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    host = _temporary_prefix(0).split("-")[1]
+    for name in names:
+        match = _TEMPORARY.match(name)
+        if not match or match["host"] != host:
+            continue
+        pid = int(match["pid"])
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+            continue                  # alive (or not ours to signal): maybe still writing
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, OSError):
+            continue
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(os.path.join(directory, name))
+        except OSError:
+            pass
+    return removed
 
 
 def atomic_write_bytes(path, data):
