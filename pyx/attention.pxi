@@ -145,6 +145,10 @@ def attention_decode(q, k_cache, v_cache, Py_ssize_t n_keys, out, float scale, k
         _check_f32(probs, "probs", 3, True)
         if probs.shape != (N, H, n_keys):
             raise ValueError(f"probs must have shape {(N, H, n_keys)}, got {probs.shape}")
+        for other, other_name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache"), (out, "out"),
+                                  (key_mask, "key_mask"), (rows, "rows"), (key_rows, "key_rows")):
+            if other is not None:
+                _att_apart(probs, "probs", other, other_name)
         if probs.size:
             probs_view = probs
             probs_ptr = &probs_view[0, 0, 0]

@@ -18,7 +18,10 @@ cdef object _U8 = np.dtype(np.uint8)
 
 
 cdef bint _beam_meet(object x, object y):
-    """Whether two C-contiguous arrays share a byte (exact: each is one contiguous range)."""
+    """Whether two C-contiguous arrays share a byte (exact: each is one contiguous range).
+    False unless both are arrays: an output not checked yet is refused by its own check."""
+    if not (isinstance(x, cnp.ndarray) and isinstance(y, cnp.ndarray)):
+        return False
     cdef char *px = <char *>cnp.PyArray_DATA(<cnp.ndarray>x)
     cdef char *py = <char *>cnp.PyArray_DATA(<cnp.ndarray>y)
     cdef Py_ssize_t nx = cnp.PyArray_NBYTES(<cnp.ndarray>x), ny = cnp.PyArray_NBYTES(<cnp.ndarray>y)

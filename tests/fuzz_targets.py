@@ -767,16 +767,14 @@ def check_decoded(model, src, hyps, max_len, min_len, greedy):
             continue
         tgt_in = np.array([[cfg.bos_id] + hyp], np.int64)[:, :cfg.max_len]
         logits = model.forward(src[row:row + 1], tgt_in)[0].astype(np.float64)
-        # KNOWN (finding F2, decoding.py): decoding may emit pad_id, which later steps attend to
-        # while forward masks it as padding; positions after the first emitted pad are not compared
+        assert cfg.pad_id not in hyp and cfg.bos_id not in hyp, hyp
         steps = tgt_in.shape[1]
-        if cfg.pad_id in hyp:
-            steps = min(steps, hyp.index(cfg.pad_id) + 1)
         for t in range(steps):
             want = hyp[t] if t < len(hyp) else cfg.eos_id
             if t >= len(hyp) and len(hyp) == limit:
                 break
             scores = logits[t].copy()
+            scores[cfg.pad_id] = scores[cfg.bos_id] = -np.inf     # decoding never emits them
             if t < min_len:
                 scores[cfg.eos_id] = -np.inf
             assert scores[want] >= scores.max() - MARGIN, \
@@ -1605,12 +1603,10 @@ def mutate_scalar(draw, value):
 
 
 TRACE = bool(os.environ.get("TRANSFORMER_FUZZ_TRACE"))
-# KNOWN (finding F3 in /work/notes/fuzz-findings.md, pyx/beam.pxi): a non-array output argument
-# of beam_topk is cast to an ndarray unchecked and crashes the process. Not generated until fixed.
-KNOWN_CRASHES = {("beam_topk", "list"), ("beam_topk", "none")}
-# KNOWN (finding F4, pyx/attention.pxi): attention_decode does not check that `probs` stays apart
-# from the other arrays; a partial overlap with it is accepted. Not asserted until fixed.
-KNOWN_OVERLAPS = {("attention_decode", "probs"), ("attention_decode_rows", "probs")}
+# Findings F3 (beam_topk crashed on a non-array output) and F4 (attention_decode let probs
+# overlap its inputs) are fixed: no crash or overlap is exempt any more.
+KNOWN_CRASHES = set()
+KNOWN_OVERLAPS = set()
 
 
 def describe(v):

@@ -27,6 +27,7 @@ def recompute_greedy(model, src, steps, min_len=0):
     ys = np.full((src.shape[0], 1), cfg.bos_id, dtype=np.int64)
     for t in range(steps):
         logits = model.forward(src, ys)[:, -1].astype(np.float64)
+        logits[:, [cfg.pad_id, cfg.bos_id]] = -np.inf     # decoding never emits padding or BOS
         if t < min_len:
             logits[:, cfg.eos_id] = -np.inf
         ys = np.concatenate([ys, logits.argmax(1)[:, None]], axis=1)
@@ -57,6 +58,7 @@ def recompute_beam(model, src_row, K, max_len, length_penalty, min_len=0):
     for t in range(max_len):
         ys = np.array([[cfg.bos_id] + tokens for tokens, _ in beams])
         logits = model.forward(np.repeat(src_row[None], len(beams), 0), ys)[:, -1].astype(np.float64)
+        logits[:, [cfg.pad_id, cfg.bos_id]] = -np.inf     # never emitted
         logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
         if t < min_len:
             logp[:, eos] = -np.inf

@@ -217,8 +217,9 @@ def test_load_state_dict_refuses_values_beyond_float32_range():
 
 
 # --------------------------------------------------------------------------------------------
-# Found in files this suite does not own: strict xfails, so a fix shows up as XPASS (then remove
-# the marker and the KNOWN allowance in fuzz_targets.py). Details: /work/notes/fuzz-findings.md.
+# Findings of the fuzzing (F2-F4 fixed: decoding bans pad and BOS, beam.pxi refuses non-array
+# outputs, attention_decode keeps probs apart). Those still open are strict xfails, so a fix shows
+# up as XPASS (then remove the marker and the KNOWN allowance in fuzz_targets.py).
 
 @pytest.mark.xfail(strict=True, reason="F1: csrc/softmax.c turns a row of only NaN/-inf scores into zeros")
 def test_softmax_propagates_nan_like_numpy():
@@ -228,7 +229,6 @@ def test_softmax_propagates_nan_like_numpy():
     assert np.isnan(probs).all()
 
 
-@pytest.mark.xfail(strict=True, reason="F2: transformer/decoding.py may emit pad_id, which forward masks")
 def test_decoding_never_emits_the_padding_id():
     cfg = T.ModelConfig(src_vocab_size=9, tgt_vocab_size=7, d_model=8, n_heads=2, d_ff=16,
                         n_encoder_layers=1, n_decoder_layers=2, dropout=0.0, max_len=7)
@@ -241,7 +241,6 @@ def test_decoding_never_emits_the_padding_id():
     assert cfg.pad_id not in model.beam_search(src, beam_size=1, max_len=7)[0]
 
 
-@pytest.mark.xfail(strict=True, reason="F3: pyx/beam.pxi casts a non-array output to ndarray unchecked (segfault)")
 def test_beam_topk_refuses_a_list_as_output():
     code = ("import numpy as np\nfrom transformer import _C\n"
             "try:\n"
@@ -255,7 +254,6 @@ def test_beam_topk_refuses_a_list_as_output():
     assert proc.returncode == 0, f"returncode {proc.returncode}: {proc.stderr[-2000:]}"
 
 
-@pytest.mark.xfail(strict=True, reason="F4: pyx/attention.pxi does not keep probs apart from the other arrays")
 def test_attention_decode_refuses_probs_overlapping_the_query():
     from transformer import _C
 

@@ -219,6 +219,7 @@ def greedy_decode(model, src, max_len=128, min_len=0, return_attention=False):
     attention = [[] for _ in range(B)]
     for t in range(max_len):
         logits = cache.step(ids, t)
+        logits[:, cfg.pad_id] = logits[:, cfg.bos_id] = -np.inf   # never "nothing" or a second start
         if t < min_len:
             logits[:, cfg.eos_id] = -np.inf
         ids = logits.argmax(axis=1).astype(np.int64)
@@ -286,6 +287,7 @@ def beam_search(model, src, beam_size=4, max_len=128, length_penalty=0.6, min_le
         nb = len(sentences)
         n = nb * K
         logp = cache.step(ids, t)
+        logp[:, cfg.pad_id] = logp[:, cfg.bos_id] = -np.inf       # never "nothing" or a second start
         _C.log_softmax(logp, logp)
         _C.beam_select(logp, scores[:nb], n_finished[:nb], eos if t < min_len else -1, eos,
                        t == max_len - 1, parents[:n], tokens[:n], new_scores[:nb], done[:nb],
