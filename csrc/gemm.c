@@ -874,9 +874,11 @@ void gemm_test_counters(long counts[3], int reset)
  * thread packs all of B that its tiles touch (about K x N) while its share of the product
  * shrinks as 1 / team, so the packing fraction grows linearly with the team, and the L3
  * holds team copies of B (2048 x 2048 x 512 on a 16-core Xeon: 430 GF/s at 4 threads, 763
- * at 8, 341 at 16). At 2 threads that costs little (95-105 % parallel efficiency measured
- * here), and tiles need no barrier: a thread the OS stalls holds nobody up. */
-#define GEMM_SHARED_THREADS 3
+ * at 8, 341 at 16). Even at 2 threads shared wins on a quiet machine (the 2-core EPYC,
+ * 1024 x 2048 x 512 and the other products of a base training step: 99-107 % parallel
+ * efficiency against tiles' 88-98 %); tiles, which need no barrier, remain for a single
+ * thread's fallbacks and for forcing in tests. */
+#define GEMM_SHARED_THREADS 2
 
 void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
                   long M, long N, long K, float alpha,
