@@ -15,13 +15,70 @@ def _threads(text):
     return values
 
 
+def _default_threads():
+    """1, 2, 4, ... up to the cores present, and the core count itself."""
+    cores = os.cpu_count() or 1
+    values, n = [], 1
+    while n < cores:
+        values.append(n)
+        n *= 2
+    return values + [cores]
+
+
+def _against(args):
+    """"torch" when asked for and installed; None to measure ours alone."""
+    if args.against == "none":
+        return None
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        if args.against == "torch":
+            print("transformer bench: --against torch needs PyTorch (pip install torch); "
+                  "measuring ours alone", file=sys.stderr)
+        return None
+    return "torch"
+
+
+def _configs(args):
+    """Named configs (tiny,base) or one custom size spec (KEY=INT,...)."""
+    from .bench import train
+
+    if "=" in args.config:
+        return [train.custom_config(args.config)]
+    names = [n.strip() for n in args.config.split(",") if n.strip()]
+    unknown = [n for n in names if n not in train.CONFIGS or n == "custom"]
+    if not names or unknown:
+        raise ValueError(f"--config: expected tiny, base, tiny,base or KEY=INT,..., got {args.config!r}")
+    return names
+
+
+def _emit(records, args):
+    with open(args.json, "w") if args.json else open(os.devnull, "w") as sink:
+        for record in records:
+            print(json.dumps(record))
+            sink.write(json.dumps(record) + "\n")
+
+
 def _bench(args):
     from .bench import kernels
 
+    if args.threads is None:
+        args.threads = _default_threads()
+    try:
+        configs = _configs(args)
+    except ValueError as e:
+        print(f"transformer bench: {e}", file=sys.stderr)
+        return 2
+    against = _against(args)
+    if args.what in ("kernels", "all") and against is None:
+        print(f"transformer bench: --what {args.what} compares with PyTorch and numpy; it needs torch "
+              "(try --what train or decode with --against none)", file=sys.stderr)
+        return 2
     if args.what == "all":
         from .bench import scaling
 
-        records = scaling.run_all(args.threads, what=("gemm", "train", "decode"), stream=sys.stdout)
+        records = scaling.run_all(args.threads, what=("gemm", "train", "decode"), stream=sys.stdout,
+                                  configs=configs, against=against)
         if args.json:
             with open(args.json, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
@@ -30,19 +87,32 @@ def _bench(args):
             scaling.plot(records, args.plot)
             print(f"plot written to {args.plot}", file=sys.stderr)
         return 0
-    if args.what in ("train", "decode"):
-        import importlib
+    if args.what in ("train", "profile"):
+        from .bench import train
 
-        module = importlib.import_module(f"transformer.bench.{args.what}")
-        records = module.run(threads=tuple(args.threads))
-        with open(args.json, "w") if args.json else open(os.devnull, "w") as sink:
-            for record in records:
-                print(json.dumps(record))
-                sink.write(json.dumps(record) + "\n")
+        records = []
+        if args.what == "train":
+            records = train.run(threads=tuple(args.threads), configs=tuple(configs), against=against)
+        profiles = [train.profile(name, n) for name in configs for n in args.threads]
+        _emit(records + profiles, args)
+        for record in profiles:
+            print("\n" + train.profile_table(record), file=sys.stderr)
         return 0
-    if args.what != "kernels":
-        print(f"transformer bench: --what {args.what} is not available yet", file=sys.stderr)
-        return 2
+    if args.what == "decode":
+        from .bench import decode
+
+        engines = ("ours", "torch", "ctranslate2") if against else ("ours",)
+        _emit(decode.run(threads=tuple(args.threads), configs=tuple(configs), engines=engines), args)
+        return 0
+    if args.what == "masking":
+        from .bench import masking
+
+        records = masking.run(threads=tuple(args.threads), stream=sys.stdout)
+        if args.json:
+            with open(args.json, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        print(masking.table(records), file=sys.stderr)
+        return 0
     families = [f for f in args.families.split(",") if f]
     unknown = sorted(set(families) - set(kernels.FAMILIES))
     if unknown:
@@ -145,8 +215,20 @@ def build_parser():
     sub = parser.add_subparsers(dest="command", required=True)
 
     bench = sub.add_parser("bench", help="benchmark our kernels against numpy/PyTorch")
-    bench.add_argument("--what", default="kernels", choices=["kernels", "train", "decode", "masking", "all"])
-    bench.add_argument("--threads", type=_threads, default=[1, 2], help="e.g. 1,2,4")
+    bench.add_argument("--what", default="kernels",
+                       choices=["kernels", "train", "profile", "decode", "masking", "all"],
+                       help="kernels: every kernel vs PyTorch/numpy; train: a training step (and its "
+                            "profile); profile: where a training step's time goes; decode: greedy and "
+                            "beam search; masking: parallel masked training vs an autoregressive loop, "
+                            "and the leakage without the mask; all: thread scaling of GEMM, training "
+                            "and decoding")
+    bench.add_argument("--threads", type=_threads, default=None,
+                       help="e.g. 1,2,4 (default: 1, 2, 4, ... up to the cores present)")
+    bench.add_argument("--config", default="tiny,base",
+                       help="tiny, base, tiny,base, or custom sizes for train/profile/decode/all: "
+                            "d_model=256,n_heads=4,d_ff=1024,layers=3[,vocab=8000,batch=16,length=48]")
+    bench.add_argument("--against", default="torch", choices=["torch", "none"],
+                       help="reference measured in the same run (torch: when installed)")
     bench.add_argument("--families", default="gemm,nn,elementwise,loss",
                        help="kernel families to run (comma-separated)")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON lines to FILE")

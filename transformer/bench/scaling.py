@@ -108,8 +108,9 @@ def plot(records, path, title_extra=""):
     return path
 
 
-def run_all(threads, what=("train", "decode"), stream=None):
-    """Run the chosen suites at every thread count; returns all records (JSON lines to stream)."""
+def run_all(threads, what=("train", "decode"), stream=None, configs=("tiny", "base"), against="torch"):
+    """Run the chosen suites at every thread count; returns all records (JSON lines to stream).
+    against=None measures ours alone."""
     import importlib
 
     import transformer as T
@@ -118,11 +119,13 @@ def run_all(threads, what=("train", "decode"), stream=None):
                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": None}]
     for suite in what:
         module = importlib.import_module(f"transformer.bench.{suite}")
-        kwargs = {"memory": False} if suite == "train" else {}
+        if suite == "train":
+            kwargs = {"memory": False, "configs": tuple(configs), "against": against}
         if suite == "gemm":
             kwargs = {"skinny": False, "attention": False, "repeats": 3}
         if suite == "decode":   # greedy only: PyTorch's prefix re-run with beams takes minutes per point
-            kwargs = {"beams": (1,), "engines": ("ours", "torch", "ctranslate2")}
+            kwargs = {"beams": (1,), "configs": tuple(configs),
+                      "engines": ("ours", "torch", "ctranslate2") if against else ("ours",)}
         for record in module.run(threads=tuple(threads), **kwargs):
             record = {"suite": suite, **record}
             records.append(record)

@@ -80,51 +80,92 @@ def _timed(step):
     return time.perf_counter() - t0
 
 
-def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True):
-    """One dict per (config, threads): step times (median), target tokens/s and the ratio
-    (torch time / our time: > 1 means we are faster); then one memory dict per config."""
-    import torch
+def custom_config(text):
+    """A named size from `--config`: "d_model=256,n_heads=4,d_ff=1024,layers=3" (also
+    n_encoder_layers/n_decoder_layers, vocab, batch, length); registered as "custom" here and in
+    the decode bench. Returns its name."""
+    from . import decode
 
+    spec = dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3,
+                vocab=8000, batch=16, length=48)
+    for item in filter(None, text.split(",")):
+        key, _, value = item.partition("=")
+        key = key.strip()
+        if key == "layers":
+            spec["n_encoder_layers"] = spec["n_decoder_layers"] = value
+            continue
+        if key not in spec or not value.strip().isdigit() or int(value) < 1:
+            raise ValueError(f"--config: expected tiny, base or KEY=INT,... with KEY in "
+                             f"{sorted(spec) + ['layers']}, got {item!r}")
+        spec[key] = value
+    spec = {k: int(v) for k, v in spec.items()}
+    sizes = {k: spec[k] for k in ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers")}
+    if sizes["d_model"] % sizes["n_heads"]:
+        raise ValueError(f"--config: d_model {sizes['d_model']} is not a multiple of n_heads {sizes['n_heads']}")
+    CONFIGS["custom"] = dict(sizes=sizes, vocab=spec["vocab"], batch=spec["batch"], length=spec["length"],
+                             repeats=5)
+    decode.CONFIGS["custom"] = dict(sizes=sizes, vocab=spec["vocab"], batch=max(1, spec["batch"] // 2),
+                                    src_len=spec["length"], repeats=3)
+    return "custom"
+
+
+def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True, against="torch"):
+    """One dict per (config, threads): step times (median), target tokens/s and the ratio
+    (torch time / our time: > 1 means we are faster); then one memory dict per config.
+    against=None measures ours alone (no PyTorch needed)."""
     import transformer as T
+    torch = None
+    if against == "torch":
+        import torch
     records = []
-    prev_ours, prev_torch = T.get_num_threads(), torch.get_num_threads()
+    prev_ours = T.get_num_threads()
+    prev_torch = torch.get_num_threads() if torch else None
     try:
         for name in configs:
             c = CONFIGS[name]
-            ours, ref = _Ours(name), _Torch(name)
+            ours = _Ours(name)
+            ref = _Torch(name) if torch else None
             tokens = c["batch"] * c["length"]
             n_rep = repeats or c["repeats"]
             for n in threads:
                 T.set_num_threads(n)
-                torch.set_num_threads(n)
-                ours.step(), ref.step()           # warm-up: buffers, packing, thread teams
-                if name == "tiny":
-                    ours.step(), ref.step()
-                ours_t, ref_t = [], []
-                for _ in range(n_rep):
-                    ours_t.append(_timed(ours.step))
-                    ref_t.append(_timed(ref.step))
-                o, r = statistics.median(ours_t), statistics.median(ref_t)
-                records.append({"bench": "train_step", "kernel": f"train_step {name}", "config": name,
-                                "threads": n,
-                                "shape": f"B{c['batch']} S{c['length']} T{c['length']} V{c['vocab']}",
-                                "ours_s": o, "ref_s": r, "ratio": r / o,
-                                "ours_tokens_per_s": tokens / o, "ref_tokens_per_s": tokens / r,
-                                "ours_per_s": tokens / o,
-                                "repeats": n_rep})
+                steps = [ours.step]
+                if torch:
+                    torch.set_num_threads(n)
+                    steps.append(ref.step)
+                for step in steps:                # warm-up: buffers, packing, thread teams
+                    for _ in range(2 if name == "tiny" else 1):
+                        step()
+                times = [[] for _ in steps]
+                for _ in range(n_rep):            # interleaved: ours, torch, ours, torch, ...
+                    for step, t in zip(steps, times):
+                        t.append(_timed(step))
+                o = statistics.median(times[0])
+                record = {"bench": "train_step", "kernel": f"train_step {name}", "config": name,
+                          "threads": n, "shape": f"B{c['batch']} S{c['length']} T{c['length']} V{c['vocab']}",
+                          "ours_s": o, "ours_spread_s": [min(times[0]), max(times[0])],
+                          "ours_tokens_per_s": tokens / o, "ours_per_s": tokens / o, "repeats": n_rep}
+                if torch:
+                    r = statistics.median(times[1])
+                    record.update({"ref_s": r, "ref_spread_s": [min(times[1]), max(times[1])],
+                                   "ratio": r / o, "ref_tokens_per_s": tokens / r})
+                records.append(record)
             del ours, ref
         if memory:
             for name in configs:
                 if name != "base" and len(configs) > 1:
                     continue
-                ours_kb, ref_kb = _peak_rss(name, "ours"), _peak_rss(name, "torch")
-                records.append({"bench": "train_step_peak_rss", "kernel": f"train_step {name} peak RSS",
-                                "config": name,
-                                "ours_mb": ours_kb / 1024, "ref_mb": ref_kb / 1024,
-                                "ratio": ref_kb / ours_kb})
+                ours_kb = _peak_rss(name, "ours")
+                record = {"bench": "train_step_peak_rss", "kernel": f"train_step {name} peak RSS",
+                          "config": name, "ours_mb": ours_kb / 1024}
+                if torch:
+                    ref_kb = _peak_rss(name, "torch")
+                    record.update({"ref_mb": ref_kb / 1024, "ratio": ref_kb / ours_kb})
+                records.append(record)
     finally:
         T.set_num_threads(prev_ours)
-        torch.set_num_threads(prev_torch)
+        if torch:
+            torch.set_num_threads(prev_torch)
     return records
 
 
@@ -158,49 +199,91 @@ def _vm_hwm_kib():
     return None
 
 
-def profile(name="tiny", threads=1, steps=5):
-    """Where our step's time goes: seconds per call site (kernel wrappers timed by name)."""
+# what each _C entry point counts as in the profile; anything else in _C is "other kernels"
+PROFILE_GROUPS = {
+    "gemm": "GEMM",
+    "softmax_forward": "attention softmax", "softmax_backward": "attention softmax",
+    "layernorm_forward": "layer norm", "layernorm_backward": "layer norm",
+    "add": "element-wise", "add_bias": "element-wise", "bias_grad": "element-wise",
+    "bias_act_forward": "element-wise", "act_backward": "element-wise",
+    "dropout_forward": "element-wise", "dropout_backward": "element-wise", "dropout_add": "element-wise",
+    "embedding_forward": "embedding", "embedding_backward": "embedding",
+    "positional_encoding": "embedding",
+    "cross_entropy": "loss",
+    "adam_step": "optimizer", "sum_squares": "optimizer", "scale_": "optimizer",
+}
+PROFILE_ORDER = ("GEMM", "attention softmax", "layer norm", "element-wise", "embedding", "loss",
+                 "optimizer", "other kernels", "Python overhead")
+
+
+def profile(name="tiny", threads=1, steps=10):
+    """Where one training step's time goes: {group: seconds per step} over the groups of
+    PROFILE_ORDER, plus the step time and the kernel calls per step.
+
+    Every function of transformer._C is wrapped by a timer while `steps` steps run; "Python
+    overhead" is the step time not spent inside a kernel call (the layers' bookkeeping, numpy
+    views, argument checks in the Cython door), minus the timers' own cost, which is measured
+    separately per call and subtracted."""
     import collections
 
     import transformer as T
     from transformer import _C
-    totals = collections.Counter()
-    counts = collections.Counter()
-    originals = {}
-    for fn in ("gemm", "softmax_forward", "softmax_backward", "layernorm_forward", "layernorm_backward",
-               "embedding_forward", "embedding_backward", "add", "add_bias", "bias_grad",
-               "bias_act_forward", "act_backward", "dropout_forward", "dropout_backward",
-               "cross_entropy", "adam_step"):
-        originals[fn] = getattr(_C, fn)
+    totals, calls = collections.Counter(), collections.Counter()
+    clock = time.perf_counter
+    skip = {"set_num_threads", "get_num_threads", "set_isa", "get_isa", "best_isa"}
+    originals = {fn: getattr(_C, fn) for fn in dir(_C)
+                 if not fn.startswith("_") and fn not in skip and callable(getattr(_C, fn))}
 
-        def wrap(*a, _f=originals[fn], _n=fn, **k):
-            t0 = time.perf_counter()
-            r = _f(*a, **k)
-            totals[_n] += time.perf_counter() - t0
-            counts[_n] += 1
-            return r
-        setattr(_C, fn, wrap)
+    def timed(f, group):
+        def wrapper(*a, **k):
+            t0 = clock()
+            try:
+                return f(*a, **k)
+            finally:
+                totals[group] += clock() - t0
+                calls[group] += 1
+        return wrapper
+
+    # the cost of a wrapper around a function that does nothing: subtracted per call below
+    noop = timed(lambda: None, "noop")
+    t0 = clock()
+    for _ in range(20000):
+        noop()
+    per_call = (clock() - t0 - totals.pop("noop")) / 20000
+    calls.clear()
     prev = T.get_num_threads()
     T.set_num_threads(threads)
+    for fn, f in originals.items():
+        setattr(_C, fn, timed(f, PROFILE_GROUPS.get(fn, "other kernels")))
     try:
         ours = _Ours(name)
-        ours.step()
-        totals.clear(), counts.clear()
-        t0 = time.perf_counter()
+        ours.step(), ours.step()
+        totals.clear(), calls.clear()
+        t0 = clock()
         for _ in range(steps):
             ours.step()
-        total = (time.perf_counter() - t0) / steps
+        total = (clock() - t0) / steps
     finally:
         for fn, f in originals.items():
             setattr(_C, fn, f)
         T.set_num_threads(prev)
-    rows = {k: (v / steps, counts[k] // steps) for k, v in totals.most_common()}
-    return total, rows
+    n_calls = sum(calls.values()) / steps
+    groups = {g: totals[g] / steps for g in PROFILE_ORDER if g in totals}
+    groups["Python overhead"] = max(total - sum(groups.values()) - n_calls * per_call, 0.0)
+    return {"bench": "train_step_profile", "config": name, "threads": threads,
+            "step_s": total - n_calls * per_call, "kernel_calls_per_step": n_calls, "groups_s": groups}
 
 
-if __name__ == "__main__":
-    for record in run():
-        print(json.dumps(record))
+def profile_table(record):
+    step = record["step_s"]
+    lines = [f"Profile of one training step, {record['config']} config, {record['threads']} thread(s): "
+             f"{step * 1e3:.2f} ms, {record['kernel_calls_per_step']:.0f} kernel calls",
+             f"  {'part':<18} {'ms/step':>9} {'share':>7}"]
+    for group in PROFILE_ORDER:
+        if group in record["groups_s"]:
+            t = record["groups_s"][group]
+            lines.append(f"  {group:<18} {t * 1e3:>9.3f} {t / step:>7.1%}")
+    return "\n".join(lines)
 
 
 def profile_layers(name="tiny", threads=1, steps=3):
@@ -242,3 +325,8 @@ def profile_layers(name="tiny", threads=1, steps=3):
     finally:
         T.set_num_threads(prev)
     return total, {k: v / steps for k, v in totals.most_common()}
+
+
+if __name__ == "__main__":
+    for record in run():
+        print(json.dumps(record))

@@ -1,0 +1,102 @@
+"""`transformer bench` pieces that make claims: the masking demonstration (parallel masked training
+equals the autoregressive loop; without the mask it does not), the step profile, the options.
+
+Timings are not asserted (they belong to benchmarks); what is computed is."""
+import numpy as np
+import pytest
+
+import transformer as T
+from transformer import cli
+from transformer.bench import masking
+from transformer.bench import train as bench_train
+
+LOSS_RTOL = 1e-5     # float32 sums over a few hundred terms
+GRAD_RTOL = 1e-4     # max |parallel - autoregressive| / max |autoregressive|, per flat gradient
+
+
+def small_model(norm_first=False, seed=0):
+    cfg = T.ModelConfig(src_vocab_size=23, tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=48,
+                        n_encoder_layers=1, n_decoder_layers=2, dropout=0.0, max_len=16,
+                        norm_first=norm_first)
+    model = T.Seq2SeqTransformer(cfg, seed=seed)
+    rng = np.random.default_rng(seed)
+    B, S, Tt = 3, 5, 7
+    src = rng.integers(3, cfg.src_vocab_size, (B, S))
+    tgt = rng.integers(3, cfg.tgt_vocab_size, (B, Tt + 1))
+    tgt[:, 0] = cfg.bos_id
+    src[2, 3:] = cfg.pad_id            # padded rows: the weights of the mean must still add up
+    tgt[1, 5:] = cfg.pad_id
+    return model, src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_parallel_masked_training_equals_the_autoregressive_loop(norm_first):
+    model, src, tgt_in, tgt_out = small_model(norm_first)
+    loss_p, grad_p = masking.parallel_loss_and_grad(model, src, tgt_in, tgt_out)
+    loss_a, grad_a = masking.autoregressive_loss_and_grad(model, src, tgt_in, tgt_out)
+    assert abs(loss_p - loss_a) <= LOSS_RTOL * abs(loss_a), (loss_p, loss_a)
+    err = masking._relative(grad_p, grad_a)
+    assert err <= GRAD_RTOL, f"gradient relative difference {err:.3g}"
+    assert np.abs(grad_a).max() > 0
+
+
+def test_without_the_causal_mask_parallel_training_sees_the_future():
+    model, src, tgt_in, tgt_out = small_model()
+    loss_a, grad_a = masking.autoregressive_loss_and_grad(model, src, tgt_in, tgt_out)
+    model.decoder.causal = False
+    loss_p, grad_p = masking.parallel_loss_and_grad(model, src, tgt_in, tgt_out)
+    model.decoder.causal = True
+    assert abs(loss_p - loss_a) > 1e-3 * abs(loss_a)
+    assert masking._relative(grad_p, grad_a) > 1e-2
+    # and the switch is restored: the masked forward is unchanged by having been unmasked
+    loss_again, _ = masking.parallel_loss_and_grad(model, src, tgt_in, tgt_out)
+    assert abs(loss_again - loss_a) <= LOSS_RTOL * abs(loss_a)
+
+
+def test_masking_report_runs_and_its_table_shows_both_parts():
+    records = masking.equivalence(lengths=(4,), repeats=1)
+    records += masking.leakage(steps=3, pool_size=32, batch=8, evaluate=8)
+    (eq,) = [r for r in records if r["part"] == "equivalence"]
+    assert eq["grad_max_rel_diff"] <= GRAD_RTOL and eq["loss_rel_diff"] <= LOSS_RTOL
+    assert eq["unmasked_loss_rel_diff"] > 1e-4
+    leak = [r for r in records if r["part"] == "leakage"]
+    assert [r["causal_mask"] for r in leak] == [True, False]
+    for r in leak:
+        assert 0 <= r["greedy_exact_match"] <= 1 and 0 <= r["teacher_forced_token_accuracy"] <= 1
+    text = masking.table(records)
+    assert "autoregressive" in text and "mask" in text and "off" in text
+
+
+def test_profile_accounts_for_the_whole_step():
+    record = bench_train.profile("tiny", threads=1, steps=1)
+    groups = record["groups_s"]
+    assert "GEMM" in groups and "Python overhead" in groups and "optimizer" in groups
+    assert all(v >= 0 for v in groups.values())
+    assert sum(groups.values()) == pytest.approx(record["step_s"], rel=0.05)
+    assert record["kernel_calls_per_step"] > 50
+    table = bench_train.profile_table(record)
+    assert "GEMM" in table and "Python overhead" in table
+
+
+def test_custom_bench_config_is_parsed_and_checked():
+    assert bench_train.custom_config("d_model=64,n_heads=4,d_ff=128,layers=1,batch=4,length=8") == "custom"
+    c = bench_train.CONFIGS["custom"]
+    assert c["sizes"] == dict(d_model=64, n_heads=4, d_ff=128, n_encoder_layers=1, n_decoder_layers=1)
+    assert (c["batch"], c["length"]) == (4, 8)
+    for bad in ("d_model=64,n_heads=5", "depth=3", "d_model=x", "d_model=0"):
+        with pytest.raises(ValueError, match="--config"):
+            bench_train.custom_config(bad)
+
+
+def test_bench_command_rejects_a_bad_config(capsys):
+    assert cli.main(["bench", "--what", "train", "--config", "huge", "--threads", "1"]) == 2
+    assert "--config" in capsys.readouterr().err
+
+
+def test_default_threads_go_up_to_the_cores_present(monkeypatch):
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 12)
+    assert cli._default_threads() == [1, 2, 4, 8, 12]
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
+    assert cli._default_threads() == [1, 2, 4, 8, 16]
+    monkeypatch.setattr(cli.os, "cpu_count", lambda: 1)
+    assert cli._default_threads() == [1]
