@@ -35,6 +35,22 @@
 /* ------------------------------------------------------------------------- */
 /* Plain C: the reference (expf, a double-precision sum). */
 
+/* NaN rows, at every SIMD level alike (as numpy and PyTorch): a row with a NaN among its
+ * visible scores is NaN everywhere, hidden keys included (0 / NaN). The max passes below may
+ * lose a NaN (a max of NaN and -inf is not NaN in every instruction), so the rare "every
+ * key masked" branch asks whether a visible score is NaN, and a NaN sum marks the rest. */
+static int row_has_nan(const float *s, const uint8_t *pad, long n)
+{
+    for (long k = 0; k < n; k++)
+        if (!(pad && pad[k]) && s[k] != s[k]) return 1;
+    return 0;
+}
+
+static void fill_nan(float *p, long Tk)
+{
+    for (long k = 0; k < Tk; k++) p[k] = NAN;
+}
+
 /* One row. p [Tk] out, s [Tk], pad [Tk] or NULL; keys >= n are hidden (causal). */
 static void softmax_row_generic(float *p, const float *s, const uint8_t *pad, long n, long Tk,
                                 float scale)
@@ -55,6 +71,7 @@ static void softmax_row_generic(float *p, const float *s, const uint8_t *pad, lo
         p[k] = e;
         sum += e;
     }
+    if (sum != sum) { fill_nan(p, Tk); return; }
     for (long k = n; k < Tk; k++) p[k] = 0.0f;
     float inv = 1.0f / (float)sum;
     for (long k = 0; k < n; k++) p[k] *= inv;
@@ -105,6 +122,8 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
             vmax = _mm512_mask_max_ps(vmax, m[i][j], vmax, v[i][j]);
         }
         float mx = _mm512_reduce_max_ps(vmax);
+        if (mx == -INFINITY && row_has_nan(s + i * Tk, pad[i], n[i]))
+            mx = NAN;                      /* a NaN row: NaN everywhere through the sum */
         if (mx == -INFINITY) {             /* every key masked: the row is zeros */
             mx = 0.0f;
 #pragma GCC unroll 8
@@ -144,7 +163,8 @@ TF_TARGET_AVX512 static void softmax_row_long_avx512(float *p, const float *s, c
     }
     float mx = _mm512_reduce_max_ps(vmax);
     if (mx == -INFINITY) {
-        memset(p, 0, (size_t)Tk * sizeof(float));
+        if (row_has_nan(s, pad, n)) fill_nan(p, Tk);
+        else memset(p, 0, (size_t)Tk * sizeof(float));
         return;
     }
     const __m512 vmx = _mm512_set1_ps(mx);
@@ -157,8 +177,10 @@ TF_TARGET_AVX512 static void softmax_row_long_avx512(float *p, const float *s, c
         vsum = _mm512_add_ps(vsum, e);
         tf_store16(p + k, Tk - k, e);
     }
+    float sum = _mm512_reduce_add_ps(vsum);
+    if (sum != sum) { fill_nan(p, Tk); return; }
     for (; k < Tk; k += 16) tf_store16(p + k, Tk - k, _mm512_setzero_ps());
-    const __m512 vinv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    const __m512 vinv = _mm512_set1_ps(1.0f / sum);
     for (k = 0; k < n; k += 16) tf_store16(p + k, Tk - k, _mm512_mul_ps(tf_load16(p + k, Tk - k), vinv));
 }
 
@@ -370,7 +392,8 @@ TF_TARGET_AVX2 static void softmax_row_long_avx2(float *p, const float *s, const
     }
     float mx = hmax8(vmax);
     if (mx == -INFINITY) {
-        memset(p, 0, (size_t)Tk * sizeof(float));
+        if (row_has_nan(s, pad, n)) fill_nan(p, Tk);
+        else memset(p, 0, (size_t)Tk * sizeof(float));
         return;
     }
     const __m256 vmx = _mm256_set1_ps(mx);
@@ -383,8 +406,10 @@ TF_TARGET_AVX2 static void softmax_row_long_avx2(float *p, const float *s, const
         vsum = _mm256_add_ps(vsum, e);
         store8(p + k, Tk - k, e);
     }
+    float sum = hsum8(vsum);
+    if (sum != sum) { fill_nan(p, Tk); return; }
     for (; k < Tk; k += 8) store8(p + k, Tk - k, _mm256_setzero_ps());
-    const __m256 vinv = _mm256_set1_ps(1.0f / hsum8(vsum));
+    const __m256 vinv = _mm256_set1_ps(1.0f / sum);
     for (k = 0; k < n; k += 8) store8(p + k, n - k, _mm256_mul_ps(load8(p + k, n - k), vinv));
 }
 

@@ -342,12 +342,9 @@ def softmax_oracle(scores, scale, causal, mask):
     # documented: a row with nothing to attend to (all masked or all -inf) is zeros, not NaN
     empty = np.all(z == -np.inf, axis=-1, keepdims=True)
     ref = np.where(empty, 0.0, ref)
-    # KNOWN (finding F1 in /work/notes/fuzz-findings.md, csrc/softmax.c): a row whose visible
-    # scores are only NaN and -inf comes out as zeros instead of NaN; either is accepted here
-    nan_only = np.any(np.isnan(z), axis=-1, keepdims=True) & np.all(np.isnan(z) | (z == -np.inf), axis=-1, keepdims=True)
-    # KNOWN (finding F6, csrc/softmax.c): in a NaN row, the keys the causal mask hides are 0 at the
-    # generic and AVX2 levels but NaN at AVX-512 (numpy: NaN); either is accepted here
-    return ref, np.broadcast_to(nan_only, ref.shape) | (future & np.isnan(ref))
+    # a row with a NaN among its visible scores is NaN everywhere, hidden keys included, at every
+    # SIMD level (findings F1 and F6, fixed): nothing is exempt
+    return ref, np.zeros(ref.shape, dtype=bool)
 
 
 @given(st.data())

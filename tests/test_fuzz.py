@@ -217,11 +217,10 @@ def test_load_state_dict_refuses_values_beyond_float32_range():
 
 
 # --------------------------------------------------------------------------------------------
-# Findings of the fuzzing (F2-F4 fixed: decoding bans pad and BOS, beam.pxi refuses non-array
-# outputs, attention_decode keeps probs apart). Those still open are strict xfails, so a fix shows
-# up as XPASS (then remove the marker and the KNOWN allowance in fuzz_targets.py).
+# Regression tests of the fuzzing's findings in the kernels and decoding (F1, F6: NaN rows of the
+# softmax; F2: decoding emitted pad; F3: beam kernels crashed on a list output; F4: probs could
+# overlap attention_decode's inputs), all fixed.
 
-@pytest.mark.xfail(strict=True, reason="F1: csrc/softmax.c turns a row of only NaN/-inf scores into zeros")
 def test_softmax_propagates_nan_like_numpy():
     scores = np.array([[[np.nan, np.nan], [np.nan, -np.inf]]], np.float32)
     probs = ops.softmax(scores)
@@ -265,7 +264,6 @@ def test_attention_decode_refuses_probs_overlapping_the_query():
         _C.attention_decode(q, cache, cache.copy(), 2, np.zeros((3, 2), np.float32), 0.5, probs=probs)
 
 
-@pytest.mark.xfail(strict=True, reason="F6: csrc/softmax.c: causal-hidden keys of a NaN row depend on the ISA")
 def test_softmax_of_a_nan_row_has_the_same_bits_at_every_simd_level():
     from conftest import ISA_LEVELS
     from transformer import _C
