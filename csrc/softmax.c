@@ -39,10 +39,12 @@
  * visible scores is NaN everywhere, hidden keys included (0 / NaN). The max passes below may
  * lose a NaN (a max of NaN and -inf is not NaN in every instruction), so the rare "every
  * key masked" branch asks whether a visible score is NaN, and a NaN sum marks the rest. */
-static int row_has_nan(const float *s, const uint8_t *pad, long n)
+static int row_has_nan(const float *s, const uint8_t *pad, long n, float scale)
 {
-    for (long k = 0; k < n; k++)
-        if (!(pad && pad[k]) && s[k] != s[k]) return 1;
+    for (long k = 0; k < n; k++) {
+        float v = scale * s[k];   /* NaN also when scale is 0 and the score infinite */
+        if (!(pad && pad[k]) && v != v) return 1;
+    }
     return 0;
 }
 
@@ -122,7 +124,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void softmax_rows_regs_avx512(
             vmax = _mm512_mask_max_ps(vmax, m[i][j], vmax, v[i][j]);
         }
         float mx = _mm512_reduce_max_ps(vmax);
-        if (mx == -INFINITY && row_has_nan(s + i * Tk, pad[i], n[i]))
+        if (mx == -INFINITY && row_has_nan(s + i * Tk, pad[i], n[i], scale))
             mx = NAN;                      /* a NaN row: NaN everywhere through the sum */
         if (mx == -INFINITY) {             /* every key masked: the row is zeros */
             mx = 0.0f;
@@ -163,7 +165,7 @@ TF_TARGET_AVX512 static void softmax_row_long_avx512(float *p, const float *s, c
     }
     float mx = _mm512_reduce_max_ps(vmax);
     if (mx == -INFINITY) {
-        if (row_has_nan(s, pad, n)) fill_nan(p, Tk);
+        if (row_has_nan(s, pad, n, scale)) fill_nan(p, Tk);
         else memset(p, 0, (size_t)Tk * sizeof(float));
         return;
     }
@@ -392,7 +394,7 @@ TF_TARGET_AVX2 static void softmax_row_long_avx2(float *p, const float *s, const
     }
     float mx = hmax8(vmax);
     if (mx == -INFINITY) {
-        if (row_has_nan(s, pad, n)) fill_nan(p, Tk);
+        if (row_has_nan(s, pad, n, scale)) fill_nan(p, Tk);
         else memset(p, 0, (size_t)Tk * sizeof(float));
         return;
     }

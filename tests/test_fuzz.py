@@ -282,3 +282,18 @@ def test_softmax_of_a_nan_row_has_the_same_bits_at_every_simd_level():
         assert np.array_equal(r, results[0], equal_nan=True)
     assert np.isnan(results[0][0, 0]).all()       # numpy's answer: the whole row is NaN
 
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf])
+def test_softmax_with_scale_zero_of_an_infinite_score_is_nan_at_every_simd_level(value):
+    # 0 * inf is NaN: the only visible score of the row is NaN, as numpy computes it
+    from conftest import ISA_LEVELS
+    from transformer import _C
+
+    scores = np.array([[[value, 1.0]]], np.float32)
+    try:
+        for level in ISA_LEVELS:
+            _C.set_isa(level)
+            assert np.isnan(ops.softmax(scores, scale=0.0, causal=True)).all(), level
+    finally:
+        _C.set_isa(_C.best_isa())
