@@ -115,3 +115,19 @@ def test_importing_torch_does_not_change_or_oversubscribe_our_threads(order):
     print(result)
     # torch's thread count and ours are independent settings; each keeps its own.
     assert result == {"ours": 2, "team": 2, "torch": 1, "same": True, "torch_after": 1, "team1": 1}
+
+
+def test_every_subpackage_is_installed():
+    """pip installs only the packages pyproject.toml lists: a subpackage missing there works in
+    the source tree and is absent for users (transformer.bench once was)."""
+    import pathlib
+    import re
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    pyproject = root / "pyproject.toml"
+    if not pyproject.exists():
+        pytest.skip("not a source checkout")
+    listed = set(re.findall(r'"(transformer(?:\.[a-z_]+)*)"', re.search(r"^packages = \[(.*)\]",
+                                                                        pyproject.read_text(), re.M)[1]))
+    present = {".".join(p.parent.relative_to(root).parts) for p in (root / "transformer").rglob("__init__.py")}
+    assert present <= listed, f"not in pyproject's packages: {sorted(present - listed)}"
