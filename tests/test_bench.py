@@ -100,3 +100,12 @@ def test_default_threads_go_up_to_the_cores_present(monkeypatch):
     assert cli._default_threads() == [1, 2, 4, 8, 16]
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 1)
     assert cli._default_threads() == [1]
+
+
+def test_scaling_runs_ours_alone_without_a_reference():
+    from transformer.bench import scaling
+
+    records = scaling.run_all([1], what=("train",), configs=("tiny",), against=None)
+    (train,) = [r for r in records if r.get("suite") == "train"]
+    assert train["ours_tokens_per_s"] > 0 and "ref_s" not in train
+    assert "train_step tiny" in scaling.efficiency_table(records)

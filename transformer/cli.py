@@ -70,14 +70,15 @@ def _bench(args):
         print(f"transformer bench: {e}", file=sys.stderr)
         return 2
     against = _against(args)
-    if args.what in ("kernels", "all") and against is None:
-        print(f"transformer bench: --what {args.what} compares with PyTorch and numpy; it needs torch "
-              "(try --what train or decode with --against none)", file=sys.stderr)
+    if args.what == "kernels" and against is None:
+        print("transformer bench: --what kernels compares with PyTorch and numpy; it needs torch "
+              "(--what train, profile, decode, masking and all run without it)", file=sys.stderr)
         return 2
     if args.what == "all":
         from .bench import scaling
 
-        records = scaling.run_all(args.threads, what=("gemm", "train", "decode"), stream=sys.stdout,
+        suites = ("gemm", "train", "decode") if against else ("train", "decode")
+        records = scaling.run_all(args.threads, what=suites, stream=sys.stdout,
                                   configs=configs, against=against)
         if args.json:
             with open(args.json, "w") as f:

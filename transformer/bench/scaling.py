@@ -119,6 +119,7 @@ def run_all(threads, what=("train", "decode"), stream=None, configs=("tiny", "ba
                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": None}]
     for suite in what:
         module = importlib.import_module(f"transformer.bench.{suite}")
+        kwargs = {}
         if suite == "train":
             kwargs = {"memory": False, "configs": tuple(configs), "against": against}
         if suite == "gemm":
