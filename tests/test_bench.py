@@ -53,6 +53,16 @@ def test_without_the_causal_mask_parallel_training_sees_the_future():
     assert abs(loss_again - loss_a) <= LOSS_RTOL * abs(loss_a)
 
 
+def test_without_the_mask_training_loss_is_lower_yet_greedy_decoding_fails():
+    # the leakage demonstration at a small size (seeded, so deterministic): 300 steps, 256 words
+    masked, unmasked = masking.leakage(steps=300, pool_size=256, batch=32, evaluate=64)
+    assert masked["causal_mask"] and not unmasked["causal_mask"]
+    print(masked, unmasked)
+    assert unmasked["train_loss"] < masked["train_loss"]
+    assert unmasked["greedy_char_accuracy"] < 0.2 < 0.5 < masked["greedy_char_accuracy"]
+    assert unmasked["greedy_exact_match"] < masked["greedy_exact_match"]
+
+
 def test_masking_report_runs_and_its_table_shows_both_parts():
     records = masking.equivalence(lengths=(4,), repeats=1)
     records += masking.leakage(steps=3, pool_size=32, batch=8, evaluate=8)

@@ -123,7 +123,8 @@ def equivalence(lengths=LENGTHS, repeats=3):
 
 
 def _reverse_pool(n, seed):
-    from ..data import collate, make_example
+    """The fixed set of words both models learn: (task, text pairs, id examples)."""
+    from ..data import make_example
     from ..tasks import ReverseTask
 
     task = ReverseTask(min_len=4, max_len=10)
@@ -132,13 +133,15 @@ def _reverse_pool(n, seed):
     src_ids = task.src_tokenizer.encode_batch([s for s, _ in pairs])
     tgt_ids = task.tgt_tokenizer.encode_batch([t for _, t in pairs])
     examples = [make_example(s, t, 1, 2) for s, t in zip(src_ids, tgt_ids)]
-    return task, pairs, examples, collate
+    return task, pairs, examples
 
 
 def _train_reverse(causal, steps, pool, batch, seed):
     import transformer as T_
 
-    task, pairs, examples, collate = pool
+    from ..data import collate
+
+    task, _, examples = pool
     cfg = T_.ModelConfig(src_vocab_size=task.src_tokenizer.vocab_size,
                          tgt_vocab_size=task.tgt_tokenizer.vocab_size, dropout=0.0,
                          max_len=task.max_len + 2, **LEAK_SIZES)
@@ -168,7 +171,9 @@ def _accuracy(model, pool, n):
     """Teacher-forced token accuracy (one parallel forward, the mask as trained) and greedy
     decoding exact-match / character accuracy, on the first n training words, against their
     clean (noise-free) targets."""
-    task, pairs, examples, collate = pool
+    from ..data import collate
+
+    task, pairs, examples = pool
     src, tgt_in, tgt_out = collate(examples, list(range(n)), model.cfg.pad_id)
     logits = model.forward(src, tgt_in)
     valid = tgt_out != model.cfg.pad_id
