@@ -40,6 +40,23 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
                   int accumulate,
                   float *C, long ldc, long c_stride0, long c_stride1);
 
+/* Pre-packed op(B), for many products with one fixed op(B) and few rows (decoding: x @ W^T with
+ * the same weights every step). gemm_pack_b stores op(B) (K x N, as in gemm) the way the micro-
+ * kernels of instruction set `isa` (a TF_ISA_* level) read it: ceil(N / NR) panels of K x NR
+ * floats, columns past N zero; gemm_packed_floats(isa, N, K) floats, 64-byte aligned. gemm_packed
+ * then computes C = alpha * A @ op(B) (or C += ...), A row-major M x K, with the kernels of the
+ * same `isa`, reading each panel in one sequential pass and packing nothing of op(B): no
+ * transposition per call. Bits as the narrow schedule's, independent of the thread count. */
+long gemm_packed_floats(int isa, long N, long K);
+void gemm_pack_b(int isa, int trans_b, long N, long K,
+                 const float *B, long ldb,       /* op(B): K x N */
+                 float *Bp);                     /* [ceil(N / NR)][K][NR] */
+void gemm_packed(int isa, long M, long N, long K, float alpha,
+                 const float *A, long lda,       /* M x K */
+                 const float *Bp,                /* from gemm_pack_b(isa, ..., N, K, ...) */
+                 int accumulate,
+                 float *C, long ldc);            /* M x N, not overlapping A or Bp */
+
 /* The naive reference: a triple loop with a double accumulator per element, then
  * C = alpha * sum (or C += alpha * sum), rounded once to float. Same arguments. */
 void gemm_reference(int trans_a, int trans_b, long batch0, long batch1,

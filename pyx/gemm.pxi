@@ -13,6 +13,11 @@ cdef extern from "gemm.h" nogil:
         const float *A, long lda, long a_stride0, long a_stride1,
         const float *B, long ldb, long b_stride0, long b_stride1,
         int accumulate, float *C, long ldc, long c_stride0, long c_stride1)
+    long c_gemm_packed_floats "gemm_packed_floats"(int isa, long N, long K)
+    void c_gemm_pack_b "gemm_pack_b"(int isa, int trans_b, long N, long K, const float *B, long ldb,
+                                     float *Bp)
+    void c_gemm_packed "gemm_packed"(int isa, long M, long N, long K, float alpha, const float *A, long lda,
+                                     const float *Bp, int accumulate, float *C, long ldc)
     void c_gemm_test_force "gemm_test_force"(int schedule, int all_threads, int lazy)
     int c_gemm_test_last_schedule "gemm_test_last_schedule"()
     void c_gemm_test_counters "gemm_test_counters"(long counts[3], int reset)
@@ -201,6 +206,95 @@ def gemm_reference(a, b, out, bint trans_a=False, bint trans_b=False, alpha=1.0,
     """Same contract as gemm, computed by the naive triple loop in C (the tests' second opinion):
     a double-precision sum per element, scaled by alpha (and added to out) in double, rounded once."""
     return _gemm_call(a, b, out, trans_a, trans_b, _gemm_alpha(alpha), accumulate, True)
+
+
+# ---------------------------------------------------------------------------
+# Pre-packed op(b): pack a fixed matrix once, multiply few rows by it many times (decoding).
+
+cdef class PackedMatrix:
+    """op(b) packed by gemm_pack_b for gemm_packed: K x N, laid out for the micro-kernels of the
+    instruction set in use when it was packed (`isa`). Read-only; `data` holds the packed floats."""
+    cdef readonly object data
+    cdef readonly long N, K
+    cdef readonly str isa
+    cdef int level
+
+    def __repr__(self):
+        return f"PackedMatrix(K={self.K}, N={self.N}, isa={self.isa!r})"
+
+
+def gemm_pack_b(b, bint trans_b=False):
+    """op(b) (b if not trans_b, else b.T; K x N) packed once for gemm_packed, as the current
+    instruction set's kernels read it. b: a 2-D float32 array with a unit-stride last axis
+    (trans_b=True with a [N, K] nn.Linear weight gives op(b) = W^T). Returns a PackedMatrix
+    (about the size of b; a copy: later changes to b are not seen)."""
+    _gemm_operand(b, "b", 2)
+    cdef cnp.ndarray xb = <cnp.ndarray>b
+    cdef long rows = cnp.PyArray_DIMS(xb)[0], cols = cnp.PyArray_DIMS(xb)[1]
+    cdef long N = rows if trans_b else cols, K = cols if trans_b else rows
+    cdef long ldb, s0, s1
+    _gemm_layout(xb, 2, &ldb, &s0, &s1)
+    cdef int level = tf_isa()
+    cdef long floats = c_gemm_packed_floats(level, N, K)
+    raw = np.empty(floats + 16, dtype=np.float32)   # + room to start on a 64-byte boundary
+    cdef size_t address = <size_t>cnp.PyArray_DATA(<cnp.ndarray>raw)
+    cdef long offset = <long>((64 - address % 64) % 64 // 4)
+    data = raw[offset:offset + floats]
+    cdef const float *pb = <const float *>cnp.PyArray_DATA(xb)
+    cdef float *pp = <float *>cnp.PyArray_DATA(<cnp.ndarray>data)
+    cdef int tb = trans_b
+    if floats > 0:
+        with nogil:
+            c_gemm_pack_b(level, tb, N, K, pb, ldb, pp)
+    data.flags.writeable = False
+    cdef PackedMatrix packed = PackedMatrix.__new__(PackedMatrix)
+    packed.data, packed.N, packed.K, packed.level = data, N, K, level
+    packed.isa = tf_isa_name(level).decode()
+    return packed
+
+
+def gemm_packed(a, packed, out, alpha=1.0, bint accumulate=False):
+    """out = alpha * a @ op(b), or out += alpha * a @ op(b) when accumulate, where packed =
+    gemm_pack_b(b, trans_b). a: float32 [M, K], out: float32 [M, N], writeable, not overlapping a;
+    both 2-D with a unit-stride last axis. The instruction set must still be the one packed for
+    (after set_isa, pack again). Bits equal gemm's narrow schedule's and do not depend on the
+    thread count (gemm's dot path, for few rows of a @ b.T, sums in another order). Returns out."""
+    if not isinstance(packed, PackedMatrix):
+        raise TypeError(f"packed must be a PackedMatrix (from gemm_pack_b), got {type(packed).__name__}")
+    cdef PackedMatrix pm = <PackedMatrix>packed
+    if pm.level != tf_isa():
+        raise ValueError(f"packed was packed for the {pm.isa} kernels, the instruction set is now "
+                         f"{tf_isa_name(tf_isa()).decode()}: pack it again")
+    cdef float al = _gemm_alpha(alpha)
+    _gemm_operand(a, "a", 2)
+    _gemm_operand(out, "out", 2)
+    cdef cnp.ndarray xa = <cnp.ndarray>a
+    cdef cnp.ndarray xc = <cnp.ndarray>out
+    if not cnp.PyArray_ISWRITEABLE(xc):
+        raise ValueError("out must be writeable")
+    cdef long M = cnp.PyArray_DIMS(xa)[0], K = cnp.PyArray_DIMS(xa)[1]
+    if K != pm.K:
+        raise ValueError(f"a must have {pm.K} columns (op(b) is {pm.K}x{pm.N}), got shape {a.shape}")
+    if cnp.PyArray_DIMS(xc)[0] != M or cnp.PyArray_DIMS(xc)[1] != pm.N:
+        raise ValueError(f"out must have shape {(M, pm.N)} for a {M}x{K} @ op(b) {K}x{pm.N}, "
+                         f"got {out.shape}")
+    if cnp.PyArray_SIZE(xc) == 0:
+        return out
+    if _rows_overlap(xc):
+        raise ValueError(f"out must not overlap itself (rows share memory), got strides {out.strides}")
+    _gemm_no_overlap(xc, xa, "a")
+    _gemm_no_overlap(xc, <cnp.ndarray>pm.data, "packed")
+    cdef long lda, ldc, s0, s1
+    _gemm_layout(xa, 2, &lda, &s0, &s1)
+    _gemm_layout(xc, 2, &ldc, &s0, &s1)
+    cdef const float *pa = <const float *>cnp.PyArray_DATA(xa)
+    cdef const float *pp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>pm.data)
+    cdef float *pc = <float *>cnp.PyArray_DATA(xc)
+    cdef int level = pm.level, acc = accumulate
+    cdef long N = pm.N
+    with nogil:
+        c_gemm_packed(level, M, N, K, al, pa, lda, pp, acc, pc, ldc)
+    return out
 
 
 # ---------------------------------------------------------------------------

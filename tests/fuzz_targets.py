@@ -1521,6 +1521,13 @@ def door_cases(rng):
         cases["attention_cache_store"] = (_C.attention_cache_store, lambda a: (
             [a.array(_f(rng, N, H * dh)), a.array(_f(rng, R, H, Tmax, dh)), int(rng.integers(0, Tmax))],
             {"rows": a.array(rng.permutation(R)[:N].astype(np.int64))}))
+    if hasattr(_C, "gemm_packed"):
+        trans_b = bool(rng.integers(0, 2))
+        cases["gemm_pack_b"] = (_C.gemm_pack_b, lambda a: (
+            [a.array(_f(rng, Nn, K) if trans_b else _f(rng, K, Nn))], {"trans_b": trans_b}))
+        cases["gemm_packed"] = (_C.gemm_packed, lambda a: (
+            [a.array(_f(rng, M, K)), _C.gemm_pack_b(_f(rng, Nn, K), trans_b=True), a.array(_f(rng, M, Nn))],
+            {"alpha": 0.5, "accumulate": bool(rng.integers(0, 2))}))
     if hasattr(_C, "beam_topk"):
         width = int(rng.integers(1, 6))
         cases["beam_topk"] = (_C.beam_topk, lambda a: (
@@ -1538,7 +1545,7 @@ OUTPUTS = {"gemm": {2}, "gemm_reference": {2}, "softmax_forward": {1}, "softmax_
            "dropout_forward": {1}, "dropout_backward": {1}, "dropout_add_forward": {2},
            "cross_entropy": {"dlogits"}, "log_softmax": {1}, "adam_step": {0, 2, 3}, "scale_": {0},
            "attention_decode": {4, "probs"}, "attention_decode_rows": {4, "probs"},
-           "attention_cache_store": {1}, "beam_topk": {4, 5}}
+           "attention_cache_store": {1}, "beam_topk": {4, 5}, "gemm_pack_b": set(), "gemm_packed": {2}}
 
 
 ARRAY_MUTATIONS = ("dtype", "rank_up", "rank_down", "shape_up", "shape_down", "strided", "reversed",

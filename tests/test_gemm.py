@@ -594,3 +594,123 @@ def test_ops_matmul_refuses_bad_arguments():
         ops.matmul(a, a.T, out=np.empty((4, 4), np.float32))
     with pytest.raises(ValueError, match="batch"):
         ops.matmul(np.ones((2, 3, 4), np.float32), np.ones((3, 4, 5), np.float32))
+
+
+# ---------------------------------------------------------------------------------------------
+# Pre-packed op(b): gemm_pack_b once, gemm_packed many times (decoding's x @ W^T).
+
+def packed_shapes(isa):
+    """(M, N, K): one row to more than a row block (MC), panels cut by N, K blocks cut by K."""
+    mr, nr, mc = MR[isa], NR[isa], MC[isa]
+    return [(1, 1, 1), (1, nr, 7), (3, nr - 1, KC + 1), (mr, nr + 1, 2 * KC + 3), (mr + 1, 2 * nr - 1, 64),
+            (8, 5 * nr + 3, 512), (2 * mr + 3, 3 * nr, 300), (mc + 5, nr + 7, 40)]
+
+
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_packed_matches_float64(isa, trans_b):
+    r = rng(20)
+    for m, n, k in packed_shapes(isa):
+        a, b = operand(r, m, k, False), operand(r, k, n, trans_b)
+        packed = _C.gemm_pack_b(b, trans_b=trans_b)
+        assert (packed.K, packed.N, packed.isa) == (k, n, isa)
+        big, out = padded_out((m, n))
+        assert _C.gemm_packed(a, packed, out) is out
+        assert_close(out, a, b, False, trans_b)
+        assert np.isnan(outside(big, (m, n))).all(), f"wrote outside out for {(m, n, k)}"
+        out0 = r.uniform(-1, 1, (m, n)).astype(np.float32)
+        out = out0.copy()
+        _C.gemm_packed(a, packed, out, alpha=-0.75, accumulate=True)
+        assert_close(out, a, b, False, trans_b, alpha=-0.75, out0=out0)
+
+
+def test_packed_has_the_bits_of_the_narrow_schedule(isa):
+    # gemm runs few rows of a @ b (b not transposed) with the narrow schedule: same kernels, same
+    # K blocks, so the same bits; that schedule is tested against float64 and the others above
+    r = rng(21)
+    for m, n, k in [(3, 70, 600), (MR[isa] + 2, NR[isa] * 3 + 1, 513), (8, 2 * NR[isa], 64)]:
+        a, b = operand(r, m, k, False), operand(r, k, n, False)
+        want, got = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+        _C.gemm(a, b, want)
+        assert _C._gemm_stats()["schedule"] == "narrow"
+        _C.gemm_packed(a, _C.gemm_pack_b(b), got)
+        assert_same_bits(got, want, f"packed vs narrow {(m, n, k)}")
+
+
+def test_packed_bits_do_not_depend_on_thread_count(isa, threads):
+    r = rng(22)
+    for m, n, k in [(8, 2048, 512), (32, 700, 300), (3, 4000, 64)]:   # large enough for a team
+        a, b = operand(r, m, k, False), operand(r, k, n, True)
+        packed = _C.gemm_pack_b(b, trans_b=True)
+        results = []
+        for nthreads in THREADS:
+            T.set_num_threads(nthreads)
+            out = np.ones((m, n), np.float32)
+            _C.gemm_packed(a, packed, out, alpha=0.3, accumulate=True)
+            results.append(out)
+            assert_same_bits(out, results[0], f"{nthreads} vs 1 threads, {(m, n, k)}")
+            assert_same_bits(_C.gemm_pack_b(b, trans_b=True).data, packed.data, f"packing on {nthreads} threads")
+        assert_close(results[0], a, b, False, True, alpha=0.3, out0=np.ones((m, n), np.float32))
+
+
+def test_packed_is_a_copy_of_b_and_read_only():
+    r = rng(23)
+    a, b = operand(r, 4, 30, False), operand(r, 30, 50, True)
+    packed = _C.gemm_pack_b(b, trans_b=True)
+    want = expected(a, b, False, True)
+    b[:] = 0   # later changes to b are not seen
+    out = np.empty((4, 50), np.float32)
+    _C.gemm_packed(a, packed, out)
+    assert np.abs(out - want).max() <= TOL * 30
+    with pytest.raises(ValueError):
+        packed.data[0] = 1.0
+    # a view with a row stride packs like its copy
+    view = operand(r, 30, 100, True)[::2]
+    assert np.array_equal(_C.gemm_pack_b(view, trans_b=True).data,
+                          _C.gemm_pack_b(np.ascontiguousarray(view), trans_b=True).data)
+
+
+def test_packed_empty_dimensions():
+    for m, n, k in [(0, 5, 3), (4, 0, 3), (4, 5, 0)]:
+        a = np.ones((m, k), np.float32)
+        packed = _C.gemm_pack_b(np.ones((n, k), np.float32), trans_b=True)
+        out = np.full((m, n), 7.0, np.float32)
+        _C.gemm_packed(a, packed, out, accumulate=True)   # adds an empty sum
+        assert (out == 7.0).all()
+        _C.gemm_packed(a, packed, out)                    # an empty sum: zeros
+        assert (out == 0.0).all()
+
+
+def test_packed_refuses_bad_arguments():
+    a = np.ones((3, 8), np.float32)
+    packed = _C.gemm_pack_b(np.ones((5, 8), np.float32), trans_b=True)
+    out = np.empty((3, 5), np.float32)
+    with pytest.raises(TypeError, match="packed must be a PackedMatrix"):
+        _C.gemm_packed(a, np.ones((8, 5), np.float32), out)
+    with pytest.raises(TypeError, match="b must have dtype float32"):
+        _C.gemm_pack_b(np.ones((5, 8)))
+    with pytest.raises(ValueError, match="b must have the rank"):
+        _C.gemm_pack_b(np.ones(8, np.float32))
+    with pytest.raises(ValueError, match="a must have 8 columns"):
+        _C.gemm_packed(np.ones((3, 7), np.float32), packed, out)
+    with pytest.raises(ValueError, match=r"out must have shape \(3, 5\)"):
+        _C.gemm_packed(a, packed, np.empty((3, 6), np.float32))
+    with pytest.raises(ValueError, match="out must not overlap a"):
+        buf = np.ones((3, 8), np.float32)
+        _C.gemm_packed(buf, _C.gemm_pack_b(np.ones((8, 8), np.float32)), buf)
+    ro = np.empty((3, 5), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="out must be writeable"):
+        _C.gemm_packed(a, packed, ro)
+    with pytest.raises(TypeError, match="alpha"):
+        _C.gemm_packed(a, packed, out, alpha="2")
+
+
+@pytest.mark.skipif(_C.best_isa() == "generic", reason="needs two SIMD levels")
+def test_packed_for_another_instruction_set_is_refused():
+    packed = _C.gemm_pack_b(np.ones((5, 8), np.float32), trans_b=True)
+    try:
+        _C.set_isa("generic")
+        with pytest.raises(ValueError, match="packed was packed for the .* pack it again"):
+            _C.gemm_packed(np.ones((3, 8), np.float32), packed, np.empty((3, 5), np.float32))
+    finally:
+        _C.set_isa(_C.best_isa())

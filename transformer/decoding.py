@@ -80,23 +80,31 @@ class DecoderCache:
         self.keep_attention = keep_attention
         self.attention = [] if keep_attention else None
 
-        # Each layer's weights looked up once (the step loop runs per token).
+        # Each layer's weights looked up once (the step loop runs per token); the matrices the
+        # step multiplies by are packed once per call as the GEMM kernels read them (x @ W^T
+        # for few rows then streams W at memory speed, csrc/gemm.h: gemm_packed). Packing per
+        # call, not per model, means no packed copy can go stale when the weights change.
         def norm(name):
             return (weights[f"{name}.weight"], weights[f"{name}.bias"])
+
+        def linear(name, weight=None, bias=None):
+            weight = weights[f"{name}.weight"] if weight is None else weight
+            bias = weights[f"{name}.bias"] if bias is None else bias
+            return (_C.gemm_pack_b(weight, trans_b=True), bias)
 
         self.layers = []
         for layer in range(cfg.n_decoder_layers):
             p = f"transformer.decoder.layers.{layer}"
             self.layers.append(dict(
                 norm1=norm(f"{p}.norm1"), norm2=norm(f"{p}.norm2"), norm3=norm(f"{p}.norm3"),
-                qkv=(weights[f"{p}.self_attn.in_proj_weight"], weights[f"{p}.self_attn.in_proj_bias"]),
-                self_out=norm(f"{p}.self_attn.out_proj"),
-                cross_q=(weights[f"{p}.multihead_attn.in_proj_weight"][:D],
-                         weights[f"{p}.multihead_attn.in_proj_bias"][:D]),
-                cross_out=norm(f"{p}.multihead_attn.out_proj"),
-                linear1=norm(f"{p}.linear1"), linear2=norm(f"{p}.linear2")))
+                qkv=linear(None, weights[f"{p}.self_attn.in_proj_weight"], weights[f"{p}.self_attn.in_proj_bias"]),
+                self_out=linear(f"{p}.self_attn.out_proj"),
+                cross_q=linear(None, weights[f"{p}.multihead_attn.in_proj_weight"][:D],
+                               weights[f"{p}.multihead_attn.in_proj_bias"][:D]),
+                cross_out=linear(f"{p}.multihead_attn.out_proj"),
+                linear1=linear(f"{p}.linear1"), linear2=linear(f"{p}.linear2")))
         self.final_norm = norm("transformer.decoder.norm")
-        self.generator = norm("generator")
+        self.generator = linear("generator")
         self.embed = weights["tgt_embed.weight"]
         self.embed_scale = math.sqrt(D)
 
@@ -105,7 +113,7 @@ class DecoderCache:
 
     @staticmethod
     def _linear(weight_bias, x, out):
-        _C.gemm(x, weight_bias[0], out, trans_b=True)
+        _C.gemm_packed(x, weight_bias[0], out)
         _C.add_bias(out, weight_bias[1])
 
     def step(self, ids, t):
@@ -126,7 +134,7 @@ class DecoderCache:
             _C.attention_cache_store(qkv[:, 2 * D:], self.self_v[layer], t, slot)
             _C.attention_decode(qkv[:, :D], self.self_k[layer], self.self_v[layer], t + 1, ctx, self.scale,
                                 key_rows=origin)
-            _C.gemm(ctx, w["self_out"][0], tmp, trans_b=True)
+            _C.gemm_packed(ctx, w["self_out"][0], tmp)
             self._residual(w["norm1"], x, tmp, w["self_out"][1], n, post)
 
             # Cross-attention over the encoder output.
@@ -137,14 +145,14 @@ class DecoderCache:
                 probs = np.empty((n, self.H, self.S), np.float32)
             _C.attention_decode(query, self.memory_k[layer], self.memory_v[layer], self.S, ctx, self.scale,
                                 self.src_pad, probs, rows=sentence)
-            _C.gemm(ctx, w["cross_out"][0], tmp, trans_b=True)
+            _C.gemm_packed(ctx, w["cross_out"][0], tmp)
             self._residual(w["norm2"], x, tmp, w["cross_out"][1], n, post)
 
             # Position-wise feed-forward (section 3.3).
             source = self._sublayer_input(w["norm3"], x, n)
-            _C.gemm(source, w["linear1"][0], self.ff_pre[:n], trans_b=True)
+            _C.gemm_packed(source, w["linear1"][0], self.ff_pre[:n])
             _C.bias_act_forward(self.ff_pre[:n], w["linear1"][1], self.ff_act[:n], cfg.activation)
-            _C.gemm(self.ff_act[:n], w["linear2"][0], tmp, trans_b=True)
+            _C.gemm_packed(self.ff_act[:n], w["linear2"][0], tmp)
             self._residual(w["norm3"], x, tmp, w["linear2"][1], n, post)
 
         self._layer_norm(self.final_norm, x, h, n)
