@@ -123,56 +123,102 @@ static void attend_pair(const cache_view *c, const float *qp, const float *kp, c
 }
 
 #if TF_HAVE_X86
-/* attend_pair at the AVX-512 level with the dot product inlined and the weighted sum kept in
- * registers (64 output floats at a time) instead of read and written back per key: the same
- * operations on the same values in the same order, so the same bits. */
+/* Lane t of the result holds the sum of the 16 lanes of v[t] (a fixed tree: pairs of lanes,
+ * then pairs of pairs, then 128-bit halves and quarters). */
+TF_TARGET_AVX512
+static inline __m512 sum16x16(const __m512 v[16])
+{
+    __m512 l1[8], l2[4];
+    for (int p = 0; p < 8; p++)   /* lane pairs: l1[p] holds v[2p] and v[2p+1] interleaved */
+        l1[p] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]),
+                              _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]));
+    for (int q = 0; q < 4; q++) {
+        __m512d c0 = _mm512_castps_pd(l1[2 * q]), c1 = _mm512_castps_pd(l1[2 * q + 1]);
+        l2[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c0, c1)),
+                              _mm512_castpd_ps(_mm512_unpackhi_pd(c0, c1)));
+    }
+    /* l2[q], 128-bit lane L, element e: part L of the sum of v[4q + e] */
+    __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[0], l2[1], 0x88), _mm512_shuffle_f32x4(l2[0], l2[1], 0xDD));
+    __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[2], l2[3], 0x88), _mm512_shuffle_f32x4(l2[2], l2[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+}
+
+/* attend_pair at the AVX-512 level, 16 keys at a time: 16 dot products as 16-lane FMA chains
+ * reduced together (sum16x16), the vector exp, and the weighted sum kept in registers (64
+ * output floats at a time, two chains over alternate keys) instead of read and written back
+ * per key. Same definition as attend_pair; the sums run in another order and the exp is
+ * simd_math.h's (1 ulp), so the bits differ from it by rounding. */
 TF_TARGET_AVX512
 static void attend_pair_avx512(const cache_view *c, const float *qp, const float *kp,
                                const float *vp, const int64_t *krow, long h,
                                const uint8_t *mask, float *scores, float *op, float *pp)
 {
-    long n_keys = c->n_keys, dh = c->dh;
-    float max = -INFINITY;
-    for (long j = 0; j < n_keys; j++) {
-        if (mask && mask[j]) { scores[j] = -INFINITY; continue; }
-        const float *kj = krow ? c->k + ((long)krow[j] * c->H + h) * c->head + j * dh : kp + j * dh;
-        scores[j] = c->scale * dot_avx512(qp, kj, dh);
-        if (scores[j] > max) max = scores[j];
+    const long n_keys = c->n_keys, dh = c->dh;
+    const __m512 vscale = _mm512_set1_ps(c->scale), minus_inf = _mm512_set1_ps(-INFINITY);
+    __m512 vmax = minus_inf;
+    for (long j0 = 0; j0 < n_keys; j0 += 16) {
+        const long jn = n_keys - j0 < 16 ? n_keys - j0 : 16;
+        const float *key[16];
+        __m512 acc[16];
+        for (int t = 0; t < 16; t++) {
+            long j = j0 + (t < jn ? t : 0);
+            key[t] = krow ? c->k + ((long)krow[j] * c->H + h) * c->head + j * dh : kp + j * dh;
+            acc[t] = _mm512_setzero_ps();
+        }
+        for (long d = 0; d < dh; d += 16) {
+            __m512 q = tf_load16(qp + d, dh - d);
+            for (int t = 0; t < 16; t++)
+                if (t < jn) acc[t] = _mm512_fmadd_ps(q, tf_load16(key[t] + d, dh - d), acc[t]);
+        }
+        __mmask16 live = tf_lanes16(jn);
+        if (mask) live &= ~_mm_test_epi8_mask(_mm_maskz_loadu_epi8(live, mask + j0), _mm_set1_epi8(-1));
+        __m512 s = _mm512_mask_mul_ps(minus_inf, live, vscale, sum16x16(acc));
+        vmax = _mm512_max_ps(s, vmax);   /* a NaN score is passed over, as by the plain loop */
+        tf_store16(scores + j0, jn, s);
     }
-    if (max == -INFINITY) {
+    const float max = _mm512_reduce_max_ps(vmax);
+    if (max == -INFINITY) {   /* every key masked (or none): zeros, never NaN */
         for (long d = 0; d < dh; d++) op[d] = 0.0f;
         if (pp) for (long j = 0; j < n_keys; j++) pp[j] = 0.0f;
         return;
     }
-    float sum = 0.0f;
-    for (long j = 0; j < n_keys; j++) {
-        float e = scores[j] == -INFINITY ? 0.0f : expf(scores[j] - max);
-        scores[j] = e;
-        sum += e;
+    const __m512 vpeak = _mm512_set1_ps(max);
+    __m512 vsum = _mm512_setzero_ps();
+    for (long j0 = 0; j0 < n_keys; j0 += 16) {
+        const long jn = n_keys - j0 < 16 ? n_keys - j0 : 16;
+        __m512 s = tf_load16(scores + j0, jn);
+        /* hidden keys (-inf) weigh exactly 0; NaN scores stay NaN */
+        __mmask16 shown = _mm512_cmp_ps_mask(s, minus_inf, _CMP_NEQ_UQ) & tf_lanes16(jn);
+        __m512 e = _mm512_maskz_mov_ps(shown, tf_exp_avx512(_mm512_sub_ps(s, vpeak)));
+        vsum = _mm512_add_ps(vsum, e);
+        tf_store16(scores + j0, jn, e);
     }
-    float inv = 1.0f / sum;
-    for (long j = 0; j < n_keys; j++) {
-        scores[j] *= inv;
-        if (pp) pp[j] = scores[j];
+    const __m512 vinv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(vsum));
+    for (long j0 = 0; j0 < n_keys; j0 += 16) {
+        const long jn = n_keys - j0 < 16 ? n_keys - j0 : 16;
+        __m512 w = _mm512_mul_ps(tf_load16(scores + j0, jn), vinv);
+        tf_store16(scores + j0, jn, w);
+        if (pp) tf_store16(pp + j0, jn, w);
     }
     for (long c0 = 0; c0 < dh; c0 += 64) {
-        long len = dh - c0 < 64 ? dh - c0 : 64;
-        __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        const long len = dh - c0 < 64 ? dh - c0 : 64;
+        __m512 a[2][4];
+        for (int r = 0; r < 2; r++)
+            for (int u = 0; u < 4; u++) a[r][u] = _mm512_setzero_ps();
         for (long j = 0; j < n_keys; j++) {
-            float w = scores[j];
-            if (w == 0.0f) continue;
+            const float w = scores[j];
+            if (w == 0.0f) continue;   /* hidden keys: their values are never read */
             const float *x = (krow ? c->v + ((long)krow[j] * c->H + h) * c->head + j * dh
                                    : vp + j * dh) + c0;
-            __m512 vw = _mm512_set1_ps(w);
-            a0 = _mm512_fmadd_ps(vw, tf_load16(x, len), a0);
-            if (len > 16) a1 = _mm512_fmadd_ps(vw, tf_load16(x + 16, len - 16), a1);
-            if (len > 32) a2 = _mm512_fmadd_ps(vw, tf_load16(x + 32, len - 32), a2);
-            if (len > 48) a3 = _mm512_fmadd_ps(vw, tf_load16(x + 48, len - 48), a3);
+            const __m512 vw = _mm512_set1_ps(w);
+            const int r = (int)(j & 1);   /* two chains: an FMA's latency per key, not per two */
+            a[r][0] = _mm512_fmadd_ps(vw, tf_load16(x, len), a[r][0]);
+            if (len > 16) a[r][1] = _mm512_fmadd_ps(vw, tf_load16(x + 16, len - 16), a[r][1]);
+            if (len > 32) a[r][2] = _mm512_fmadd_ps(vw, tf_load16(x + 32, len - 32), a[r][2]);
+            if (len > 48) a[r][3] = _mm512_fmadd_ps(vw, tf_load16(x + 48, len - 48), a[r][3]);
         }
-        tf_store16(op + c0, len, a0);
-        if (len > 16) tf_store16(op + c0 + 16, len - 16, a1);
-        if (len > 32) tf_store16(op + c0 + 32, len - 32, a2);
-        if (len > 48) tf_store16(op + c0 + 48, len - 48, a3);
+        for (int u = 0; u < 4 && 16 * u < len; u++)
+            tf_store16(op + c0 + 16 * u, len - 16 * u, _mm512_add_ps(a[0][u], a[1][u]));
     }
 }
 #endif
