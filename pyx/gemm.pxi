@@ -223,11 +223,15 @@ cdef class PackedMatrix:
         return f"PackedMatrix(K={self.K}, N={self.N}, isa={self.isa!r})"
 
 
-def gemm_pack_b(b, bint trans_b=False):
+def gemm_pack_b(b, bint trans_b=False, reuse=None):
     """op(b) (b if not trans_b, else b.T; K x N) packed once for gemm_packed, as the current
     instruction set's kernels read it. b: a 2-D float32 array with a unit-stride last axis
     (trans_b=True with a [N, K] nn.Linear weight gives op(b) = W^T). Returns a PackedMatrix
-    (about the size of b; a copy: later changes to b are not seen)."""
+    (about the size of b; a copy: later changes to b are not seen). reuse: None, or a
+    PackedMatrix that nobody needs any more: when it has the same shape and instruction set it
+    is packed again in place and returned (no new memory), else a new one is returned."""
+    if reuse is not None and not isinstance(reuse, PackedMatrix):
+        raise TypeError(f"reuse must be None or a PackedMatrix, got {type(reuse).__name__}")
     _gemm_operand(b, "b", 2)
     cdef cnp.ndarray xb = <cnp.ndarray>b
     cdef long rows = cnp.PyArray_DIMS(xb)[0], cols = cnp.PyArray_DIMS(xb)[1]
@@ -236,10 +240,20 @@ def gemm_pack_b(b, bint trans_b=False):
     _gemm_layout(xb, 2, &ldb, &s0, &s1)
     cdef int level = tf_isa()
     cdef long floats = c_gemm_packed_floats(level, N, K)
-    raw = np.empty(floats + 16, dtype=np.float32)   # + room to start on a 64-byte boundary
-    cdef size_t address = <size_t>cnp.PyArray_DATA(<cnp.ndarray>raw)
-    cdef long offset = <long>((64 - address % 64) % 64 // 4)
-    data = raw[offset:offset + floats]
+    cdef PackedMatrix packed
+    cdef size_t address
+    cdef long offset
+    if reuse is not None and (<PackedMatrix>reuse).N == N and (<PackedMatrix>reuse).K == K \
+            and (<PackedMatrix>reuse).level == level \
+            and not (floats and _extents_meet(xb, <cnp.ndarray>(<PackedMatrix>reuse).data)):
+        packed = <PackedMatrix>reuse
+        data = packed.data
+    else:
+        raw = np.empty(floats + 16, dtype=np.float32)   # + room to start on a 64-byte boundary
+        address = <size_t>cnp.PyArray_DATA(<cnp.ndarray>raw)
+        offset = <long>((64 - address % 64) % 64 // 4)
+        data = raw[offset:offset + floats]
+        packed = PackedMatrix.__new__(PackedMatrix)
     cdef const float *pb = <const float *>cnp.PyArray_DATA(xb)
     cdef float *pp = <float *>cnp.PyArray_DATA(<cnp.ndarray>data)
     cdef int tb = trans_b
@@ -247,7 +261,6 @@ def gemm_pack_b(b, bint trans_b=False):
         with nogil:
             c_gemm_pack_b(level, tb, N, K, pb, ldb, pp)
     data.flags.writeable = False
-    cdef PackedMatrix packed = PackedMatrix.__new__(PackedMatrix)
     packed.data, packed.N, packed.K, packed.level = data, N, K, level
     packed.isa = tf_isa_name(level).decode()
     return packed

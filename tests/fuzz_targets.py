@@ -1524,7 +1524,8 @@ def door_cases(rng):
     if hasattr(_C, "gemm_packed"):
         trans_b = bool(rng.integers(0, 2))
         cases["gemm_pack_b"] = (_C.gemm_pack_b, lambda a: (
-            [a.array(_f(rng, Nn, K) if trans_b else _f(rng, K, Nn))], {"trans_b": trans_b}))
+            [a.array(_f(rng, Nn, K) if trans_b else _f(rng, K, Nn))],
+            {"trans_b": trans_b, "reuse": _C.gemm_pack_b(_f(rng, Nn, K), trans_b=True) if rng.integers(0, 2) else None}))
         cases["gemm_packed"] = (_C.gemm_packed, lambda a: (
             [a.array(_f(rng, M, K)), _C.gemm_pack_b(_f(rng, Nn, K), trans_b=True), a.array(_f(rng, M, Nn))],
             {"alpha": 0.5, "accumulate": bool(rng.integers(0, 2))}))

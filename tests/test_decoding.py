@@ -215,3 +215,20 @@ def test_concurrent_calls_from_python_threads_match_sequential_ones():
         for (g, b, f), (eg, eb, ef) in zip(got, expected):
             assert g == eg and b == eb
             assert np.array_equal(f, ef)
+
+
+def test_decoding_sees_weights_changed_in_place_since_the_last_call():
+    # Decoding reuses its buffers (packed weights, caches) from call to call; the weights are
+    # packed again every call, so a change made in place in between is never missed.
+    model = make_model(seed=4)
+    src = padded_source(np.random.default_rng(6), 40, [7, 4, 9])
+    before = model.greedy_decode(src, max_len=10), model.beam_search(src, beam_size=3, max_len=10)
+    rng = np.random.default_rng(7)
+    for name, w in model.params.data.items():
+        if name.startswith(("transformer.decoder.", "generator.")):
+            w += rng.normal(0, 0.3, w.shape).astype(np.float32)
+    fresh = make_model(seed=5)   # no buffers from earlier calls
+    fresh.load_state_dict(model.state_dict())
+    after = model.greedy_decode(src, max_len=10), model.beam_search(src, beam_size=3, max_len=10)
+    assert after == (fresh.greedy_decode(src, max_len=10), fresh.beam_search(src, beam_size=3, max_len=10))
+    assert after != before   # the change matters, so stale weights would show

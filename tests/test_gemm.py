@@ -714,3 +714,17 @@ def test_packed_for_another_instruction_set_is_refused():
             _C.gemm_packed(np.ones((3, 8), np.float32), packed, np.empty((3, 5), np.float32))
     finally:
         _C.set_isa(_C.best_isa())
+
+
+def test_pack_b_reuses_the_memory_of_a_packed_matrix_of_the_same_shape():
+    r = rng(24)
+    b1, b2 = operand(r, 30, 50, True), operand(r, 30, 50, True)
+    first = _C.gemm_pack_b(b1, trans_b=True)
+    memory = first.data.__array_interface__["data"][0]
+    again = _C.gemm_pack_b(b2, trans_b=True, reuse=first)
+    assert again is first and again.data.__array_interface__["data"][0] == memory
+    assert np.array_equal(again.data, _C.gemm_pack_b(b2, trans_b=True).data)
+    other = _C.gemm_pack_b(operand(r, 30, 51, True), trans_b=True, reuse=first)   # another shape
+    assert other is not first and (other.N, first.N) == (51, 50)
+    with pytest.raises(TypeError, match="reuse must be None or a PackedMatrix"):
+        _C.gemm_pack_b(b1, trans_b=True, reuse=b1)

@@ -27,8 +27,21 @@ class DecoderCache:
     Beam search and finished sentences then only permute these small integer tables.
     """
 
-    def __init__(self, model, memory, src_pad, rows_per_sentence, max_steps, keep_attention=False):
+    def __init__(self, model, memory, src_pad, rows_per_sentence, max_steps, keep_attention=False,
+                 workspace=None):
         cfg = model.cfg
+        # Big buffers come from `workspace` (a dict one call hands to the next, see
+        # _lend_workspace): fresh memory would cost a page fault and a page cleared by the
+        # kernel per 4 KiB, ~15% of a base model's decoding time. Contents are never carried over.
+        ws = {} if workspace is None else workspace
+
+        def buffer(key, shape):
+            size = math.prod(shape)
+            held = ws.get(key)
+            if held is None or held.size < size:
+                held = ws[key] = np.empty(size, np.float32)
+            return held[:size].reshape(shape)
+
         weights = model.params.data
         B, S, D = memory.shape
         H = cfg.n_heads
@@ -52,14 +65,17 @@ class DecoderCache:
                 _C.gemm(flat_memory, w[part * D:(part + 1) * D], projected, trans_b=True)
                 _C.add_bias(projected, b[part * D:(part + 1) * D])
                 # A copy (never a view: `projected` is reused for the values).
-                heads.append(projected.reshape(B, S, H, self.dh).transpose(0, 2, 1, 3).copy())
+                heads.append(buffer(("memory", layer, part), (B, H, S, self.dh)))
+                np.copyto(heads[-1], projected.reshape(B, S, H, self.dh).transpose(0, 2, 1, 3))
             self.memory_k.append(heads[0])
             self.memory_v.append(heads[1])
         self.src_pad = np.ascontiguousarray(src_pad, dtype=np.bool_)
 
+        # Self-attention caches: row r's key/value of step j at [r, :, j]; step j is written
+        # before any query reads it, so nothing older than the call is ever read.
         shape = (N, H, max_steps, self.dh)
-        self.self_k = [np.zeros(shape, np.float32) for _ in range(cfg.n_decoder_layers)]
-        self.self_v = [np.zeros(shape, np.float32) for _ in range(cfg.n_decoder_layers)]
+        self.self_k = [buffer(("self_k", layer), shape) for layer in range(cfg.n_decoder_layers)]
+        self.self_v = [buffer(("self_v", layer), shape) for layer in range(cfg.n_decoder_layers)]
         self.slot = np.arange(N, dtype=np.int64)                            # live row -> cache row
         self.sentence = np.arange(N, dtype=np.int64) // rows_per_sentence   # live row -> sentence
         self.origin = np.zeros((N, max_steps), np.int64)                    # (row, step) -> cache row
@@ -90,16 +106,18 @@ class DecoderCache:
         def linear(name, weight=None, bias=None):
             weight = weights[f"{name}.weight"] if weight is None else weight
             bias = weights[f"{name}.bias"] if bias is None else bias
-            return (_C.gemm_pack_b(weight, trans_b=True), bias)
+            packed = ws[("packed", name)] = _C.gemm_pack_b(weight, trans_b=True, reuse=ws.get(("packed", name)))
+            return (packed, bias)
 
         self.layers = []
         for layer in range(cfg.n_decoder_layers):
             p = f"transformer.decoder.layers.{layer}"
             self.layers.append(dict(
                 norm1=norm(f"{p}.norm1"), norm2=norm(f"{p}.norm2"), norm3=norm(f"{p}.norm3"),
-                qkv=linear(None, weights[f"{p}.self_attn.in_proj_weight"], weights[f"{p}.self_attn.in_proj_bias"]),
+                qkv=linear(f"{p}.self_attn.in_proj", weights[f"{p}.self_attn.in_proj_weight"],
+                           weights[f"{p}.self_attn.in_proj_bias"]),
                 self_out=linear(f"{p}.self_attn.out_proj"),
-                cross_q=linear(None, weights[f"{p}.multihead_attn.in_proj_weight"][:D],
+                cross_q=linear(f"{p}.multihead_attn.q_proj", weights[f"{p}.multihead_attn.in_proj_weight"][:D],
                                weights[f"{p}.multihead_attn.in_proj_bias"][:D]),
                 cross_out=linear(f"{p}.multihead_attn.out_proj"),
                 linear1=linear(f"{p}.linear1"), linear2=linear(f"{p}.linear2")))
@@ -190,6 +208,16 @@ class DecoderCache:
             self.attention = [a[parents] for a in self.attention]
 
 
+def _lend_workspace(model):
+    """The buffers the model's last decoding call left (a dict; {} the first time or while another
+    call, in another thread, holds them). Give them back with _return_workspace."""
+    return model.__dict__.pop("_decoding_workspace", None) or {}
+
+
+def _return_workspace(model, workspace):
+    model.__dict__["_decoding_workspace"] = workspace
+
+
 def _check_decode_args(model, src, max_len, min_len):
     """src as int64 ids; max_len clamped to the model's max_len; min_len in [0, max_len]."""
     cfg = model.cfg
@@ -216,10 +244,19 @@ def greedy_decode(model, src, max_len=128, min_len=0, return_attention=False):
     at most min(max_len, the model's max_len) tokens each;
     with return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
     src, max_len, min_len = _check_decode_args(model, src, max_len, min_len)
+    workspace = _lend_workspace(model)
+    try:
+        return _greedy_decode(model, src, max_len, min_len, return_attention, workspace)
+    finally:
+        _return_workspace(model, workspace)
+
+
+def _greedy_decode(model, src, max_len, min_len, return_attention, workspace):
     cfg = model.cfg
     B = src.shape[0]
     memory = model.encode(src)
-    cache = DecoderCache(model, memory, src == cfg.pad_id, 1, max_len, keep_attention=return_attention)
+    cache = DecoderCache(model, memory, src == cfg.pad_id, 1, max_len, keep_attention=return_attention,
+                         workspace=workspace)
     out = np.full((B, max_len), cfg.pad_id, dtype=np.int64)
     lengths = np.full(B, max_len, dtype=np.int64)
     alive = np.arange(B)                         # row -> sentence
@@ -272,11 +309,19 @@ def beam_search(model, src, beam_size=4, max_len=128, length_penalty=0.6, min_le
             or not math.isfinite(length_penalty) or length_penalty < 0:
         raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty!r}")
     src, max_len, min_len = _check_decode_args(model, src, max_len, min_len)
+    workspace = _lend_workspace(model)
+    try:
+        return _beam_search(model, src, int(beam_size), max_len, float(length_penalty), min_len, workspace)
+    finally:
+        _return_workspace(model, workspace)
+
+
+def _beam_search(model, src, K, max_len, length_penalty, min_len, workspace):
     cfg = model.cfg
-    K, eos = int(beam_size), cfg.eos_id
+    eos = cfg.eos_id
     B = src.shape[0]
     memory = model.encode(src)
-    cache = DecoderCache(model, memory, src == cfg.pad_id, K, max_len)
+    cache = DecoderCache(model, memory, src == cfg.pad_id, K, max_len, workspace=workspace)
 
     sentences = np.arange(B)                      # live sentence slots -> sentence index
     scores = np.full((B, K), -np.inf, dtype=np.float64)
