@@ -5,7 +5,8 @@ weights: PyTorch's nn.Transformer the usual way (encoder once, then the decoder 
 whole prefix at every step), CTranslate2 (float32, a model of the same shape written from our
 weights; in post-LN mode it has no final encoder/decoder norms, so it does slightly less work),
 and ours (encoder once, decoder one token per step with a key/value cache). Engines alternate
-after warm-up; the median of the repeats is reported (PyTorch, 10-50x slower, is timed once by
+after warm-up, each timed decode after a pause that lets the others' idle threads park; the
+median of the repeats is reported (PyTorch, 10-50x slower, is timed once by
 default: see run). Tokens/s counts output tokens (batch x 64),
 also for beam search.
 """
@@ -24,6 +25,10 @@ CONFIGS = {
                  vocab=8000, batch=8, src_len=64, repeats=3),
 }
 STEPS = 64
+# With several threads, an engine's idle OpenMP workers keep spinning after its call (Intel's
+# runtime in CTranslate2 for 200 ms by default) and would steal cores from the engine timed
+# next: each timed decode starts after this much sleep, so every engine runs on a quiet machine.
+SETTLE_S = 0.25
 
 
 def _model(name, seed=0):
@@ -197,6 +202,8 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
                         for engine, decide in deciders.items():
                             if engine == "torch" and r >= torch_repeats:
                                 continue
+                            if n > 1:
+                                time.sleep(SETTLE_S)
                             start = time.perf_counter()
                             decide(src, beam)
                             times[engine].append(time.perf_counter() - start)
