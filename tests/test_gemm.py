@@ -623,6 +623,15 @@ def test_packed_matches_float64(isa, trans_b):
         assert_close(out, a, b, False, trans_b, alpha=-0.75, out0=out0)
 
 
+def test_packed_reads_a_as_a_view_with_a_row_stride(isa):
+    r = rng(25)
+    wide = r.uniform(-1, 1, (9, 300)).astype(np.float32)
+    a, b = wide[:, 7:207], operand(r, 200, 70, True)   # lda = 300, K = 200
+    out = np.empty((9, 70), np.float32)
+    _C.gemm_packed(a, _C.gemm_pack_b(b, trans_b=True), out)
+    assert_close(out, a, b, False, True)
+
+
 def test_packed_has_the_bits_of_the_narrow_schedule(isa):
     # gemm runs few rows of a @ b (b not transposed) with the narrow schedule: same kernels, same
     # K blocks, so the same bits; that schedule is tested against float64 and the others above
