@@ -123,28 +123,8 @@ static void attend_pair(const cache_view *c, const float *qp, const float *kp, c
 }
 
 #if TF_HAVE_X86
-/* Lane t of the result holds the sum of the 16 lanes of v[t] (a fixed tree: pairs of lanes,
- * then pairs of pairs, then 128-bit halves and quarters). */
-TF_TARGET_AVX512
-static inline __m512 sum16x16(const __m512 v[16])
-{
-    __m512 l1[8], l2[4];
-    for (int p = 0; p < 8; p++)   /* lane pairs: l1[p] holds v[2p] and v[2p+1] interleaved */
-        l1[p] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * p], v[2 * p + 1]),
-                              _mm512_unpackhi_ps(v[2 * p], v[2 * p + 1]));
-    for (int q = 0; q < 4; q++) {
-        __m512d c0 = _mm512_castps_pd(l1[2 * q]), c1 = _mm512_castps_pd(l1[2 * q + 1]);
-        l2[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c0, c1)),
-                              _mm512_castpd_ps(_mm512_unpackhi_pd(c0, c1)));
-    }
-    /* l2[q], 128-bit lane L, element e: part L of the sum of v[4q + e] */
-    __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[0], l2[1], 0x88), _mm512_shuffle_f32x4(l2[0], l2[1], 0xDD));
-    __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[2], l2[3], 0x88), _mm512_shuffle_f32x4(l2[2], l2[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
-}
-
 /* attend_pair at the AVX-512 level, 16 keys at a time: 16 dot products as 16-lane FMA chains
- * reduced together (sum16x16), the vector exp, and the weighted sum kept in registers (64
+ * reduced together (tf_sum16x16), the vector exp, and the weighted sum kept in registers (64
  * output floats at a time, two chains over alternate keys) instead of read and written back
  * per key. Same definition as attend_pair; the sums run in another order and the exp is
  * simd_math.h's (1 ulp), so the bits differ from it by rounding. */
@@ -172,7 +152,7 @@ static void attend_pair_avx512(const cache_view *c, const float *qp, const float
         }
         __mmask16 live = tf_lanes16(jn);
         if (mask) live &= ~_mm_test_epi8_mask(_mm_maskz_loadu_epi8(live, mask + j0), _mm_set1_epi8(-1));
-        __m512 s = _mm512_mask_mul_ps(minus_inf, live, vscale, sum16x16(acc));
+        __m512 s = _mm512_mask_mul_ps(minus_inf, live, vscale, tf_sum16x16(acc));
         vmax = _mm512_max_ps(s, vmax);   /* a NaN score is passed over, as by the plain loop */
         tf_store16(scores + j0, jn, s);
     }

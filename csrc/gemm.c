@@ -500,22 +500,8 @@ static TARGET_AVX512 void dot_avx512(long M, long K, float alpha, const float *A
                     for (int r = 0; r < 4; r++) acc[4 * r + c] = _mm512_fmadd_ps(va[r], vb, acc[4 * r + c]);
                 }
             }
-            /* reduce: lane-local pairs, then 64-bit pairs, then 128-bit lanes; the result holds
-             * the sum of acc[t] in element t, i.e. row r = t / 4, column c = t % 4 */
-            __m512 l1[8], l2[4];
-#pragma GCC unroll 8
-            for (int p = 0; p < 8; p++)
-                l1[p] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * p], acc[2 * p + 1]),
-                                      _mm512_unpackhi_ps(acc[2 * p], acc[2 * p + 1]));
-#pragma GCC unroll 4
-            for (int q = 0; q < 4; q++) {
-                __m512d c0 = _mm512_castps_pd(l1[2 * q]), c1 = _mm512_castps_pd(l1[2 * q + 1]);
-                l2[q] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(c0, c1)),
-                                      _mm512_castpd_ps(_mm512_unpackhi_pd(c0, c1)));
-            }
-            __m512 e0 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[0], l2[1], 0x88), _mm512_shuffle_f32x4(l2[0], l2[1], 0xDD));
-            __m512 e1 = _mm512_add_ps(_mm512_shuffle_f32x4(l2[2], l2[3], 0x88), _mm512_shuffle_f32x4(l2[2], l2[3], 0xDD));
-            __m512 sum = _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
+            /* the result holds the sum of acc[t] in element t, i.e. row r = t / 4, column c = t % 4 */
+            __m512 sum = tf_sum16x16(acc);
             float t[16] __attribute__((aligned(64)));
             _mm512_store_ps(t, sum);
             for (int r = 0; r < mr; r++) {
