@@ -7,6 +7,13 @@ self-attention appends that token's key and value to the layer's cache and
 attends over it; cross-attention keys and values are computed once from the
 encoder output. Greedy and beam search are batched, stop per sentence at EOS,
 and drop finished sentences from the batch so later steps cost less.
+
+Every step multiplies a few rows by every decoder weight, so the weights stream
+from memory each step: each call packs them once as the GEMM kernels read them
+(_C.gemm_pack_b), which makes that stream sequential. The model keeps the call's
+buffers (packed weights, caches: about the decoder's size, plus the caches) for
+the next call, because fresh memory costs a page fault per 4 KiB; the weights are
+packed again every call, so changes to them are always seen.
 """
 import math
 
