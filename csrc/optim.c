@@ -17,6 +17,7 @@
 #include "cpu.h"
 
 #include <math.h>
+#include <string.h>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -254,4 +255,15 @@ void scale_f32(float *x, long n, float s)
 {
 #pragma omp parallel for simd schedule(static) num_threads(tf_team(n, STREAM_GRAIN))
     for (long i = 0; i < n; i++) x[i] *= s;
+}
+
+void zero_f32(float *x, long n)
+{
+    const int team = tf_team(n, STREAM_GRAIN);
+    const long chunk = (n + team - 1) / team;
+#pragma omp parallel for schedule(static) num_threads(team)
+    for (int t = 0; t < team; t++) {
+        long i = (long)t * chunk;
+        if (i < n) memset(x + i, 0, (size_t)(n - i < chunk ? n - i : chunk) * sizeof(float));
+    }
 }

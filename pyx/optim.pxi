@@ -7,6 +7,7 @@ cdef extern from "optim.h" nogil:
                      double weight_decay, bint decoupled)
     double sum_squares_f32(const float *x, long n, double *chunk_sums)
     void scale_f32(float *x, long n, float s)
+    void zero_f32(float *x, long n)
 
 
 def adam_step(params, grads, exp_avg, exp_avg_sq, Py_ssize_t step, double lr, double beta1=0.9,
@@ -80,4 +81,16 @@ def scale_(x, float s):
     cdef float[::1] xv = x.reshape(-1)
     with nogil:
         scale_f32(&xv[0], n, s)
+    return x
+
+
+def zero_(x):
+    """x[...] = 0 in place (float32 C-contiguous, writeable), threads over chunks. Returns x."""
+    _check_f32(x, "x", -1, True)
+    cdef Py_ssize_t n = x.size
+    if n == 0:
+        return x
+    cdef float[::1] xv = x.reshape(-1)
+    with nogil:
+        zero_f32(&xv[0], n)
     return x

@@ -1503,6 +1503,7 @@ def door_cases(rng):
              a.array(np.abs(_f(rng, N * D))), 3, 1e-3], {})),
         "sum_squares": (_C.sum_squares, lambda a: ([a.array(_f(rng, N, D))], {})),
         "scale_": (_C.scale_, lambda a: ([a.array(_f(rng, N, D)), 0.5], {})),
+        "zero_": (_C.zero_, lambda a: ([a.array(_f(rng, N, D))], {})),
         "attention_decode": (_C.attention_decode, lambda a: (
             [a.array(_f(rng, N, H * dh)), a.array(_f(rng, N, H, Tmax, dh)), a.array(_f(rng, N, H, Tmax, dh)),
              Tmax, a.array(_f(rng, N, H * dh)), 0.5],
@@ -1544,7 +1545,7 @@ OUTPUTS = {"gemm": {2}, "gemm_reference": {2}, "softmax_forward": {1}, "softmax_
            "positional_encoding": {0}, "embedding_forward": {2}, "embedding_backward": {2},
            "add": {2}, "add_bias": {0}, "bias_grad": {1}, "bias_act_forward": {0, 2}, "act_backward": {2},
            "dropout_forward": {1}, "dropout_backward": {1}, "dropout_add_forward": {2},
-           "cross_entropy": {"dlogits"}, "log_softmax": {1}, "adam_step": {0, 2, 3}, "scale_": {0},
+           "cross_entropy": {"dlogits"}, "log_softmax": {1}, "adam_step": {0, 2, 3}, "scale_": {0}, "zero_": {0},
            "attention_decode": {4, "probs"}, "attention_decode_rows": {4, "probs"},
            "attention_cache_store": {1}, "beam_topk": {4, 5}, "gemm_pack_b": set(), "gemm_packed": {2}}
 

@@ -150,6 +150,40 @@ def test_scale_in_place(isa, n):
     np.testing.assert_array_equal(x, expected)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("n", [0, 1, 17, 100003, 1000003])
+def test_zero_clears_everything_even_nan_and_inf(n, threads, restore_threads):
+    _C.set_num_threads(threads)
+    big = np.full(n + 2, 7.0, np.float32)
+    x = big[1:n + 1]
+    x[::3] = np.nan
+    x[1::3] = -np.inf
+    assert _C.zero_(x) is x
+    assert (x == 0).all() and not np.signbit(x).any()   # +0.0, not x * 0
+    assert big[0] == 7.0 and big[-1] == 7.0             # nothing around it
+
+
+def test_zero_refuses_what_it_cannot_clear():
+    with pytest.raises(TypeError, match="x"):
+        _C.zero_(np.ones(4))
+    with pytest.raises(ValueError, match="x"):
+        _C.zero_(np.ones(8, np.float32)[::2])
+    ro = np.ones(4, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="x"):
+        _C.zero_(ro)
+
+
+def test_model_zero_grad_clears_the_gradient_buffer():
+    import transformer as T
+    cfg = T.ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, d_ff=24,
+                        n_encoder_layers=1, n_decoder_layers=1, max_len=8)
+    model = T.Seq2SeqTransformer(cfg, seed=0)
+    model.params.flat_grad[:] = np.nan
+    model.zero_grad()
+    assert (model.params.flat_grad == 0).all()
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input: refused with the argument named, nothing modified
 

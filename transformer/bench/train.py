@@ -210,7 +210,7 @@ PROFILE_GROUPS = {
     "embedding_forward": "embedding", "embedding_backward": "embedding",
     "positional_encoding": "embedding",
     "cross_entropy": "loss",
-    "adam_step": "optimizer", "sum_squares": "optimizer", "scale_": "optimizer",
+    "adam_step": "optimizer", "sum_squares": "optimizer", "scale_": "optimizer", "zero_": "optimizer",
 }
 PROFILE_ORDER = ("GEMM", "attention softmax", "layer norm", "element-wise", "embedding", "loss",
                  "optimizer", "other kernels", "Python overhead")
@@ -232,7 +232,8 @@ def profile(name="tiny", threads=1, steps=10):
     clock = time.perf_counter
     skip = {"set_num_threads", "get_num_threads", "set_isa", "get_isa", "best_isa"}
     originals = {fn: getattr(_C, fn) for fn in dir(_C)
-                 if not fn.startswith("_") and fn not in skip and callable(getattr(_C, fn))}
+                 if not fn.startswith("_") and fn not in skip and callable(getattr(_C, fn))
+                 and not isinstance(getattr(_C, fn), type)}   # functions, not classes (PackedMatrix)
 
     def timed(f, group):
         def wrapper(*a, **k):
