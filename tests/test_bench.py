@@ -119,3 +119,20 @@ def test_scaling_runs_ours_alone_without_a_reference():
     (train,) = [r for r in records if r.get("suite") == "train"]
     assert train["ours_tokens_per_s"] > 0 and "ref_s" not in train
     assert "train_step tiny" in scaling.efficiency_table(records)
+
+
+def test_timed_records_report_the_median_and_the_spread():
+    # issue: "warm-up, repeats and the median and spread reported"; spreads are [min, max]
+    from transformer.bench import decode, gemm, timing
+
+    def inside(spread, median):
+        return spread[0] <= median <= spread[1]
+
+    (o, _), (r, _) = timing.time_pair(lambda: sum(range(100)), lambda: sum(range(200)), repeats=5)
+    fields = timing.spread_fields()
+    assert inside(fields["ours_spread_s"], o) and inside(fields["ref_spread_s"], r)
+    medians = gemm._time_interleaved([lambda: None, lambda: sum(range(50))], repeats=5, min_seconds=1e-4)
+    assert all(inside(s, m) for s, m in zip(gemm._time_interleaved.spreads, medians))
+    (record,) = decode.run(threads=[1], configs=("tiny",), beams=(1,), engines=("ours",))
+    assert record["repeats"] == decode.CONFIGS["tiny"]["repeats"]
+    assert inside(record["ours_spread_s"], record["ours_s"])

@@ -212,11 +212,13 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
                     record = {"kernel": f"decode {'greedy' if beam == 1 else f'beam {beam}'}",
                               "config": name, "shape": f"{name} B={src.shape[0]} S={src.shape[1]}",
                               "threads": n, "ours_per_s": tokens / median["ours"],
-                              "ours_s": median["ours"]}
+                              "ours_s": median["ours"], "ours_spread_s": [min(times["ours"]), max(times["ours"])],
+                              "repeats": len(times["ours"])}
                     for engine in deciders:
                         if engine != "ours":
                             record[f"{engine}_per_s"] = tokens / median[engine]
                             record[f"vs_{engine}"] = median[engine] / median["ours"]
+                            record[f"{engine}_spread_s"] = [min(times[engine]), max(times[engine])]
                     record["ratio"] = record.get("vs_torch")
                     records.append(record)
                     print(json.dumps(record), file=sys.stderr, flush=True)

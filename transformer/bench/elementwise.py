@@ -24,7 +24,7 @@ import json
 
 import numpy as np
 
-from .timing import time_pair
+from .timing import spread_fields, time_pair
 
 EMBEDDING_SHAPES = [(32, 32, 128, 4000), (16, 64, 512, 8000)]   # B, T, D, V
 ACT_SHAPE = (2048, 2048)
@@ -48,7 +48,7 @@ def _record(kernel, shape, threads, ours_s, ref_s, nbytes, **extra):
            "ours_gbps": nbytes / ours_s / 1e9, "ref_gbps": nbytes / ref_s / 1e9,
            # best batch of each side: less sensitive to other processes on a shared machine
            "ours_min_s": ours_min, "ref_min_s": ref_min, "ratio_min": ref_min / ours_min,
-           "reference": "torch"}
+           "reference": "torch", **spread_fields()}   # called right after the pair's time_pair
     rec.update(extra)
     return rec
 

@@ -56,7 +56,8 @@ def _openblas_threads_setter():
 
 
 def _time_interleaved(fns, repeats, min_seconds=0.02, settle=0.0):
-    """Median seconds per call of each function, timed round-robin. With several threads, each
+    """Median seconds per call of each function, timed round-robin (the [min, max] of each
+    function's samples is left in _time_interleaved.spreads). With several threads, each
     library's idle workers keep spinning for a while after its calls (OpenBLAS for up to ~0.1 s)
     and would steal a core from the next library: `settle` seconds of sleep between blocks let
     them park first."""
@@ -77,6 +78,7 @@ def _time_interleaved(fns, repeats, min_seconds=0.02, settle=0.0):
             for _ in range(inner[i]):
                 fn()
             samples[i].append((time.perf_counter() - t0) / inner[i])
+    _time_interleaved.spreads = [[float(np.min(s)), float(np.max(s))] for s in samples]
     return [float(np.median(s)) for s in samples]
 
 
@@ -108,6 +110,7 @@ def _measure(rng, batch, m, n, k, variant, repeats, torch, with_numpy, schedule=
         fns.append(lambda: np.matmul(opa_n, opb_n, out=out_n))
     try:
         times = _time_interleaved(fns, repeats, settle=SETTLE_S if torch.get_num_threads() > 1 else 0.0)
+        spreads = _time_interleaved.spreads
         _C._gemm_stats(reset=True)
         _C.gemm(a, b, out, ta, tb)
         stats = _C._gemm_stats(reset=True)
@@ -115,9 +118,11 @@ def _measure(rng, batch, m, n, k, variant, repeats, torch, with_numpy, schedule=
         _C._gemm_force_schedule("auto")
     flops = 2.0 * m * n * k * int(np.prod(batch, dtype=np.int64))
     rec = {"ours_s": times[0], "ref_s": times[1], "ratio": times[1] / times[0],
-           "ours_gflops": flops / times[0] / 1e9, "torch_gflops": flops / times[1] / 1e9}
+           "ours_gflops": flops / times[0] / 1e9, "torch_gflops": flops / times[1] / 1e9,
+           "ours_spread_s": spreads[0], "ref_spread_s": spreads[1]}
     if with_numpy:
-        rec.update(numpy_s=times[2], numpy_ratio=times[2] / times[0], numpy_gflops=flops / times[2] / 1e9)
+        rec.update(numpy_s=times[2], numpy_ratio=times[2] / times[0], numpy_gflops=flops / times[2] / 1e9,
+                   numpy_spread_s=spreads[2])
     batches = int(np.prod(batch, dtype=np.int64))
     rec.update(schedule=stats["schedule"], packed_b_per_kn=stats["packed_b"] / (k * n * batches))
     diff = float(np.abs(out - out_t).max())

@@ -26,6 +26,7 @@ def _timed(fn):
 
 
 _MINIMA = {}  # name -> fastest call of the last _interleaved run (reported next to the median)
+_MAXIMA = {}  # name -> slowest call of the same run: [min, max] is the spread
 
 
 def _interleaved(fns, repeats, warmup=1):
@@ -39,6 +40,8 @@ def _interleaved(fns, repeats, warmup=1):
             times[name].append(_timed(fn))
     _MINIMA.clear()
     _MINIMA.update({name: min(t) for name, t in times.items()})
+    _MAXIMA.clear()
+    _MAXIMA.update({name: max(t) for name, t in times.items()})
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -48,6 +51,8 @@ def _with_minima(records, ours, ref):
     for record, (o, r) in zip(records, zip(ours, ref)):
         record["ours_min_s"] = _MINIMA[o]
         record["ref_min_s"] = _MINIMA[r]
+        record["ours_spread_s"] = [_MINIMA[o], _MAXIMA[o]]
+        record["ref_spread_s"] = [_MINIMA[r], _MAXIMA[r]]
     return records
 
 

@@ -22,7 +22,7 @@ import json
 
 import numpy as np
 
-from .timing import time_pair
+from .timing import spread_fields, time_pair
 
 SOFTMAX_SHAPES = {"tiny": (32, 4, 32, 32), "base": (16, 8, 64, 64)}
 LAYERNORM_SHAPES = [(1024, 128), (1024, 512)]
@@ -48,7 +48,7 @@ def _record(kernel, shape, threads, ours, ref, nbytes, **extra):
            "ours_s": ours_s, "ref_s": ref_s, "ratio": ref_s / ours_s,
            "ours_min_s": ours_min, "ref_min_s": ref_min, "ratio_min": ref_min / ours_min,
            "ours_gbps": nbytes / ours_s / 1e9, "ref_gbps": nbytes / ref_s / 1e9,
-           "reference": "torch"}
+           "reference": "torch", **spread_fields()}   # called right after the pair's time_pair
     rec.update(extra)
     return rec
 

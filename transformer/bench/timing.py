@@ -29,5 +29,13 @@ def time_pair(ours, ref, repeats, min_batch_s=0.004, settle_s=0.02):
             for _ in range(inner):
                 fn()
             times.append((time.perf_counter() - t0) / inner)
+    time_pair.last_spread = ([float(np.min(ours_t)), float(np.max(ours_t))],
+                             [float(np.min(ref_t)), float(np.max(ref_t))])
     return ((float(np.median(ours_t)), float(np.min(ours_t))),
             (float(np.median(ref_t)), float(np.min(ref_t))))
+
+
+def spread_fields():
+    """{"ours_spread_s": [min, max], "ref_spread_s": [min, max]} of the last time_pair call."""
+    ours, ref = time_pair.last_spread
+    return {"ours_spread_s": ours, "ref_spread_s": ref}
