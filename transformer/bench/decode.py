@@ -25,8 +25,8 @@ CONFIGS = {
                  vocab=8000, batch=8, src_len=64, repeats=3),
 }
 STEPS = 64
-# With several threads, an engine's idle OpenMP workers keep spinning after its call (Intel's
-# runtime in CTranslate2 for 200 ms by default) and would steal cores from the engine timed
+# With several threads, an engine's idle OpenMP workers keep spinning for a while after its
+# call (each engine here brings its own libgomp) and would steal cores from the engine timed
 # next: each timed decode starts after this much sleep, so every engine runs on a quiet machine.
 SETTLE_S = 0.25
 
