@@ -136,3 +136,19 @@ def test_timed_records_report_the_median_and_the_spread():
     (record,) = decode.run(threads=[1], configs=("tiny",), beams=(1,), engines=("ours",))
     assert record["repeats"] == decode.CONFIGS["tiny"]["repeats"]
     assert inside(record["ours_spread_s"], record["ours_s"])
+
+
+def test_scaling_table_and_plot_show_ctranslate2_for_decoding(tmp_path):
+    from transformer.bench import scaling
+
+    records = [{"kernel": "decode greedy", "config": "tiny", "shape": "tiny B=2 S=3", "threads": n,
+                "ours_per_s": 100.0 * n, "torch_per_s": 10.0 * n, "ctranslate2_per_s": 50.0 * (1 + n) / 2}
+               for n in (1, 2)]
+    table = scaling.efficiency_table(records)
+    lines = {line.split()[0]: line.split()[1:] for line in table.splitlines()[2:]}
+    assert lines["ct2"] == ["50.0", "75.0"]
+    assert lines["ours/ct2"] == ["2.00x", "2.67x"] and lines["ours/torch"] == ["10.00x", "10.00x"]
+    assert "75%" in table   # ct2's efficiency at 2 threads: 75 / (2 * 50)
+    pytest.importorskip("matplotlib")
+    scaling.plot(records, str(tmp_path / "s.png"))
+    assert (tmp_path / "s.png").stat().st_size > 0

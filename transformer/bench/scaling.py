@@ -1,4 +1,5 @@
-"""Thread scaling: throughput and parallel efficiency per thread count, ours and PyTorch's.
+"""Thread scaling: throughput and parallel efficiency per thread count, ours and PyTorch's (and, for
+decoding, CTranslate2's).
 
 Efficiency at n threads = throughput(n) / (n * throughput(1)) for each engine, from the records
 of the train and decode benchmarks (and the GEMM's), all measured in one run.
@@ -11,6 +12,10 @@ from .kernels import cpu_model
 # Which figure of a record is "throughput" for each engine.
 _OURS = ("ours_per_s", "ours_tokens_per_s", "ours_gflops", "ours_gbps")
 _TORCH = ("torch_per_s", "torch_tokens_per_s", "ref_tokens_per_s", "torch_gflops", "torch_gbps")
+_ENGINES = (("ours", _OURS), ("torch", _TORCH), ("ctranslate2", ("ctranslate2_per_s",)))
+_SHORT = {"ours": "ours", "torch": "torch", "ctranslate2": "ct2"}      # table labels
+_LABEL = {"ours": "ours", "torch": "PyTorch", "ctranslate2": "CTranslate2"}   # plot legend
+_STYLE = {"ours": "-o", "torch": "--s", "ctranslate2": ":^"}
 
 
 def _figure(record, keys):
@@ -29,7 +34,7 @@ def series(records):
         name = r.get("kernel") or r.get("bench") or "?"
         shape = f"{r['config']} {r.get('shape', '')}" if "config" in r and r.get("bench") else r.get("shape", "")
         key = (str(name), str(shape))
-        for engine, keys in (("ours", _OURS), ("torch", _TORCH)):
+        for engine, keys in _ENGINES:
             value, unit = _figure(r, keys)
             if value is not None:
                 out.setdefault(key, {}).setdefault(engine, {})[int(r["threads"])] = value
@@ -38,7 +43,7 @@ def series(records):
 
 
 def efficiency_table(records):
-    """Plain-text table: throughput and efficiency per thread count, ours and torch."""
+    """Plain-text table: throughput and efficiency per thread count, ours and each reference."""
     data, units = series(records)
     lines = []
     for (kernel, shape), engines in data.items():
@@ -47,19 +52,20 @@ def efficiency_table(records):
         lines.append("  threads " + "".join(f"{n:>12}" for n in threads))
         for engine, values in engines.items():
             base = values.get(1)
-            lines.append(f"  {engine:<7} " + "".join(f"{values.get(n, float('nan')):>12,.1f}" for n in threads))
+            lines.append(f"  {_SHORT[engine]:<7} " + "".join(f"{values.get(n, float('nan')):>12,.1f}" for n in threads))
             if base:
                 lines.append(f"  {'eff.':<7} " + "".join(
                     f"{values[n] / (n * base):>12.0%}" if n in values else f"{'':>12}" for n in threads))
-        if "ours" in engines and "torch" in engines:
-            lines.append("  ours/torch" + "".join(
-                f"{engines['ours'][n] / engines['torch'][n]:>10.2f}x" if n in engines["ours"] and n in engines["torch"]
-                else f"{'':>11}" for n in threads)[1:])
+        for ref in ("torch", "ctranslate2"):
+            if "ours" in engines and ref in engines:
+                lines.append(f"  {'ours/' + _SHORT[ref]:<10}" + "".join(
+                    f"{engines['ours'][n] / engines[ref][n]:>11.2f}x" if n in engines["ours"] and n in engines[ref]
+                    else f"{'':>12}" for n in threads)[2:])
     return "\n".join(lines)
 
 
 def plot(records, path, title_extra=""):
-    """tokens/s against threads (ours solid, PyTorch dashed) and parallel efficiency."""
+    """tokens/s against threads (ours solid, PyTorch dashed, CTranslate2 dotted) and parallel efficiency."""
     from ..plot import _pyplot
 
     plt = _pyplot()
@@ -74,7 +80,7 @@ def plot(records, path, title_extra=""):
     all_threads = set()
     for i, ((kernel, shape), engines) in enumerate(sorted(chosen.items())):
         color = colors[i % len(colors)]
-        for engine, style in (("ours", "-o"), ("torch", "--s")):
+        for engine, style in _STYLE.items():
             values = engines.get(engine)
             if not values:
                 continue
@@ -82,7 +88,7 @@ def plot(records, path, title_extra=""):
             all_threads.update(threads)
             config = shape.split(" ")[0]
             name = kernel if config in kernel.split() else f"{kernel} {config}"
-            label = f"{name} ({'ours' if engine == 'ours' else 'PyTorch'})"
+            label = f"{name} ({_LABEL[engine]})"
             ax_speed.plot(threads, [values[n] for n in threads], style, color=color, label=label)
             if 1 in values:
                 ax_eff.plot(threads, [values[n] / (n * values[1]) for n in threads], style, color=color,
