@@ -152,3 +152,13 @@ def test_scaling_table_and_plot_show_ctranslate2_for_decoding(tmp_path):
     pytest.importorskip("matplotlib")
     scaling.plot(records, str(tmp_path / "s.png"))
     assert (tmp_path / "s.png").stat().st_size > 0
+
+
+def test_decode_bench_runs_ours_alone_without_pytorch(monkeypatch):
+    import sys
+
+    from transformer.bench import decode
+
+    monkeypatch.setitem(sys.modules, "torch", None)   # any import of torch now fails
+    (record,) = decode.run(threads=[1], configs=("tiny",), beams=(1,), engines=("ours",))
+    assert record["ours_per_s"] > 0 and "torch_per_s" not in record

@@ -170,10 +170,13 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
         torch_repeats=1):
     """PyTorch re-runs the whole prefix every step (10-50x slower than the others): it is warmed up
     on a 4-step decode and timed `torch_repeats` times (in the first rounds), which keeps the
-    default run to a few minutes; ours and CTranslate2 alternate for every repeat."""
-    import torch
-
+    default run to a few minutes; ours and CTranslate2 alternate for every repeat. Without
+    "torch" in engines, PyTorch is not needed."""
     import transformer as T
+
+    torch = None
+    if "torch" in engines:
+        import torch
 
     records = []
     for name in configs:
@@ -181,7 +184,8 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
         repeats = CONFIGS[name]["repeats"]
         for n in threads:
             T.set_num_threads(n)
-            torch.set_num_threads(n)
+            if torch is not None:
+                torch.set_num_threads(n)
             with tempfile.TemporaryDirectory() as directory:
                 deciders = {"ours": lambda s, b: (model.greedy_decode(s, max_len=STEPS, min_len=STEPS) if b == 1
                                                   else model.beam_search(s, b, max_len=STEPS, min_len=STEPS))}
