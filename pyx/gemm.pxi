@@ -219,6 +219,9 @@ cdef class PackedMatrix:
     cdef readonly str isa
     cdef int level
 
+    def __init__(self, *args, **kwargs):
+        raise TypeError("a PackedMatrix is made by gemm_pack_b, not constructed directly")
+
     def __repr__(self):
         return f"PackedMatrix(K={self.K}, N={self.N}, isa={self.isa!r})"
 
@@ -230,8 +233,9 @@ def gemm_pack_b(b, bint trans_b=False, reuse=None):
     (about the size of b; a copy: later changes to b are not seen). reuse: None, or a
     PackedMatrix that nobody needs any more: when it has the same shape and instruction set it
     is packed again in place and returned (no new memory), else a new one is returned."""
-    if reuse is not None and not isinstance(reuse, PackedMatrix):
-        raise TypeError(f"reuse must be None or a PackedMatrix, got {type(reuse).__name__}")
+    if reuse is not None and (not isinstance(reuse, PackedMatrix) or (<PackedMatrix>reuse).data is None):
+        raise TypeError(f"reuse must be None or a PackedMatrix from gemm_pack_b, got "
+                        f"{'an empty one' if isinstance(reuse, PackedMatrix) else type(reuse).__name__}")
     _gemm_operand(b, "b", 2)
     cdef cnp.ndarray xb = <cnp.ndarray>b
     cdef long rows = cnp.PyArray_DIMS(xb)[0], cols = cnp.PyArray_DIMS(xb)[1]
@@ -275,6 +279,8 @@ def gemm_packed(a, packed, out, alpha=1.0, bint accumulate=False):
     if not isinstance(packed, PackedMatrix):
         raise TypeError(f"packed must be a PackedMatrix (from gemm_pack_b), got {type(packed).__name__}")
     cdef PackedMatrix pm = <PackedMatrix>packed
+    if pm.data is None:
+        raise TypeError("packed must be a PackedMatrix from gemm_pack_b, got an empty one")
     if pm.level != tf_isa():
         raise ValueError(f"packed was packed for the {pm.isa} kernels, the instruction set is now "
                          f"{tf_isa_name(tf_isa()).decode()}: pack it again")

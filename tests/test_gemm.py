@@ -712,6 +712,13 @@ def test_packed_refuses_bad_arguments():
         _C.gemm_packed(a, packed, ro)
     with pytest.raises(TypeError, match="alpha"):
         _C.gemm_packed(a, packed, out, alpha="2")
+    with pytest.raises(TypeError, match="made by gemm_pack_b"):
+        _C.PackedMatrix()   # an empty one would point nowhere
+    empty = _C.PackedMatrix.__new__(_C.PackedMatrix)   # made anyway: refused, never read
+    with pytest.raises(TypeError, match="packed must be a PackedMatrix from gemm_pack_b"):
+        _C.gemm_packed(np.ones((3, 0), np.float32), empty, np.empty((3, 0), np.float32))
+    with pytest.raises(TypeError, match="reuse must be None or a PackedMatrix"):
+        _C.gemm_pack_b(np.ones((0, 0), np.float32), reuse=empty)
 
 
 @pytest.mark.skipif(_C.best_isa() == "generic", reason="needs two SIMD levels")
