@@ -44,6 +44,19 @@ static double scan_generic(const float *lp, long V, double score, int64_t base, 
 }
 
 #if TF_HAVE_X86
+/* The lanes set in m (candidates v + lane, scores in lanes[]) offered in lane order, each still
+ * compared with the current threshold exactly as scan_generic compares it. */
+static inline double offer_lanes(const double *lanes, unsigned m, long v, int64_t base, int64_t banned,
+                                 candidate *top, long *count, long width, double threshold)
+{
+    for (; m; m &= m - 1) {
+        int lane = __builtin_ctz(m);
+        if (lanes[lane] > threshold && v + lane != banned)
+            threshold = offer(top, count, width, lanes[lane], base + v + lane);
+    }
+    return threshold;
+}
+
 /* Sixteen candidates at a time in double: a lane passes the filter exactly when the scalar
  * comparison would accept it, so the result is that of scan_generic. */
 TF_TARGET_AVX512
@@ -62,11 +75,7 @@ static double scan_avx512(const float *lp, long V, double score, int64_t base, i
         if (!m) continue;
         _mm512_storeu_pd(lanes, lo);
         _mm512_storeu_pd(lanes + 8, hi);
-        for (; m; m &= m - 1) {
-            int lane = __builtin_ctz(m);
-            if (lanes[lane] > threshold && v + lane != banned)
-                threshold = offer(top, count, width, lanes[lane], base + v + lane);
-        }
+        threshold = offer_lanes(lanes, m, v, base, banned, top, count, width, threshold);
         vthr = _mm512_set1_pd(threshold);
     }
     return scan_generic(lp + v, V - v, score, base + v, banned - v, top, count, width, threshold);
@@ -88,11 +97,7 @@ static double scan_avx2(const float *lp, long V, double score, int64_t base, int
         if (!m) continue;
         _mm256_storeu_pd(lanes, lo);
         _mm256_storeu_pd(lanes + 4, hi);
-        for (; m; m &= m - 1) {
-            int lane = __builtin_ctz(m);
-            if (lanes[lane] > threshold && v + lane != banned)
-                threshold = offer(top, count, width, lanes[lane], base + v + lane);
-        }
+        threshold = offer_lanes(lanes, m, v, base, banned, top, count, width, threshold);
         vthr = _mm256_set1_pd(threshold);
     }
     return scan_generic(lp + v, V - v, score, base + v, banned - v, top, count, width, threshold);
