@@ -25,8 +25,7 @@ def _timed(fn):
     return time.perf_counter() - start
 
 
-_MINIMA = {}  # name -> fastest call of the last _interleaved run (reported next to the median)
-_MAXIMA = {}  # name -> slowest call of the same run: [min, max] is the spread
+_SPREADS = {}  # name -> [fastest, slowest] call of the last _interleaved run (next to the median)
 
 
 def _interleaved(fns, repeats, warmup=1):
@@ -38,10 +37,8 @@ def _interleaved(fns, repeats, warmup=1):
     for _ in range(repeats):
         for name, fn in fns.items():
             times[name].append(_timed(fn))
-    _MINIMA.clear()
-    _MINIMA.update({name: min(t) for name, t in times.items()})
-    _MAXIMA.clear()
-    _MAXIMA.update({name: max(t) for name, t in times.items()})
+    _SPREADS.clear()
+    _SPREADS.update({name: [min(t), max(t)] for name, t in times.items()})
     return {name: statistics.median(t) for name, t in times.items()}
 
 
@@ -49,10 +46,8 @@ def _with_minima(records, ours, ref):
     """Add the fastest calls (ours_min_s, ref_min_s): on a shared machine the median of a
     2-thread run often includes a wait for a descheduled thread."""
     for record, (o, r) in zip(records, zip(ours, ref)):
-        record["ours_min_s"] = _MINIMA[o]
-        record["ref_min_s"] = _MINIMA[r]
-        record["ours_spread_s"] = [_MINIMA[o], _MAXIMA[o]]
-        record["ref_spread_s"] = [_MINIMA[r], _MAXIMA[r]]
+        record["ours_min_s"], record["ref_min_s"] = _SPREADS[o][0], _SPREADS[r][0]
+        record["ours_spread_s"], record["ref_spread_s"] = _SPREADS[o], _SPREADS[r]
     return records
 
 
