@@ -515,6 +515,18 @@ def draw_model(draw):
     return tiny_model(draw(st.booleans()), draw(st.sampled_from(["relu", "gelu"])))
 
 
+def draw_model_problem(draw, max_batch):
+    """A model property's start: the machine, a seeded rng, a model, and a padded source batch
+    [B, S] with a target length Tt. Returns (rng, model, B, S, Tt, src)."""
+    draw_machine(draw)
+    rng = np.random.default_rng(draw(seeds))
+    model = draw_model(draw)
+    cfg = model.cfg
+    B = draw(st.integers(1, max_batch))
+    S, Tt = draw(st.integers(1, cfg.max_len)), draw(st.integers(1, cfg.max_len))
+    return rng, model, B, S, Tt, ids(rng, B, S, cfg.src_vocab_size, cfg.pad_id)
+
+
 def ids(rng, B, L, vocab, pad, pad_tail=True):
     """Random ids [B, L] in [0, vocab) with trailing padding on some rows (at least one real id)."""
     x = rng.integers(0, vocab, size=(B, L))
@@ -585,13 +597,8 @@ def close_to(ours, ref, rel, what):
 @given(st.data())
 def prop_model_forward(data):
     draw = data.draw
-    draw_machine(draw)
-    rng = np.random.default_rng(draw(seeds))
-    model = draw_model(draw)
+    rng, model, B, S, Tt, src = draw_model_problem(draw, 4)
     cfg = model.cfg
-    B = draw(st.integers(1, 4))
-    S, Tt = draw(st.integers(1, cfg.max_len)), draw(st.integers(1, cfg.max_len))
-    src = ids(rng, B, S, cfg.src_vocab_size, cfg.pad_id)
     tgt = ids(rng, B, Tt, cfg.tgt_vocab_size, cfg.pad_id)
     src_in, expect = break_ids(draw, rng, src, "src", cfg.src_vocab_size, cfg.max_len)
     tgt_in = tgt
@@ -658,13 +665,8 @@ def prop_model_training(data):
     """forward_backward and loss_and_grads: the loss from forward's logits, and the gradient of the
     batch equals the mean of its target tokens' gradients, each computed alone."""
     draw = data.draw
-    draw_machine(draw)
-    rng = np.random.default_rng(draw(seeds))
-    model = draw_model(draw)
+    rng, model, B, S, Tt, src = draw_model_problem(draw, 3)
     cfg = model.cfg
-    B = draw(st.integers(1, 3))
-    S, Tt = draw(st.integers(1, cfg.max_len)), draw(st.integers(1, cfg.max_len))
-    src = ids(rng, B, S, cfg.src_vocab_size, cfg.pad_id)
     tgt_in = ids(rng, B, Tt, cfg.tgt_vocab_size, cfg.pad_id)
     tgt_out = ids(rng, B, Tt, cfg.tgt_vocab_size, cfg.pad_id)
     if chance(draw, 0.1):
@@ -731,12 +733,8 @@ def prop_model_training(data):
 @given(st.data())
 def prop_model_encode(data):
     draw = data.draw
-    draw_machine(draw)
-    rng = np.random.default_rng(draw(seeds))
-    model = draw_model(draw)
+    rng, model, B, S, _, src = draw_model_problem(draw, 4)
     cfg = model.cfg
-    B, S = draw(st.integers(1, 4)), draw(st.integers(1, cfg.max_len))
-    src = ids(rng, B, S, cfg.src_vocab_size, cfg.pad_id)
     src_in, expect = break_ids(draw, rng, src, "src", cfg.src_vocab_size, cfg.max_len)
     if expect.valid:
         src = canonical(src_in)
