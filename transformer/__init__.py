@@ -53,4 +53,4 @@ _init_from_environment()
 from . import ops  # noqa: E402
 from .config import ModelConfig, PRESETS  # noqa: E402
 from .model import Seq2SeqTransformer  # noqa: E402
-from .optim import Adam, noam_lr, clip_grad_norm  # noqa: E402
+from .optim import Adam, budget_lr, noam_lr, clip_grad_norm  # noqa: E402

@@ -148,10 +148,7 @@ def _train(args):
 
     _apply_threads(args)
     train.load_resume(args)
-    if args.minutes is None and args.max_steps is None:
-        args.minutes = 2.0 if not args.data else 10.0
-    if args.warmup is None:
-        args.warmup = 300 if not args.data else 4000
+    train.apply_defaults(args)
     train.prepare_out_dir(args)
     if args.data:
         return train.train_on_data(args)
@@ -252,13 +249,21 @@ def build_parser():
     train.add_argument("--dropout", type=float)
     train.add_argument("--activation", choices=["relu", "gelu"])
     train.add_argument("--max-steps", type=_positive_int)
-    train.add_argument("--minutes", type=float, help="wall-clock budget (default 2 built-in, 10 with --data)")
+    train.add_argument("--minutes", type=float, help="wall-clock budget (default 2 built-in, 10 with --data; "
+                       "periodic evaluation is not counted; with --resume: what the interrupted run had left)")
     train.add_argument("--threads", type=_positive_int)
     train.add_argument("--batch-tokens", type=_positive_int, default=4096,
                        help="tokens per batch, padding included (--data)")
     train.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch (built-in task)")
-    train.add_argument("--warmup", type=_positive_int, help="warm-up steps (default 300 built-in, 4000 with --data)")
-    train.add_argument("--lr-scale", type=float, default=1.0, help="factor on the paper's learning-rate schedule")
+    train.add_argument("--schedule", choices=["budget", "noam"],
+                       help="learning-rate schedule. budget (default with --data): warm-up over the first "
+                            "5%% of the budget (--max-steps, or --minutes divided by a measured step time), "
+                            "then linear decay to its end; noam (default for the built-in task): the "
+                            "paper's inverse-square-root schedule with --warmup steps")
+    train.add_argument("--warmup", type=_positive_int,
+                       help="warm-up steps (noam: default 300 built-in, 4000 with --data; budget: 5%% of the budget)")
+    train.add_argument("--lr", type=float, help="peak learning rate of the budget schedule (default 0.016 * d_model^-0.5)")
+    train.add_argument("--lr-scale", type=float, default=1.0, help="factor on the learning-rate schedule")
     train.add_argument("--label-smoothing", type=float, default=0.1)
     train.add_argument("--clip-norm", type=float, default=1.0, help="clip gradients to this global norm (0: off)")
     train.add_argument("--vocab-size", type=_positive_int, default=8000, help="BPE vocabulary size per language")

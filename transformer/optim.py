@@ -7,7 +7,7 @@ import numpy as np
 from . import _C
 from .params import _aligned_zeros
 
-__all__ = ["Adam", "noam_lr", "clip_grad_norm"]
+__all__ = ["Adam", "noam_lr", "budget_lr", "clip_grad_norm"]
 
 
 def _number(value, name):
@@ -105,6 +105,30 @@ def noam_lr(step, d_model=512, warmup=4000):
         if value < 1:
             raise ValueError(f"{name} must be >= 1, got {value}")
     return d_model ** -0.5 * min(step ** -0.5, step * warmup ** -1.5)
+
+
+def budget_lr(step, peak, warmup, total, final=0.1):
+    """A schedule that fits a known budget of `total` steps: linear warm-up from 0 to `peak` over
+    `warmup` steps, then linear decay to `final * peak` at step `total`, held there after it (a run
+    bounded by minutes may take a few more steps than were estimated). Linear decay over the
+    budget beats an inverse-square-root tail when the step count is known (Li et al., "Budgeted
+    training", 2020); the small floor keeps late steps useful."""
+    for name, value in (("step", step), ("warmup", warmup), ("total", total)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+        if value < 1:
+            raise ValueError(f"{name} must be >= 1, got {value}")
+    peak, final = _number(peak, "peak"), _number(final, "final")
+    if peak < 0 or not 0.0 <= final <= 1.0:
+        raise ValueError(f"need peak >= 0 and 0 <= final <= 1, got peak={peak}, final={final}")
+    if total < warmup:
+        raise ValueError(f"total ({total}) must be >= warmup ({warmup})")
+    if step <= warmup:
+        return peak * step / warmup
+    if total == warmup:
+        return peak * final
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    return peak * (1.0 - (1.0 - final) * progress)
 
 
 def clip_grad_norm(model, max_norm):

@@ -20,12 +20,23 @@ from .checkpoint import load_checkpoint, save_checkpoint, save_inference_files
 from .config import PRESETS, ModelConfig
 from .data import collate, length_batches, make_example, read_pairs, split_pairs
 from .model import Seq2SeqTransformer
-from .optim import Adam, clip_grad_norm, noam_lr
+from .optim import Adam, budget_lr, clip_grad_norm, noam_lr
 from .tasks import ReverseTask
 from .tokenizer import SubwordTokenizer
 
 LOG_FILE = "log.jsonl"   # one JSON line per step (loss, lr, tokens) and per evaluation
 SIZE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout", "activation")
+
+
+# The budget schedule (the default with --data): warm-up over this share of the budget, peak
+# learning rate PEAK_LR_FACTOR * d_model^-0.5 (the paper's schedule peaks at d_model^-0.5 *
+# warmup^-0.5: 1e-3 for d_model 256 with its 4000 warm-up steps), linear decay to FINAL_LR_SHARE of
+# the peak at the end of the budget.
+WARMUP_SHARE = 0.05
+MIN_WARMUP = 10
+PEAK_LR_FACTOR = 0.016
+FINAL_LR_SHARE = 0.1
+PROBE_STEPS = 2          # forward/backward passes timed (not trained on) to estimate the step rate
 
 
 class NonFiniteLoss(RuntimeError):
@@ -41,6 +52,7 @@ class TrainState:
     tokens: int = 0        # target tokens trained on
     seconds: float = 0.0   # wall-clock seconds spent training, over all runs
     best_dev_loss: float = float("inf")
+    schedule: dict = None  # the learning-rate plan, fixed before step 1 (see plan_schedule)
 
 
 class StopFlag:
@@ -122,9 +134,92 @@ class Trainer:
         self.state.batch_in_epoch += 1
         return collate(self.examples, indices, cfg.pad_id)
 
-    # -- one step -----------------------------------------------------------------------------
+    # -- the learning-rate schedule -------------------------------------------------------------
+    def plan_schedule(self, budget_seconds=None):
+        """Fix the learning-rate plan before step 1 and keep it in the train state, so that the
+        checkpoint carries it and a resumed run follows it exactly.
+
+        noam: the paper's inverse-square-root schedule (equation 3), --warmup steps.
+        budget: the step count the budget allows (--max-steps, or --minutes divided by a measured
+        step time), warm-up over WARMUP_SHARE of it, then linear decay to its end."""
+        args, cfg = self.args, self.model.cfg
+        if args.schedule == "noam":
+            warmup = args.warmup or 4000
+            plan = {"name": "noam", "warmup": warmup, "peak": args.lr_scale * noam_lr(warmup, cfg.d_model, warmup)}
+        else:
+            total, step_seconds = args.max_steps, None
+            if budget_seconds is not None:
+                step_seconds = self.measure_step_seconds()
+                by_time = max(1, int(budget_seconds / step_seconds))
+                total = by_time if total is None else min(total, by_time)
+            if total is None:
+                raise ValueError("--schedule budget needs a budget: --max-steps or --minutes")
+            warmup = args.warmup or max(MIN_WARMUP, round(WARMUP_SHARE * total))
+            warmup = min(warmup, total)
+            peak = args.lr if args.lr is not None else PEAK_LR_FACTOR * cfg.d_model ** -0.5
+            plan = {"name": "budget", "warmup": int(warmup), "total": int(total), "peak": args.lr_scale * peak,
+                    "final": FINAL_LR_SHARE}
+            if step_seconds is not None:
+                plan["estimated_step_seconds"] = round(step_seconds, 4)
+                plan["replan_at"] = int(warmup)   # see replan_total
+        self.state.schedule = plan
+        return plan
+
+    def measure_step_seconds(self):
+        """Seconds per training step, timed on the next batches without training on them: the
+        gradients are cleared and the data position and dropout stream are put back."""
+        state = (self.state.epoch, self.state.batch_in_epoch)
+        stream = getattr(self.model, "stream", None)
+        calls = stream.calls if stream is not None else None
+        times = []
+        try:
+            for _ in range(PROBE_STEPS + 1):     # the first pass also allocates: not timed
+                src, tgt_in, tgt_out = self.next_batch()
+                started = time.perf_counter()
+                self.model.zero_grad()
+                self.model.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing)
+                if self.args.clip_norm > 0:
+                    self.clip(self.model, self.args.clip_norm)
+                times.append(time.perf_counter() - started)
+        finally:
+            self.state.epoch, self.state.batch_in_epoch = state
+            if stream is not None:
+                stream.calls = calls
+            self.model.zero_grad()
+        # + the optimizer step and bookkeeping, a few percent of a step
+        return 1.03 * float(np.median(times[1:]))
+
+    def replan_total(self, seconds_per_step, seconds_left):
+        """At the end of warm-up, a time-bounded plan re-estimates its step count from the steps
+        actually taken (the probe sees two batches; real steps include the optimizer, checkpoints,
+        batches of every length). The learning rates of steps already taken do not change."""
+        plan = self.state.schedule
+        total = self.state.step + max(int(seconds_left / seconds_per_step), 0)
+        if self.args.max_steps is not None:
+            total = min(total, self.args.max_steps)
+        plan["total"] = max(int(total), plan["warmup"])
+        plan["estimated_step_seconds"] = round(seconds_per_step, 4)
+        del plan["replan_at"]
+
     def learning_rate(self, step):
-        return self.args.lr_scale * noam_lr(step, d_model=self.model.cfg.d_model, warmup=self.args.warmup)
+        plan = self.state.schedule
+        if plan["name"] == "noam":
+            return self.args.lr_scale * noam_lr(step, d_model=self.model.cfg.d_model, warmup=plan["warmup"])
+        return budget_lr(step, plan["peak"], plan["warmup"], plan["total"], plan["final"])
+
+    def describe_schedule(self):
+        plan = self.state.schedule
+        if plan["name"] == "noam":
+            return (f"schedule: noam (the paper's), warm-up {plan['warmup']} steps, "
+                    f"peak learning rate {plan['peak']:.2e} at step {plan['warmup']}")
+        how = ""
+        if "estimated_step_seconds" in plan:
+            how = f", from {plan['estimated_step_seconds']:.2f} s a step measured"
+        return (f"schedule: budget, about {plan['total']} steps{how}; warm-up {plan['warmup']} steps "
+                f"to peak learning rate {plan['peak']:.2e}, then linear decay to "
+                f"{plan['peak'] * plan['final']:.2e} at step {plan['total']}")
+
+    # -- one step -----------------------------------------------------------------------------
 
     def step(self):
         src, tgt_in, tgt_out = self.next_batch()
@@ -202,6 +297,12 @@ class Trainer:
         args = self.args
         deadline = None if args.minutes is None else time.monotonic() + 60.0 * args.minutes
         max_steps = args.max_steps
+        if self.state.schedule is None:
+            self.plan_schedule(None if args.minutes is None else 60.0 * args.minutes)
+            if args.minutes is not None:
+                self.state.schedule["budget_seconds"] = 60.0 * args.minutes
+        _log(self.describe_schedule(), stream)
+        run_start, run_start_step = time.monotonic(), self.state.step
         from tqdm import tqdm
 
         bar = tqdm(total=max_steps, initial=min(self.state.step, max_steps or 0) if max_steps else 0,
@@ -223,6 +324,13 @@ class Trainer:
                     loss, tokens, lr = self.step()
                     self.state.seconds += time.perf_counter() - started
                     log.write(json.dumps({"step": self.state.step, "loss": loss, "lr": lr, "tokens": tokens}) + "\n")
+                    plan = self.state.schedule
+                    if "replan_at" in plan and self.state.step >= plan["replan_at"] and deadline is not None:
+                        now = time.monotonic()
+                        per_step = (now - run_start) / max(self.state.step - run_start_step, 1)
+                        self.replan_total(per_step, deadline - now)
+                        bar.write(f"step {self.state.step}: {per_step:.2f} s a step so far: about "
+                                  f"{plan['total']} steps in the budget; decay to step {plan['total']}")
                     log.flush()
                     window_tokens += tokens
                     bar.update(1)
@@ -232,7 +340,11 @@ class Trainer:
                                         lr=f"{lr:.2e}", refresh=False)
                         window_tokens, window_start = 0, time.perf_counter()
                     if args.eval_every and self.state.step % args.eval_every == 0:
+                        eval_started = time.monotonic()
                         metrics = self.evaluate(limit=args.eval_limit)
+                        metrics["seconds"] = round(self.state.seconds, 2)
+                        if deadline is not None:     # periodic evaluation is not training time
+                            deadline += time.monotonic() - eval_started
                         bar.write(f"step {self.state.step}: " + json.dumps(_rounded(metrics)))
                         log.write(json.dumps({"step": self.state.step, **metrics}) + "\n")
                     if (args.save_every and self.state.step % args.save_every == 0) or \
@@ -297,7 +409,7 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=
 # run repeats the uninterrupted one. Everything else (--max-steps, --minutes, --threads, --out,
 # evaluation and checkpoint frequency) may change between runs.
 TRAJECTORY_ARGS = ("data", "src_col", "tgt_col", "seed", "batch_size", "batch_tokens", "warmup",
-                   "lr_scale", "label_smoothing", "clip_norm", "vocab_size", "max_sentence_tokens",
+                   "schedule", "lr", "lr_scale", "label_smoothing", "clip_norm", "vocab_size", "max_sentence_tokens",
                    "dev_fraction", "dev_max", "preset") + SIZE_FLAGS
 
 
@@ -307,12 +419,33 @@ def load_resume(args):
         args.checkpoint = None
         return
     ckpt = load_checkpoint(args.resume)
+    if "schedule" not in ckpt.args:
+        ckpt.args["schedule"] = "noam"     # written before the budget schedule existed
     for key in TRAJECTORY_ARGS:
         if key == "data" and args.data:
             continue           # the same corpus may have moved
         if key in ckpt.args:
             setattr(args, key, ckpt.args[key])
     args.checkpoint = ckpt
+
+
+def apply_defaults(args):
+    """The defaults that depend on other flags (and, with --resume, on the checkpoint)."""
+    if args.schedule is None:
+        args.schedule = "noam" if not args.data else "budget"
+    if args.minutes is None and args.max_steps is None:
+        plan = args.checkpoint.train_state.get("schedule") if args.checkpoint is not None else None
+        if plan and "budget_seconds" in plan:        # resume: finish the interrupted run's budget
+            spent = args.checkpoint.train_state.get("seconds", 0.0)
+            args.minutes = max(plan["budget_seconds"] - spent, 0.0) / 60.0
+        elif plan and "total" in plan:
+            args.max_steps = plan["total"]
+        else:
+            args.minutes = 2.0 if not args.data else 10.0
+    if args.warmup is None and args.schedule == "noam":
+        args.warmup = 300 if not args.data else 4000
+    if args.lr is not None and args.schedule != "budget":
+        raise ValueError("--lr sets the peak of the budget schedule; with --schedule noam use --lr-scale")
 
 
 def _resume_or_new(args, make_model, src_tokenizer, tgt_tokenizer):

@@ -116,10 +116,7 @@ def main(argv=None):
 
             torch.set_num_threads(args.threads)
     train.load_resume(args)
-    if args.minutes is None and args.max_steps is None:
-        args.minutes = 10.0
-    if args.warmup is None:
-        args.warmup = 4000
+    train.apply_defaults(args)            # the defaults a user gets with --data
     train.prepare_out_dir(args)
     np.seterr(all="ignore")
     print(f"engine: {engine}", file=sys.stderr)
