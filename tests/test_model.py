@@ -389,6 +389,20 @@ def test_noam_lr_is_the_papers_schedule():
         T.noam_lr(0)
 
 
+def test_budget_lr_warms_up_linearly_then_decays_linearly_to_its_floor():
+    peak, warmup, total = 2e-3, 10, 110
+    assert T.budget_lr(1, peak, warmup, total) == pytest.approx(peak / 10)
+    assert T.budget_lr(10, peak, warmup, total) == pytest.approx(peak)
+    assert T.budget_lr(60, peak, warmup, total) == pytest.approx(peak * (1 - 0.9 * 0.5))
+    assert T.budget_lr(110, peak, warmup, total) == pytest.approx(peak * 0.1)
+    assert T.budget_lr(500, peak, warmup, total) == pytest.approx(peak * 0.1)    # held after the plan
+    assert T.budget_lr(7, peak, 7, 7, final=0.0) == pytest.approx(peak)
+    for name, bad in (("step", dict(step=0)), ("warmup", dict(warmup=1.5)), ("total", dict(total=True)),
+                      ("total", dict(total=5)), ("peak", dict(peak=float("nan"))), ("final", dict(final=2.0))):
+        with pytest.raises((ValueError, TypeError), match=name):
+            T.budget_lr(**{"step": 1, "peak": peak, "warmup": warmup, "total": total, **bad})
+
+
 def test_clip_grad_norm_matches_torch():
     torch = pytest.importorskip("torch")
     m = T.Seq2SeqTransformer(cfg(), seed=0)

@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+import transformer as T
 from transformer import cli, train
 from transformer.checkpoint import CHECKPOINT_FILE, load_checkpoint, load_for_inference
 
@@ -56,7 +57,7 @@ def test_builtin_resume_repeats_the_uninterrupted_losses(tmp_path):
 
 def test_data_resume_across_an_epoch_boundary_repeats_the_losses(tmp_path):
     data = write_corpus(tmp_path / "pairs.tsv")
-    base = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL,
+    base = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL, "--schedule", "noam",
             "--vocab-size", "60", "--batch-tokens", "300", "--dev-fraction", "0.1"]
     straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
     done = run_cli(*base, "--max-steps", "14", "--out", straight)
@@ -158,3 +159,66 @@ def test_translate_draws_the_cross_attention_heatmap(tmp_path):
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     assert os.path.getsize(png) > 10_000
+
+
+def lrs(out):
+    with open(os.path.join(out, train.LOG_FILE)) as f:
+        return [json.loads(line)["lr"] for line in f if "lr" in json.loads(line)]
+
+
+def test_interrupted_budget_run_resumes_its_plan_exactly(tmp_path, monkeypatch, capsys):
+    """A run planned for 14 steps, stopped by SIGINT after step 5, resumed with no budget flag:
+    it finishes the same plan with the losses and learning rates of an uninterrupted run."""
+    data = write_corpus(tmp_path / "pairs.tsv")
+    base = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL,
+            "--vocab-size", "60", "--batch-tokens", "300", "--dev-fraction", "0.1", "--max-steps", "14"]
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    assert cli.main([*base, "--out", straight]) == 0
+    plan = load_checkpoint(straight).train_state["schedule"]
+    assert plan == {"name": "budget", "warmup": train.MIN_WARMUP, "total": 14,
+                    "peak": pytest.approx(train.PEAK_LR_FACTOR * 32 ** -0.5), "final": train.FINAL_LR_SHARE}
+    assert lrs(straight) == [pytest.approx(T.budget_lr(s, plan["peak"], plan["warmup"], 14, plan["final"]))
+                             for s in range(1, 15)]
+
+    step = train.Trainer.step
+
+    def interrupted_step(self):
+        result = step(self)
+        if self.state.step == 5:
+            os.kill(os.getpid(), signal.SIGINT)     # what Ctrl-C does: StopFlag saves and stops
+        return result
+
+    monkeypatch.setattr(train.Trainer, "step", interrupted_step)
+    assert cli.main([*base, "--out", split]) == 128 + signal.SIGINT
+    monkeypatch.setattr(train.Trainer, "step", step)
+    assert load_checkpoint(split).train_state["step"] == 5
+    assert cli.main(["train", "--resume", split, "--quiet"]) == 0     # no budget flag: finish the plan
+    assert losses(split) == losses(straight)
+    assert lrs(split) == lrs(straight)
+
+
+def test_minutes_budget_plans_from_a_measured_step_time_and_keeps_the_plan_on_resume(tmp_path, capsys):
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    base = ["--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL, "--vocab-size", "60",
+            "--batch-tokens", "300", "--dev-fraction", "0.1"]
+    assert cli.main(["train", *base, "--minutes", "0.05", "--out", out]) == 0
+    err = capsys.readouterr().err
+    assert "schedule: budget" in err and "s a step measured" in err
+    plan = load_checkpoint(out).train_state["schedule"]
+    assert plan["name"] == "budget" and plan["budget_seconds"] == 3.0
+    assert "replan_at" not in plan, "re-estimated at the end of warm-up"
+    steps = load_checkpoint(out).train_state["step"]
+    assert steps > plan["warmup"]
+    # the step count the plan expected is close to the one the budget allowed
+    assert 0.5 * steps <= plan["total"] <= 2 * steps + 5, (steps, plan)
+    assert cli.main(["train", "--resume", out, "--max-steps", str(steps + 3), "--quiet"]) == 0
+    assert load_checkpoint(out).train_state["schedule"] == plan
+    expected = [T.budget_lr(s, plan["peak"], plan["warmup"], plan["total"], plan["final"])
+                for s in range(1, steps + 4)]
+    assert lrs(out) == pytest.approx(expected)
+
+
+def test_schedule_flags_that_cannot_apply_are_refused(tmp_path):
+    done = run_cli("train", *SMALL, "--max-steps", "1", "--lr", "1e-3", "--out", str(tmp_path / "x"))
+    assert done.returncode != 0 and "--lr" in done.stderr
