@@ -222,3 +222,55 @@ def test_minutes_budget_plans_from_a_measured_step_time_and_keeps_the_plan_on_re
 def test_schedule_flags_that_cannot_apply_are_refused(tmp_path):
     done = run_cli("train", *SMALL, "--max-steps", "1", "--lr", "1e-3", "--out", str(tmp_path / "x"))
     assert done.returncode != 0 and "--lr" in done.stderr
+
+
+def test_average_last_makes_the_saved_model_the_mean_of_the_last_snapshots(tmp_path):
+    from transformer import Seq2SeqTransformer
+    from transformer.checkpoint import list_snapshots
+
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    done = run_cli("train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL, "--vocab-size", "60",
+                   "--batch-tokens", "300", "--dev-fraction", "0.1", "--max-steps", "9", "--average-last", "3",
+                   "--snapshot-every", "2", "--eval-every", "3", "--keep-best", "--out", out)
+    assert done.returncode == 0, done.stderr
+    snapshots = list_snapshots(out)
+    assert [os.path.basename(p) for p in snapshots] == ["step-0000006", "step-0000008", "step-0000009"]
+    weights = [Seq2SeqTransformer.load(p).params.flat.astype(np.float64) for p in snapshots]
+    saved = Seq2SeqTransformer.load(out).params.flat
+    np.testing.assert_allclose(saved, np.mean(weights, axis=0), rtol=1e-6, atol=1e-7)
+    final = load_checkpoint(out).model.params.flat            # the checkpoint keeps the raw weights
+    assert np.array_equal(final, weights[-1].astype(np.float32))
+    assert not np.array_equal(final, saved)
+    assert '"final"' in done.stdout                             # raw and averaged both reported
+    # --keep-best: the model of the lowest periodic dev loss
+    best = load_checkpoint(out).train_state["best_dev_loss"]
+    evals = [json.loads(line) for line in open(os.path.join(out, train.LOG_FILE)) if "dev_loss" in line]
+    assert best == min(e["dev_loss"] for e in evals)
+    assert os.path.exists(os.path.join(out, "best", "model.safetensors"))
+    # transformer average: the same mean from the command line
+    averaged = str(tmp_path / "averaged")
+    for p in snapshots:     # a snapshot holds weights only; give it the run's tokenizers
+        for name in ("src_tokenizer.json", "tgt_tokenizer.json"):
+            with open(os.path.join(out, name)) as src, open(os.path.join(p, name), "w") as dst:
+                dst.write(src.read())
+    assert run_cli("average", *snapshots, "--out", averaged).returncode == 0
+    assert np.array_equal(Seq2SeqTransformer.load(averaged).params.flat, saved)
+
+
+def test_average_refuses_models_of_different_runs(tmp_path):
+    from transformer.checkpoint import average_weights
+
+    a = T.Seq2SeqTransformer(T.ModelConfig(src_vocab_size=10, tgt_vocab_size=10, d_model=8, n_heads=2, d_ff=8,
+                                           n_encoder_layers=1, n_decoder_layers=1), seed=0)
+    b = T.Seq2SeqTransformer(a.cfg.replace(d_ff=16), seed=0)
+    with pytest.raises(ValueError, match="config"):
+        average_weights([a, b])
+    with pytest.raises(ValueError, match="nothing"):
+        average_weights([])
+    twin = T.Seq2SeqTransformer(a.cfg, seed=1)
+    mean = average_weights([a, twin]).params.flat
+    np.testing.assert_allclose(mean, (a.params.flat.astype(np.float64) + twin.params.flat) / 2, rtol=1e-7)
+    for flag in (["--keep-best"], ["--snapshot-every", "2"]):
+        done = run_cli("train", *SMALL, "--max-steps", "1", *flag, "--out", str(tmp_path / "x"))
+        assert done.returncode != 0 and flag[0] in done.stderr

@@ -14,7 +14,10 @@ what `transformer translate --model DIR` reads.
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
+
+import numpy as np
 
 from .config import ModelConfig
 from .model import Seq2SeqTransformer
@@ -122,3 +125,53 @@ def load_for_inference(directory):
     if src.vocab_size > model.cfg.src_vocab_size or tgt.vocab_size > model.cfg.tgt_vocab_size:
         raise ValueError(f"{directory}: tokenizers do not match the model's vocabulary sizes")
     return model, src, tgt
+
+
+def average_weights(models):
+    """The element-wise mean of several models' weights (same config), summed in float64:
+    checkpoint averaging (section 6.1 of the paper averages the last 5 or 20 checkpoints)."""
+    if not models:
+        raise ValueError("models: nothing to average")
+    cfg = models[0].cfg
+    for i, m in enumerate(models[1:], 1):
+        if m.cfg != cfg:
+            raise ValueError(f"models[{i}]: config differs from models[0]'s; only one model's "
+                             "checkpoints can be averaged")
+    total = np.zeros(models[0].params.flat.size, np.float64)
+    for m in models:
+        total += m.params.flat
+    averaged = Seq2SeqTransformer(cfg, seed=models[0].seed)
+    averaged.params.flat[:] = (total / len(models)).astype(np.float32)
+    return averaged
+
+
+def average_model_dirs(directories):
+    """(model, src_tokenizer, tgt_tokenizer): the average of several model directories written by
+    the same training run (same config and tokenizers, else ValueError naming the directory)."""
+    loaded = [load_for_inference(d) for d in directories]
+    if not loaded:
+        raise ValueError("directories: nothing to average")
+    _, src, tgt = loaded[0]
+    for d, (_, s, t) in zip(directories[1:], loaded[1:]):
+        if s.to_json() != src.to_json() or t.to_json() != tgt.to_json():
+            raise ValueError(f"{d}: its tokenizers differ from {directories[0]}'s: not the same run")
+    return average_weights([m for m, _, _ in loaded]), src, tgt
+
+
+SNAPSHOT_DIR = "snapshots"
+
+
+def save_snapshot(directory, step, model, keep):
+    """DIR/snapshots/step-NNNNNNN/model.safetensors (+ config.json), keeping the newest `keep`."""
+    root = os.path.join(directory, SNAPSHOT_DIR)
+    model.save(os.path.join(root, f"step-{step:07d}"))
+    for old in list_snapshots(directory)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def list_snapshots(directory):
+    """Snapshot directories, oldest first."""
+    root = os.path.join(directory, SNAPSHOT_DIR)
+    if not os.path.isdir(root):
+        return []
+    return [os.path.join(root, name) for name in sorted(os.listdir(root)) if name.startswith("step-")]

@@ -201,6 +201,15 @@ def _evaluate(args):
     return 0
 
 
+def _average(args):
+    from .checkpoint import average_model_dirs, save_inference_files
+
+    model, src_tok, tgt_tok = average_model_dirs(args.models)
+    save_inference_files(args.out, model, src_tok, tgt_tok)
+    print(f"averaged {len(args.models)} models into {args.out}", file=sys.stderr)
+    return 0
+
+
 def _info(args):
     import transformer as T
 
@@ -274,6 +283,13 @@ def build_parser():
     train.add_argument("--eval-limit", type=int, default=200, help="dev sentences used by periodic evaluation")
     train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps")
     train.add_argument("--save-minutes", type=float, default=5.0, help="checkpoint every M minutes")
+    train.add_argument("--average-last", type=_positive_int, metavar="K",
+                       help="snapshot the weights every --snapshot-every steps and make the saved model "
+                            "the average of the last K (the checkpoint keeps the raw weights)")
+    train.add_argument("--snapshot-every", type=_positive_int, metavar="N",
+                       help="with --average-last: steps between snapshots (default 2.5%% of the planned steps)")
+    train.add_argument("--keep-best", action="store_true",
+                       help="with --eval-every: also keep the model of the best dev loss in OUT/best")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument("--samples", nargs="*", metavar="TEXT", help="also translate these at the end")
@@ -297,6 +313,11 @@ def build_parser():
     evaluate.add_argument("--limit", type=_positive_int, help="use only the first N pairs")
     evaluate.add_argument("--threads", type=_positive_int)
     evaluate.set_defaults(func=_evaluate)
+
+    average = sub.add_parser("average", help="average the weights of several model directories of one run")
+    average.add_argument("models", nargs="+", metavar="DIR", help="model directories (same config and tokenizers)")
+    average.add_argument("--out", required=True, metavar="DIR", help="where to write the averaged model")
+    average.set_defaults(func=_average)
 
     info = sub.add_parser("info", help="print build_info(): compiler, OpenMP, SIMD level, threads")
     info.set_defaults(func=_info)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _C, datasets
-from .checkpoint import load_checkpoint, save_checkpoint, save_inference_files
+from .checkpoint import (average_weights, list_snapshots, load_checkpoint, save_checkpoint,
+                         save_inference_files, save_snapshot)
 from .config import PRESETS, ModelConfig
 from .data import collate, length_batches, make_example, read_pairs, split_pairs
 from .model import Seq2SeqTransformer
@@ -36,6 +37,7 @@ WARMUP_SHARE = 0.05
 MIN_WARMUP = 10
 PEAK_LR_FACTOR = 0.016
 FINAL_LR_SHARE = 0.1
+SNAPSHOT_SHARE = 0.025   # --average-last: a snapshot every 2.5% of the planned steps
 PROBE_STEPS = 2          # forward/backward passes timed (not trained on) to estimate the step rate
 
 
@@ -273,6 +275,37 @@ class Trainer:
                         self.src_tokenizer, self.tgt_tokenizer, args)
         save_inference_files(self.args.out, self.model, self.src_tokenizer, self.tgt_tokenizer)
 
+    # -- checkpoint averaging and the best model -----------------------------------------------
+    def snapshot_every(self):
+        plan = self.state.schedule
+        if self.args.snapshot_every:
+            return self.args.snapshot_every
+        return max(1, round(SNAPSHOT_SHARE * plan.get("total", plan["warmup"])))
+
+    def write_average(self, stream=None):
+        """The inference model in --out becomes the mean of the last --average-last snapshots (the
+        final weights among them); the checkpoint keeps the raw weights, for --resume."""
+        k = self.args.average_last
+        if self.state.step and not os.path.isdir(os.path.join(self.args.out, "snapshots",
+                                                              f"step-{self.state.step:07d}")):
+            save_snapshot(self.args.out, self.state.step, self.model, keep=k)
+        snapshots = list_snapshots(self.args.out)[-k:]
+        model = average_weights([Seq2SeqTransformer.load(path) for path in snapshots])
+        save_inference_files(self.args.out, model, self.src_tokenizer, self.tgt_tokenizer)
+        _log(f"the model in {self.args.out} is the average of {len(snapshots)} snapshots (steps "
+             + ", ".join(str(int(os.path.basename(p)[5:])) for p in snapshots) + ")", stream)
+        return model
+
+    def keep_if_best(self, metrics):
+        loss = metrics.get("dev_loss")
+        if loss is not None and loss < self.state.best_dev_loss:
+            self.state.best_dev_loss = loss
+            if self.checkpoints:
+                save_inference_files(os.path.join(self.args.out, "best"), self.model, self.src_tokenizer,
+                                     self.tgt_tokenizer)
+            return True
+        return False
+
     # -- the loop -----------------------------------------------------------------------------
     def _truncate_log(self, log):
         """On resume, drop log lines of steps after the checkpoint (they will be redone)."""
@@ -343,10 +376,14 @@ class Trainer:
                         eval_started = time.monotonic()
                         metrics = self.evaluate(limit=args.eval_limit)
                         metrics["seconds"] = round(self.state.seconds, 2)
+                        if args.keep_best:
+                            metrics["best"] = self.keep_if_best(metrics)
                         if deadline is not None:     # periodic evaluation is not training time
                             deadline += time.monotonic() - eval_started
                         bar.write(f"step {self.state.step}: " + json.dumps(_rounded(metrics)))
                         log.write(json.dumps({"step": self.state.step, **metrics}) + "\n")
+                    if args.average_last and self.checkpoints and self.state.step % self.snapshot_every() == 0:
+                        save_snapshot(args.out, self.state.step, self.model, keep=args.average_last)
                     if (args.save_every and self.state.step % args.save_every == 0) or \
                             (args.save_minutes and time.monotonic() - last_save >= 60 * args.save_minutes):
                         self.save()
@@ -368,6 +405,8 @@ class Trainer:
         self.save()
         if self.checkpoints:
             _log(f"saved checkpoint at step {self.state.step} to {args.out}")
+            if args.average_last and status == 0:
+                self.model_for_inference = self.write_average(stream)
         return status
 
 
@@ -444,6 +483,10 @@ def apply_defaults(args):
             args.minutes = 2.0 if not args.data else 10.0
     if args.warmup is None and args.schedule == "noam":
         args.warmup = 300 if not args.data else 4000
+    if args.keep_best and not args.eval_every:
+        raise ValueError("--keep-best keeps the model of the best dev loss: it needs --eval-every N")
+    if args.snapshot_every and not args.average_last:
+        raise ValueError("--snapshot-every only applies with --average-last K")
     if args.lr is not None and args.schedule != "budget":
         raise ValueError("--lr sets the peak of the budget schedule; with --schedule noam use --lr-scale")
 
@@ -556,9 +599,16 @@ def train_on_data(args, engine=None):
     if status:
         return status
     metrics = trainer.evaluate()
+    averaged = getattr(trainer, "model_for_inference", None)
+    if averaged is not None:           # report the raw final weights and the average side by side
+        raw, trainer.model = trainer.model, averaged
+        metrics = {"final": _rounded(metrics), **trainer.evaluate()}
+        trainer.model = raw
     print(json.dumps({"step": trainer.state.step, "seconds": round(trainer.state.seconds, 1),
                       "tokens": trainer.state.tokens, **_rounded(metrics)}))
     samples = [s for s, _ in dev_pairs[:5]] + list(args.samples or [])
+    if averaged is not None:
+        trainer.model = averaged
     for src, hyp in zip(samples, trainer.translate(samples)):
         print(f"  {src}  ->  {hyp}")
     return 0
