@@ -257,6 +257,8 @@ def build_parser():
     train.add_argument("--n-decoder-layers", dest="n_decoder_layers", type=_positive_int)
     train.add_argument("--dropout", type=float)
     train.add_argument("--activation", choices=["relu", "gelu"])
+    train.add_argument("--norm-first", dest="norm_first", action=argparse.BooleanOptionalAction, default=None,
+                       help="layer norm before each sublayer (pre-LN) instead of after it (the paper's post-LN)")
     train.add_argument("--max-steps", type=_positive_int)
     train.add_argument("--minutes", type=float, help="wall-clock budget (default 2 built-in, 10 with --data; "
                        "periodic evaluation is not counted; with --resume: what the interrupted run had left)")
