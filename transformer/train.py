@@ -246,8 +246,8 @@ class Trainer:
         return translate_texts(self.model, self.src_tokenizer, self.tgt_tokenizer, texts, beam=beam,
                                max_len=max_len)
 
-    def evaluate(self, limit=None):
-        """Dev loss and, with sacrebleu, BLEU and chrF of greedy translations."""
+    def evaluate(self, limit=None, beam=1):
+        """Dev loss and, with sacrebleu, BLEU and chrF of greedy (or beam) translations."""
         dev = self.dev[:limit] if limit else self.dev
         if not dev:
             return {}
@@ -263,7 +263,7 @@ class Trainer:
                                        ignore_index=cfg.pad_id)
             total, count = total + loss * n, count + n
         result = {"dev_loss": total / max(count, 1)}
-        hyps = self.translate([s for s, _ in dev])
+        hyps = self.translate([s for s, _ in dev], beam=beam)
         result.update(score_translations(hyps, [t for _, t in dev]))
         return result
 
@@ -540,11 +540,12 @@ def train_builtin(args):
     return 0
 
 
-def train_on_data(args, engine=None):
+def train_on_data(args, engine=None, result=None):
     """Train a translation model on tab-separated sentence pairs.
 
     `engine` (for comparisons) replaces our model: a callable cfg -> (model, optimizer, clip) whose
-    model offers our training interface; it gets exactly the same data, batches and schedule."""
+    model offers our training interface; it gets exactly the same data, batches and schedule.
+    `result`, a dict, receives the final record and the trainer (for benchmarks)."""
     if datasets.is_shortcut(args.data):
         args.data = datasets.resolve(args.data)
     pairs, report = read_pairs(args.data, args.src_col, args.tgt_col)
@@ -605,8 +606,11 @@ def train_on_data(args, engine=None):
         raw, trainer.model = trainer.model, averaged
         metrics = {"final": _rounded(metrics), **trainer.evaluate()}
         trainer.model = raw
-    print(json.dumps({"step": trainer.state.step, "seconds": round(trainer.state.seconds, 1),
-                      "tokens": trainer.state.tokens, **_rounded(metrics)}))
+    record = {"step": trainer.state.step, "seconds": round(trainer.state.seconds, 1),
+              "tokens": trainer.state.tokens, **_rounded(metrics)}
+    print(json.dumps(record))
+    if result is not None:
+        result.update(record=record, trainer=trainer)
     samples = [s for s, _ in dev_pairs[:5]] + list(args.samples or [])
     if averaged is not None:
         trainer.model = averaged

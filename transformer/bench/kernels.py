@@ -14,14 +14,23 @@ FAMILIES = ("gemm", "nn", "elementwise", "loss")
 
 
 def cpu_model():
+    """'AMD EPYC (family 25, model 1)': the name alone does not tell Zen 3, 4 and 5 apart."""
+    fields = {}
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("model name", "cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:
+                    break
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    if "cpu family" in fields and "model" in fields:
+        name += f" (family {fields['cpu family']}, model {fields['model']})"
+    return name
 
 
 def run(threads=(1, 2), families=FAMILIES, stream=None):

@@ -7,7 +7,12 @@ PyTorch model is evaluated by copying its weights into our model and decoding wi
 so BLEU and chrF compare what training reached, nothing else.
 
     python benchmarks/quality.py --engine ours|torch --data FILE --src-col eng --tgt-col hin \\
-        --minutes 10 --threads 2 [--preset small]
+        --minutes 10 --threads 2 [--preset small] [--json RECORDS.jsonl]
+    python benchmarks/quality.py --plot OUT.png RECORDS.jsonl...
+
+Every training flag is `transformer train`'s, with its defaults (the budget schedule, ...): what a
+user gets. The record has the final dev loss, BLEU and chrF (greedy and beam 4) on the held-out
+split, sample translations, and the curve of periodic dev BLEU against training seconds.
 """
 import sys
 
@@ -93,15 +98,76 @@ def torch_engine(seed):
     return make
 
 
+def curve(out_dir):
+    """[(training seconds, step, dev BLEU, chrF, dev loss)] of a run's periodic evaluations."""
+    import json
+    import os
+
+    from ..train import LOG_FILE
+
+    points = []
+    with open(os.path.join(out_dir, LOG_FILE), encoding="utf-8") as f:
+        for line in f:
+            entry = json.loads(line)
+            if "dev_loss" in entry and "seconds" in entry:
+                points.append([entry["seconds"], entry["step"], entry.get("bleu"), entry.get("chrf"),
+                               entry["dev_loss"]])
+    return points
+
+
+def budget(record):
+    return f"{record['minutes']:g} min" if record.get("minutes") else f"{record['steps']} steps"
+
+
+def plot(records, path):
+    """Dev BLEU (periodic, greedy, --eval-limit sentences) against training wall-clock, one line per
+    run: engine, corpus and budget in the legend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    corpora = sorted({r["data"] for r in records})
+    fig, axes = plt.subplots(1, len(corpora), figsize=(6.5 * len(corpora), 4.5), squeeze=False)
+    for ax, corpus in zip(axes[0], corpora):
+        for r in sorted((r for r in records if r["data"] == corpus), key=lambda r: (r["engine"], r["minutes"] or 0)):
+            xs = [p[0] / 60 for p in r["curve"] if p[2] is not None]
+            ys = [p[2] for p in r["curve"] if p[2] is not None]
+            style = "-" if r["engine"] == "ours" else "--"
+            ax.plot(xs, ys, style, marker="o", markersize=3,
+                    label=f"{r['engine']}, {budget(r)} (final greedy BLEU {r['greedy']['bleu']:.1f})")
+        ax.set_title(f"{corpus}: dev BLEU during training ({records[0].get('cpu', '')}, "
+                     f"{records[0].get('threads')} threads)", fontsize=9)
+        ax.set_xlabel("training wall-clock (minutes)")
+        ax.set_ylabel("dev BLEU (greedy)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv=None):
+    import json
+    import os
+
     from .. import cli, train
+    from .kernels import cpu_model
 
     argv = list(sys.argv[1:] if argv is None else argv)
-    engine = "ours"
-    if "--engine" in argv:
-        i = argv.index("--engine")
-        engine = argv[i + 1]
-        del argv[i:i + 2]
+    if "--plot" in argv:      # --plot OUT.png RECORDS.jsonl...: draw committed records, no training
+        i = argv.index("--plot")
+        path, files = argv[i + 1], argv[:i] + argv[i + 2:]
+        records = [json.loads(line) for f in files for line in open(f, encoding="utf-8") if line.strip()]
+        plot([r for r in records if "curve" in r], path)
+        print(f"plot written to {path}", file=sys.stderr)
+        return 0
+    options = {"--engine": "ours", "--json": None}
+    for flag in options:
+        if flag in argv:
+            i = argv.index(flag)
+            options[flag] = argv[i + 1]
+            del argv[i:i + 2]
+    engine = options["--engine"]
     if engine not in ("ours", "torch"):
         raise SystemExit("--engine must be ours or torch")
     args = cli.build_parser().parse_args(["train", *argv])
@@ -115,12 +181,34 @@ def main(argv=None):
             import torch
 
             torch.set_num_threads(args.threads)
+    if not args.eval_every:
+        args.eval_every = 50          # the curve: dev BLEU every 50 steps (not counted as training time)
     train.load_resume(args)
     train.apply_defaults(args)            # the defaults a user gets with --data
     train.prepare_out_dir(args)
     np.seterr(all="ignore")
     print(f"engine: {engine}", file=sys.stderr)
-    return train.train_on_data(args, engine=None if engine == "ours" else torch_engine(args.seed))
+    report = {}
+    status = train.train_on_data(args, engine=None if engine == "ours" else torch_engine(args.seed), result=report)
+    if status:
+        return status
+    trainer = report["trainer"]
+    beam = trainer.evaluate(beam=4)
+    samples = [s for s, _ in trainer.dev[:5]] + ["How are you?", "The king went to the city."]
+    record = {"engine": engine, "data": os.path.basename(args.data), "preset": args.preset, "cpu": cpu_model(),
+              "threads": args.threads, "minutes": args.minutes, "schedule": trainer.state.schedule,
+              "batch_tokens": args.batch_tokens, "vocab": args.vocab_size,
+              "steps": trainer.state.step, "tokens": trainer.state.tokens, "seconds": trainer.state.seconds,
+              "dev_loss": report["record"].get("dev_loss"), "dev_pairs": len(trainer.dev),
+              "greedy": {k: report["record"].get(k) for k in ("bleu", "chrf")},
+              "beam4": {k: beam.get(k) for k in ("bleu", "chrf")},
+              "samples": [f"{s}  ->  {h}" for s, h in zip(samples, trainer.translate(samples, beam=4))],
+              "curve": curve(args.out)}
+    print(json.dumps(record))
+    if options["--json"]:
+        with open(options["--json"], "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    return 0
 
 
 if __name__ == "__main__":
