@@ -182,7 +182,7 @@ void beam_topk_reference(const float *logp, const double *scores, long n, long K
 }
 
 void beam_select(const float *logp, const double *scores, int64_t *n_finished,
-                 long n, long K, long V, int64_t banned, int64_t eos, int last_step,
+                 long n, long K, long V, int64_t banned, int64_t eos, const uint8_t *last_step,
                  int64_t *parents, int64_t *tokens, double *new_scores, uint8_t *done,
                  int64_t *fin_rows, int64_t *fin_tokens, double *fin_scores, int64_t *fin_count)
 {
@@ -206,7 +206,7 @@ void beam_select(const float *logp, const double *scores, int64_t *n_finished,
                 if (!isfinite(score)) break;
                 long beam = (long)(top[i].index / V), token = (long)(top[i].index % V);
                 long row = slot * K + beam;
-                if (token == eos || last_step) {       /* a finished hypothesis */
+                if (token == eos || last_step[slot]) { /* a finished hypothesis */
                     fin_rows[slot * 2 * K + finished] = row;
                     fin_tokens[slot * 2 * K + finished] = token;
                     fin_scores[slot * 2 * K + finished] = score;
@@ -220,8 +220,28 @@ void beam_select(const float *logp, const double *scores, int64_t *n_finished,
                 if (++kept == K) break;
             }
             fin_count[slot] = finished;
-            done[slot] = n_finished[slot] >= K || last_step || kept == 0;
+            done[slot] = n_finished[slot] >= K || last_step[slot] || kept == 0;
         }
         free(top);
+    }
+}
+
+void no_repeat_ngram_ban(float *logits, long n, long V, const int64_t *history, long stride,
+                         const int64_t *rows, long length, long ngram, int64_t keep)
+{
+    /* One thread: n * length * ngram compares is tiny next to the step's GEMMs that made the
+     * logits, and a team would cost more to wake than the loop does. */
+    long prefix = ngram - 1;                   /* what an earlier n-gram must share with the tail */
+    for (long r = 0; r < n; r++) {
+        const int64_t *hyp = history + (rows ? rows[r] : r) * stride;
+        const int64_t *tail = hyp + length - prefix;    /* the last N-1 tokens generated */
+        float *row = logits + r * V;
+        for (long j = 0; j + ngram <= length; j++) {     /* every complete n-gram hyp[j .. j+N) */
+            long i = 0;
+            while (i < prefix && hyp[j + i] == tail[i])
+                i++;
+            if (i == prefix && hyp[j + prefix] != keep)
+                row[hyp[j + prefix]] = -INFINITY;
+        }
     }
 }

@@ -6,8 +6,8 @@
  * float32 log-probability). The kernel keeps the best min(2K, K*V) finite candidates
  * of each slot, best first (ties: the lower beam*V + token first), then walks them in
  * that order the way beam search does: a candidate ending in EOS (or any candidate at
- * the last step) finishes a hypothesis, the others fill the K beams of the next step,
- * until K beams are filled or the slot has K finished hypotheses. Parallel over slots;
+ * its sentence's last step) finishes a hypothesis, the others fill the K beams of the
+ * next step, until K beams are filled or the slot has K finished hypotheses. Parallel over slots;
  * every slot's result depends only on its own rows, so the bits are the same at any
  * thread count, and the SIMD levels compare the same doubles, so they agree too.
  */
@@ -20,17 +20,19 @@
  * scores:      (n, K) double running scores; -inf (or NaN) marks a dead beam, skipped
  * n_finished:  (n) int64 finished hypotheses of each slot so far; incremented here
  * banned:      a token never chosen (EOS before min_len), or -1
- * eos:         the end-of-sentence token; last_step: 1 at the final step
+ * eos:         the end-of-sentence token
+ * last_step:   (n) uint8, 1 where it is the slot's final step (its sentence's length limit):
+ *              every candidate of that slot finishes a hypothesis
  * parents:     (n*K) out: row (slot*K + beam) each new beam extends; slot*K when unfilled
  * tokens:      (n*K) out: each new beam's token; eos when unfilled
  * new_scores:  (n, K) out: each new beam's score; -inf when unfilled
- * done:        (n) out: 1 when the slot has K finished hypotheses, at the last step, or
+ * done:        (n) out: 1 when the slot has K finished hypotheses, at its last step, or
  *              when no beam could be filled
  * fin_rows, fin_tokens: (n, 2K) out: the hypotheses finished at this step, in order
  * fin_scores:  (n, 2K) out: their (unnormalised) scores
  * fin_count:   (n) out: how many of each slot's fin_* entries are set */
 void beam_select(const float *logp, const double *scores, int64_t *n_finished,
-                 long n, long K, long V, int64_t banned, int64_t eos, int last_step,
+                 long n, long K, long V, int64_t banned, int64_t eos, const uint8_t *last_step,
                  int64_t *parents, int64_t *tokens, double *new_scores, uint8_t *done,
                  int64_t *fin_rows, int64_t *fin_tokens, double *fin_scores, int64_t *fin_count);
 
@@ -45,5 +47,19 @@ void beam_topk(const float *logp, const double *scores, long n, long K, long V,
  * taking the best candidate not yet taken; one thread. Same arguments. */
 void beam_topk_reference(const float *logp, const double *scores, long n, long K, long V,
                          int64_t banned, long width, int64_t *top_index, double *top_score);
+
+/* The no-repeat-n-gram guard (fairseq's and Hugging Face's no_repeat_ngram_size): for each
+ * row, every token that would complete an n-gram of length `ngram` already present in the row's
+ * hypothesis gets logit -inf. For each j with hyp[j .. j+N-1) equal to the last N-1 tokens,
+ * hyp[j+N-1] is banned; N = 1 bans every token already generated. One thread, deterministic.
+ * logits:  (n, V) float32 scores of each row's next token, written in place
+ * history: (R, stride) int64 generated tokens, each in [0, V); row r's hypothesis is
+ *          history[rows[r], 0 .. length)
+ * rows:    (n) int64 history row of each logits row, each in [0, R); NULL: row r itself (n <= R)
+ * length:  tokens generated so far, the same for every row (the step), <= stride
+ * ngram:   N >= 1
+ * keep:    a token never banned (EOS, so a hypothesis can always end), or -1 */
+void no_repeat_ngram_ban(float *logits, long n, long V, const int64_t *history, long stride,
+                         const int64_t *rows, long length, long ngram, int64_t keep);
 
 #endif

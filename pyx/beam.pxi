@@ -3,7 +3,7 @@
 cdef extern from "beam.h" nogil:
     void c_beam_select "beam_select"(const float *logp, const double *scores, int64_t *n_finished,
                                      long n, long K, long V, int64_t banned, int64_t eos,
-                                     int last_step, int64_t *parents, int64_t *tokens,
+                                     const uint8_t *last_step, int64_t *parents, int64_t *tokens,
                                      double *new_scores, uint8_t *done, int64_t *fin_rows,
                                      int64_t *fin_tokens, double *fin_scores, int64_t *fin_count)
     void c_beam_topk "beam_topk"(const float *logp, const double *scores, long n, long K, long V,
@@ -12,6 +12,10 @@ cdef extern from "beam.h" nogil:
                                                      long n, long K, long V, int64_t banned,
                                                      long width, int64_t *top_index,
                                                      double *top_score)
+    void c_no_repeat_ngram_ban "no_repeat_ngram_ban"(float *logits, long n, long V,
+                                                     const int64_t *history, long stride,
+                                                     const int64_t *rows, long length, long ngram,
+                                                     int64_t keep)
 
 cdef object _F64 = np.dtype(np.float64)
 cdef object _U8 = np.dtype(np.uint8)
@@ -69,13 +73,14 @@ def beam_select(logp, scores, n_finished, banned, eos, last_step, parents, token
     logp: float32 C-contiguous [n*K, V] log-probabilities (row slot*K + beam); scores: float64
     [n, K] running scores, -inf for a dead beam; n_finished: int64 [n] finished hypotheses per
     slot, incremented in place. banned: a token in [0, V) never chosen (EOS before min_len) or -1;
-    eos: a token in [0, V); last_step: bool. Each slot's candidates score + logp[row, token]
+    eos: a token in [0, V); last_step: a bool for every slot, or bool/uint8 C-contiguous [n], one
+    per slot (each sentence's own length limit). Each slot's candidates score + logp[row, token]
     (float64) are ranked best first (ties: lower beam*V + token first), the best min(2K, K*V)
-    above -inf kept, and walked in order: EOS (or anything at the last step) finishes a
+    above -inf kept, and walked in order: EOS (or anything at the slot's last step) finishes a
     hypothesis, listed in fin_rows / fin_tokens / fin_scores [n, 2K] (fin_count [n] of them per
     slot), until the slot has K finished; the others fill the next step's beams: parents [n*K]
     (the row extended; slot*K when unfilled), tokens [n*K] (eos when unfilled), new_scores [n, K]
-    (-inf when unfilled). done [n] uint8: K finished, last step, or no beam filled. The walk
+    (-inf when unfilled). done [n] uint8: K finished, its last step, or no beam filled. The walk
     stops at a non-finite score. Outputs: int64/float64/uint8 C-contiguous, writeable, exact
     shapes, not overlapping the inputs or each other.
     """
@@ -83,15 +88,20 @@ def beam_select(logp, scores, n_finished, banned, eos, last_step, parents, token
     n, K, V = _beam_inputs(logp, scores)
     cdef int64_t ban = _beam_token(banned, "banned", V, True)
     cdef int64_t end = _beam_token(eos, "eos", V, False)
-    if not isinstance(last_step, (bool, np.bool_)):
-        raise TypeError(f"last_step must be a bool, got {type(last_step).__name__}")
-    cdef int last = 1 if last_step else 0
+    if isinstance(last_step, (bool, np.bool_)):
+        last = np.full(n, 1 if last_step else 0, np.uint8)
+    elif isinstance(last_step, np.ndarray):
+        last = _check_mask(last_step, "last_step", 1)
+        if last.shape[0] != n:
+            raise ValueError(f"last_step must have shape ({n},) (one per slot), got {last_step.shape}")
+    else:
+        raise TypeError(f"last_step must be a bool or a bool array, got {type(last_step).__name__}")
     if isinstance(done, np.ndarray) and done.dtype == np.bool_:
         done = _check_mask(done, "done")
     outputs = [(n_finished, "n_finished"), (parents, "parents"), (tokens, "tokens"),
                (new_scores, "new_scores"), (done, "done"), (fin_rows, "fin_rows"),
                (fin_tokens, "fin_tokens"), (fin_scores, "fin_scores"), (fin_count, "fin_count")]
-    inputs = [(logp, "logp"), (scores, "scores")] + outputs
+    inputs = [(logp, "logp"), (scores, "scores"), (last, "last_step")] + outputs
     _beam_out(parents, "parents", _I64, (n * K,), inputs)
     _beam_out(tokens, "tokens", _I64, (n * K,), inputs)
     _beam_out(new_scores, "new_scores", _F64, (n, K), inputs)
@@ -108,9 +118,10 @@ def beam_select(logp, scores, n_finished, banned, eos, last_step, parents, token
     cdef int64_t[::1] nf = n_finished, pv = parents, tv = tokens, cv = fin_count
     cdef double[:, ::1] nsv = new_scores, fsv = fin_scores
     cdef uint8_t[::1] dv = done
+    cdef const uint8_t[::1] lsv = last
     cdef int64_t[:, ::1] frv = fin_rows, ftv = fin_tokens
     with nogil:
-        c_beam_select(&lv[0, 0], &sv[0, 0], &nf[0], n, K, V, ban, end, last, &pv[0], &tv[0],
+        c_beam_select(&lv[0, 0], &sv[0, 0], &nf[0], n, K, V, ban, end, &lsv[0], &pv[0], &tv[0],
                       &nsv[0, 0], &dv[0], &frv[0, 0], &ftv[0, 0], &fsv[0, 0], &cv[0])
 
 
@@ -145,3 +156,64 @@ def beam_topk(logp, scores, banned, Py_ssize_t width, top_index, top_score, refe
             c_beam_topk_reference(&lv[0, 0], &sv[0, 0], n, K, V, ban, width, &iv[0, 0], &ov[0, 0])
         else:
             c_beam_topk(&lv[0, 0], &sv[0, 0], n, K, V, ban, width, &iv[0, 0], &ov[0, 0])
+
+
+cdef Py_ssize_t _beam_bad_history(const int64_t *history, Py_ssize_t stride, const int64_t *rows,
+                                  Py_ssize_t n, Py_ssize_t length, Py_ssize_t V) noexcept nogil:
+    """Flat position (in history) of the first token outside [0, V) among the rows read, or -1."""
+    cdef Py_ssize_t r, j, row
+    for r in range(n):
+        row = rows[r] if rows != NULL else r
+        for j in range(length):
+            if <uint64_t>history[row * stride + j] >= <uint64_t>V:
+                return row * stride + j
+    return -1
+
+
+def no_repeat_ngram_ban(logits, history, length, ngram, keep=-1, rows=None):
+    """The no-repeat-n-gram guard, in place (csrc/beam.h): for each of the n rows of logits
+    (float32 C-contiguous [n, V], writeable), every token that would complete an n-gram of length
+    `ngram` already in the row's hypothesis is set to -inf (fairseq's / Hugging Face's
+    no_repeat_ngram_size: for each j with hyp[j:j+ngram-1] equal to the last ngram-1 tokens,
+    hyp[j+ngram-1] is banned; ngram 1 bans every token already generated; 0 bans nothing).
+    history: int64 C-contiguous [R, stride]; row r's hypothesis is history[rows[r], :length]
+    (rows: None, meaning row r itself, with n <= R; or int64 C-contiguous [n] in [0, R)), its
+    tokens in [0, V). length: int in [0, stride]; ngram: int >= 0; keep: a token in [0, V) never
+    banned (EOS), or -1. logits must not overlap history or rows. Returns logits."""
+    _check_f32(logits, "logits", 2, True)
+    _check(history, "history", _I64, 2)
+    cdef Py_ssize_t n = logits.shape[0], V = logits.shape[1]
+    cdef Py_ssize_t R = history.shape[0], stride = history.shape[1]
+    for value, name in ((length, "length"), (ngram, "ngram")):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not 0 <= length <= stride:
+        raise ValueError(f"length must be in [0, {stride}] (history's columns), got {length}")
+    if ngram < 0:
+        raise ValueError(f"ngram must be >= 0 (0: nothing banned), got {ngram}")
+    cdef int64_t kept = _beam_token(keep, "keep", max(V, 1), True)
+    cdef long L = length, N = ngram
+    cdef const int64_t *rows_ptr = NULL
+    cdef const int64_t[::1] rows_view
+    if rows is not None:
+        _att_rows(rows, "rows", n, R)
+        _att_apart(logits, "logits", rows, "rows")
+        if n:
+            rows_view = rows
+            rows_ptr = &rows_view[0]
+    elif n > R:
+        raise ValueError(f"history must have at least n = {n} rows (one per logits row), got {R}")
+    _att_apart(logits, "logits", history, "history")
+    if n == 0 or L < N or N == 0:
+        return logits                        # no complete n-gram yet: nothing to ban
+    cdef const int64_t[:, ::1] hv = history
+    cdef Py_ssize_t bad
+    with nogil:
+        bad = _beam_bad_history(&hv[0, 0], stride, rows_ptr, n, L, V)
+    if bad >= 0:
+        raise ValueError(f"history must hold tokens in [0, {V}) (logits' columns), got "
+                         f"{history.reshape(-1)[bad]} at row {bad // stride}, column {bad % stride}")
+    cdef float[:, ::1] lv = logits
+    with nogil:
+        c_no_repeat_ngram_ban(&lv[0, 0], n, V, &hv[0, 0], stride, rows_ptr, L, N, kept)
+    return logits

@@ -222,6 +222,42 @@ def test_select_refuses_read_only_and_overlapping_outputs():
     _C.beam_select(*args)
 
 
+def test_select_takes_each_slots_own_last_step():
+    # A per-slot last_step finishes only those slots' candidates; the others walk as usual. All
+    # slots equal gives the bits of the single bool.
+    for n, K, V in [(1, 1, 2), (3, 2, 15), (4, 4, 17), (5, 3, 64), (7, 2, 101)]:
+        logp, scores = problem(n, K, V, seed=3 * n + V)
+        rng = np.random.default_rng(n + V)
+        n_finished = rng.integers(0, K, size=n).astype(np.int64)
+        last = rng.random(n) < 0.5
+        got = select(logp, scores, n_finished, -1, 1, last)
+        for slot in range(n):
+            one = python_select(logp[slot * K:(slot + 1) * K], scores[slot:slot + 1], n_finished[slot:slot + 1], -1,
+                                1, bool(last[slot]))
+            assert got["n_finished"][slot] == one["n_finished"][0] and got["done"][slot] == one["done"][0]
+            assert np.array_equal(got["parents"][slot * K:(slot + 1) * K] - slot * K, one["parents"])
+            assert np.array_equal(got["tokens"][slot * K:(slot + 1) * K], one["tokens"])
+            assert np.array_equal(got["new_scores"][slot], one["new_scores"][0])
+            c = got["fin_count"][slot]
+            assert [(r - slot * K, tok, sc) for r, tok, sc in zip(got["fin_rows"][slot, :c].tolist(),
+                                                                  got["fin_tokens"][slot, :c].tolist(),
+                                                                  got["fin_scores"][slot, :c].tolist())] \
+                == one["finished"][0]
+        for flag in (False, True):
+            for as_array in (np.full(n, flag), np.full(n, flag, np.uint8)):
+                a, b = select(logp, scores, n_finished, -1, 1, flag), select(logp, scores, n_finished, -1, 1, as_array)
+                assert all(np.array_equal(a[key], b[key]) for key in a)
+
+
+def test_select_bad_last_step_arrays_are_named():
+    args = select_args()
+    for value, error in ((np.zeros(3, bool), ValueError), (np.zeros((2, 1), bool), ValueError),
+                         (np.zeros(2, np.int64), TypeError), ([True, False], TypeError), (None, TypeError)):
+        args[5] = value
+        with pytest.raises(error, match="last_step"):
+            _C.beam_select(*args)
+
+
 def test_topk_bad_arguments_are_named():
     logp, scores = np.zeros((4, 5), np.float32), np.zeros((2, 2))
     index, best = np.empty((2, 3), np.int64), np.empty((2, 3))
@@ -233,6 +269,101 @@ def test_topk_bad_arguments_are_named():
         _C.beam_topk(logp, scores, -1, 3, index, best.astype(np.float32))
     with pytest.raises(ValueError, match="banned"):
         _C.beam_topk(logp, scores, 7, 3, index, best)
+
+
+# -- the no-repeat-n-gram guard ---------------------------------------------------------------------
+
+def python_ngram_ban(logits, history, length, ngram, keep=-1, rows=None):
+    """The rule written out: for each earlier position j whose ngram-1 tokens equal the last
+    ngram-1 tokens of the row's hypothesis, the token after them is banned (except `keep`)."""
+    out = logits.copy()
+    for r in range(logits.shape[0]):
+        hyp = history[r if rows is None else rows[r], :length].tolist()
+        if ngram == 0:
+            continue
+        tail = hyp[length - ngram + 1:] if ngram > 1 else []
+        for j in range(length - ngram + 1):
+            if hyp[j:j + ngram - 1] == tail and hyp[j + ngram - 1] != keep:
+                out[r, hyp[j + ngram - 1]] = NEG
+    return out
+
+
+def repetitive_history(rng, R, stride, V):
+    """Rows of repeated short patterns (so that n-grams recur), some random, some constant."""
+    history = rng.integers(0, V, size=(R, stride))
+    for r in range(R):
+        kind = r % 3
+        if kind == 0:
+            pattern = rng.integers(0, V, size=rng.integers(1, 4))
+            history[r] = np.resize(pattern, stride)
+        elif kind == 1:
+            history[r] = rng.integers(0, min(V, 2), size=stride)     # two tokens: every n-gram recurs
+    return np.ascontiguousarray(history, np.int64)
+
+
+@pytest.mark.parametrize("n, V, stride", [(1, 1, 1), (1, 2, 5), (2, 3, 7), (3, 5, 12), (5, 17, 20), (8, 40, 33)])
+@pytest.mark.parametrize("ngram", [0, 1, 2, 3, 4])
+def test_ngram_ban_matches_the_rule_written_out(n, V, stride, ngram):
+    rng = np.random.default_rng(n * 100 + V + ngram)
+    history = repetitive_history(rng, n + 2, stride, V)
+    logits = rng.standard_normal((n, V)).astype(np.float32)
+    for length in sorted({0, 1, ngram - 1, ngram, ngram + 1, stride // 2, stride} & set(range(stride + 1))):
+        for keep in sorted({-1, 0, V - 1}):
+            for rows in (None, rng.integers(0, n + 2, size=n)):
+                want = python_ngram_ban(logits, history, length, ngram, keep, rows)
+                got = logits.copy()
+                assert _C.no_repeat_ngram_ban(got, history, length, ngram, keep, rows=rows) is got
+                assert np.array_equal(got, want), (length, keep, rows, got, want)
+
+
+def test_ngram_ban_examples():
+    # The first 5 columns are the hypotheses; what lies beyond `length` is never read.
+    history = np.array([[5, 6, 7, 5, 6, 9, 9],     # "5 6" recurs: 7 would repeat "6 7" and "5 6 7"
+                        [4, 4, 4, 4, 4, 9, 9],     # a constant run: 4 is banned for every N <= 5
+                        [3, 4, 3, 4, 3, 9, 9]], np.int64)   # "3 4 3 4 3": 4 is banned for N = 2, 3, 4
+    for ngram in (1, 2, 3, 4):
+        logits = np.zeros((3, 10), np.float32)
+        _C.no_repeat_ngram_ban(logits, history, 5, ngram)
+        banned = [sorted(np.flatnonzero(row == NEG).tolist()) for row in logits]
+        want = {1: [[5, 6, 7], [4], [3, 4]], 2: [[7], [4], [4]], 3: [[7], [4], [4]], 4: [[], [4], [4]]}[ngram]
+        assert banned == want, (ngram, banned)
+    logits = np.zeros((1, 10), np.float32)
+    _C.no_repeat_ngram_ban(logits, history[1:2], 4, 1, keep=4)         # keep is never banned
+    assert np.all(logits == 0)
+    _C.no_repeat_ngram_ban(logits, history, 2, 3)                        # shorter than n: nothing yet
+    assert np.all(logits == 0)
+
+
+def test_ngram_ban_bad_arguments_are_named():
+    logits, history = np.zeros((2, 5), np.float32), np.zeros((3, 4), np.int64)
+    ban = _C.no_repeat_ngram_ban
+    for call, error, match in [
+            (lambda: ban(logits.astype(np.float64), history, 2, 2), TypeError, "logits"),
+            (lambda: ban(logits[:, ::2], history, 2, 2), ValueError, "logits"),
+            (lambda: ban(np.zeros((2, 5), np.float32)[None], history, 2, 2), ValueError, "logits"),
+            (lambda: ban(logits, history.astype(np.int32), 2, 2), TypeError, "history"),
+            (lambda: ban(logits, history[:1], 2, 2), ValueError, "history"),
+            (lambda: ban(logits, history + 5, 2, 2), ValueError, "history"),
+            (lambda: ban(logits, history - 1, 2, 1), ValueError, "history"),
+            (lambda: ban(logits, history, 5, 2), ValueError, "length"),
+            (lambda: ban(logits, history, -1, 2), ValueError, "length"),
+            (lambda: ban(logits, history, 2.0, 2), TypeError, "length"),
+            (lambda: ban(logits, history, 2, -1), ValueError, "ngram"),
+            (lambda: ban(logits, history, 2, 1.5), TypeError, "ngram"),
+            (lambda: ban(logits, history, 2, True), TypeError, "ngram"),
+            (lambda: ban(logits, history, 2, 2, keep=5), ValueError, "keep"),
+            (lambda: ban(logits, history, 2, 2, rows=np.array([0, 3])), ValueError, "rows"),
+            (lambda: ban(logits, history, 2, 2, rows=np.array([0, 1, 2])), ValueError, "rows"),
+            (lambda: ban(logits, history, 2, 2, rows=np.array([0, 1], np.int32)), TypeError, "rows")]:
+        with pytest.raises(error, match=match):
+            call()
+    ro = logits.copy()
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="logits must be writeable"):
+        ban(ro, history, 2, 2)
+    shared = np.zeros(40, np.int64)
+    with pytest.raises(ValueError, match="must not overlap"):
+        ban(shared.view(np.float32)[40:50].reshape(2, 5), shared[10:].reshape(3, 10), 2, 2)
 
 
 # -- attention through row indices ----------------------------------------------------------------
