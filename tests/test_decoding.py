@@ -21,21 +21,60 @@ def padded_source(rng, vocab, lengths):
     return src
 
 
-def recompute_greedy(model, src, steps, min_len=0):
-    """Greedy decoding the slow way: the whole prefix through model.forward at every step."""
+def recompute_greedy(model, src, steps, min_len=0, no_repeat_ngram=0):
+    """Greedy decoding the slow way: the whole prefix through model.forward at every step.
+    steps: one limit for every sentence, or a list of each sentence's own."""
     cfg = model.cfg
+    limits = [steps] * len(src) if isinstance(steps, int) else list(steps)
     ys = np.full((src.shape[0], 1), cfg.bos_id, dtype=np.int64)
-    for t in range(steps):
+    for t in range(max(limits)):
         logits = model.forward(src, ys)[:, -1].astype(np.float64)
         logits[:, [cfg.pad_id, cfg.bos_id]] = -np.inf     # decoding never emits padding or BOS
+        for row in range(len(src)):
+            ban_repeats(logits[row], ys[row].tolist(), no_repeat_ngram, cfg.eos_id)
         if t < min_len:
-            logits[:, cfg.eos_id] = -np.inf
+            forbid_eos(logits, cfg.eos_id, no_repeat_ngram)
         ys = np.concatenate([ys, logits.argmax(1)[:, None]], axis=1)
-    return [T_cut(row[1:], cfg.eos_id) for row in ys.tolist()]
+    return [T_cut(row[1:1 + limit], cfg.eos_id) for row, limit in zip(ys.tolist(), limits)]
 
 
 def T_cut(tokens, eos):
     return tokens[:tokens.index(eos)] if eos in tokens else tokens
+
+
+def banned_ngram_tokens(prefix, n):
+    """Hugging Face's no_repeat_ngram_size rule (NoRepeatNGramLogitsProcessor) on one hypothesis,
+    the start token included as in its generate: the last token of every n-gram whose first n-1
+    tokens equal the hypothesis' last n-1."""
+    if n == 0 or len(prefix) + 1 < n:
+        return set()
+    grams = {}
+    for gram in zip(*[prefix[i:] for i in range(n)]):
+        grams.setdefault(gram[:-1], set()).add(gram[-1])
+    return grams.get(tuple(prefix[len(prefix) - n + 1:]), set())
+
+
+def ban_repeats(scores, prefix, n, eos):
+    """-inf for the tokens banned_ngram_tokens names, EOS excepted (a hypothesis can always end)."""
+    for token in banned_ngram_tokens(prefix, n) - {eos}:
+        scores[token] = -np.inf
+
+
+def forbid_eos(scores, eos, no_repeat_ngram):
+    """EOS -inf before min_len; with no_repeat_ngram, not in a row that has nothing else left."""
+    others = np.delete(scores, eos, axis=1)
+    stuck = ~(others > -np.inf).any(axis=1) if no_repeat_ngram else np.zeros(len(scores), bool)
+    scores[~stuck, eos] = -np.inf
+
+
+def repeats_an_ngram(tokens, n):
+    grams = [tuple(tokens[i:i + n]) for i in range(len(tokens) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def own_limits(model, src, a=2, b=10):
+    """Each sentence's default length limit: min(a * non-pad source tokens + b, the model's max_len)."""
+    return [min(a * int((row != model.cfg.pad_id).sum()) + b, model.cfg.max_len) for row in src]
 
 
 @pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
@@ -47,10 +86,11 @@ def test_cached_greedy_gives_exactly_the_tokens_of_full_recomputation(norm_first
         assert got == recompute_greedy(model, src, 10, min_len)
 
 
-def recompute_beam(model, src_row, K, max_len, length_penalty, min_len=0):
+def recompute_beam(model, src_row, K, max_len, length_penalty, min_len=0, no_repeat_ngram=0):
     """Beam search the slow way for one sentence: every live hypothesis's whole prefix through
     model.forward at every step, log-probabilities in float64, candidates ranked by score then
-    (beam, token); EOS finishes a hypothesis, the sentence is done at K finished or max_len."""
+    (beam, token); EOS finishes a hypothesis, the sentence is done at K finished or max_len.
+    no_repeat_ngram bans each beam's repeats after the log-softmax."""
     cfg = model.cfg
     V, eos = cfg.tgt_vocab_size, cfg.eos_id
     beams = [([], 0.0)]
@@ -60,8 +100,10 @@ def recompute_beam(model, src_row, K, max_len, length_penalty, min_len=0):
         logits = model.forward(np.repeat(src_row[None], len(beams), 0), ys)[:, -1].astype(np.float64)
         logits[:, [cfg.pad_id, cfg.bos_id]] = -np.inf     # never emitted
         logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+        for b, (tokens, _) in enumerate(beams):
+            ban_repeats(logp[b], [cfg.bos_id] + tokens, no_repeat_ngram, eos)
         if t < min_len:
-            logp[:, eos] = -np.inf
+            forbid_eos(logp, eos, no_repeat_ngram)
         ranked = sorted(((score + logp[b, v], b * V + v) for b, (_, score) in enumerate(beams) for v in range(V)),
                         key=lambda c: (-c[0], c[1]))[:min(2 * K, K * V)]
         next_beams = []
@@ -98,6 +140,118 @@ def test_cached_beam_search_gives_the_hypothesis_of_full_recomputation(norm_firs
             for row in range(len(src))]
     print(got, want)
     assert got == want
+
+
+@pytest.mark.parametrize("norm_first, no_repeat_ngram, min_len", [
+    (False, 1, 0), (False, 2, 0), (True, 2, 6), (False, 3, 0), (True, 4, 0), (False, 3, 12)])
+def test_greedy_with_no_repeat_ngram_gives_the_tokens_of_full_recomputation(norm_first, no_repeat_ngram, min_len):
+    # An untrained model repeats itself, so the guard changes the output here.
+    model = make_model(norm_first, seed=3, max_len=24)
+    src = padded_source(np.random.default_rng(1), 40, [9, 5, 7, 1, 8])
+    plain = model.greedy_decode(src, max_len=16, min_len=min_len)
+    assert any(repeats_an_ngram(h, no_repeat_ngram) for h in plain)
+    got = model.greedy_decode(src, max_len=16, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
+    assert got == recompute_greedy(model, src, 16, min_len, no_repeat_ngram)
+    assert not any(repeats_an_ngram(h, no_repeat_ngram) for h in got)
+    assert got != plain
+
+
+@pytest.mark.parametrize("K, no_repeat_ngram, min_len", [(1, 2, 0), (3, 1, 0), (3, 2, 0), (4, 3, 3), (2, 2, 10)])
+def test_beam_search_with_no_repeat_ngram_gives_the_hypothesis_of_full_recomputation(K, no_repeat_ngram, min_len):
+    model = make_model(seed=3)
+    model.params.data["generator.bias"][model.cfg.eos_id] -= 1.0     # long hypotheses: more to repeat
+    src = padded_source(np.random.default_rng(K), 40, [5, 2, 7, 4])
+    plain = model.beam_search(src, beam_size=K, max_len=12, min_len=min_len)
+    got = model.beam_search(src, beam_size=K, max_len=12, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
+    want = [recompute_beam(model, src[row, :max(1, int((src[row] != 0).sum()))], K, 12, 0.6, min_len,
+                           no_repeat_ngram) for row in range(len(src))]
+    print(got, want)
+    assert got == want
+    assert not any(repeats_an_ngram(h, no_repeat_ngram) for h in got)
+    assert got != plain
+
+
+def test_no_repeat_ngram_with_nothing_left_to_say_ends_the_sentence():
+    # Two words and N = 1: after both, every word is banned; before min_len EOS is too, and then
+    # EOS is what remains (never padding or BOS, never a repeat).
+    cfg = T.ModelConfig(src_vocab_size=6, tgt_vocab_size=5, d_model=16, n_heads=2, d_ff=16,
+                        n_encoder_layers=1, n_decoder_layers=1, dropout=0.0, max_len=8)
+    model = T.Seq2SeqTransformer(cfg, seed=7)
+    model.params.data["generator.bias"][:] = [9, 9, -9, 0.0, 0.1]    # pad/BOS favourites, EOS unlikely
+    src = np.array([[3, 4, 5], [5, 3, 0]])
+    for min_len in (0, 5):
+        for hyps in (model.greedy_decode(src, max_len=6, min_len=min_len, no_repeat_ngram=1),
+                     model.beam_search(src, beam_size=3, max_len=6, min_len=min_len, no_repeat_ngram=1)):
+            assert all(len(h) == len(set(h)) and set(h) <= {3, 4} for h in hyps), hyps
+            if min_len:
+                assert [sorted(h) for h in hyps] == [[3, 4], [3, 4]], hyps
+    assert model.greedy_decode(src, max_len=6, min_len=5, no_repeat_ngram=1) == recompute_greedy(model, src, 6, 5, 1)
+
+
+def test_default_max_len_is_each_sentences_own_relative_limit():
+    # An untrained model that never emits EOS runs to each sentence's own limit,
+    # min(2 * source length + 10, max_len): 12, 16, 24 (clamped from 28) and 22 here.
+    model = make_model(seed=2, max_len=24)
+    src = padded_source(np.random.default_rng(3), 40, [1, 3, 9, 6])
+    limits = own_limits(model, src)
+    assert limits == [12, 16, 24, 22]
+    model.params.data["generator.bias"][model.cfg.eos_id] = -50.0
+    greedy = model.greedy_decode(src)
+    assert [len(h) for h in greedy] == limits
+    assert greedy == recompute_greedy(model, src, limits)
+    beam = model.beam_search(src, beam_size=2)
+    assert [len(h) for h in beam] == limits
+    # with EOS possible, each output still equals the reference run with its own limit
+    model.params.data["generator.bias"][model.cfg.eos_id] = 1.5
+    greedy = model.greedy_decode(src)
+    assert greedy == recompute_greedy(model, src, limits)
+    assert all(len(h) <= limit for h, limit in zip(greedy, limits))
+    beam = model.beam_search(src, beam_size=3)
+    assert beam == [recompute_beam(model, src[row, :max(1, int((src[row] != 0).sum()))], 3, limits[row], 0.6)
+                    for row in range(len(src))]
+    assert len(set(len(h) for h in beam)) > 1
+
+
+def test_an_explicit_max_len_is_one_limit_for_every_sentence():
+    model = make_model(seed=2, max_len=24)
+    model.params.data["generator.bias"][model.cfg.eos_id] = -50.0
+    src = padded_source(np.random.default_rng(3), 40, [1, 3, 9, 6])
+    assert [len(h) for h in model.greedy_decode(src, max_len=14)] == [14] * 4
+    assert [len(h) for h in model.beam_search(src, beam_size=2, max_len=100)] == [24] * 4
+    # min_len beyond a sentence's own default limit: that sentence stops at its limit
+    assert [len(h) for h in model.greedy_decode(src, min_len=20)] == [12, 16, 24, 22]
+
+
+def test_default_greedy_decoding_is_comparable_with_pytorch():
+    # The PyTorch reference (transformer/torch_compat.py) decoding greedily with the same
+    # per-sentence limit: each of our tokens is its favourite (up to MARGIN), and each output
+    # ends where it would end: at EOS, or at the sentence's limit.
+    torch = pytest.importorskip("torch")
+    from transformer.torch_compat import to_torch
+
+    MARGIN = 1e-3
+    model = make_model(seed=6, max_len=30)
+    model.params.data["generator.bias"][model.cfg.eos_id] += 0.5     # some end early, one at its limit
+    cfg = model.cfg
+    src = padded_source(np.random.default_rng(8), 40, [2, 7, 4, 10, 1])
+    limits = own_limits(model, src)
+    hyps = model.greedy_decode(src)
+    reference = to_torch(model).eval()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for row, (hyp, limit) in enumerate(zip(hyps, limits)):
+            assert len(hyp) <= limit
+            wanted = hyp + ([cfg.eos_id] if len(hyp) < limit else [])
+            with torch.no_grad():
+                logits = reference(torch.from_numpy(src[row:row + 1]), torch.tensor([[cfg.bos_id] + wanted[:-1]]))
+            logits = logits[0].double().numpy()
+            logits[:, [cfg.pad_id, cfg.bos_id]] = -np.inf
+            for t, token in enumerate(wanted):
+                assert logits[t, token] >= logits[t].max() - MARGIN, (row, t, token, int(logits[t].argmax()))
+    finally:
+        torch.set_num_threads(threads)
+    assert len({len(h) for h in hyps}) > 1 and any(len(h) == limit for h, limit in zip(hyps, limits))
 
 
 def test_batched_decoding_equals_one_sentence_at_a_time():
@@ -184,6 +338,15 @@ def test_returned_cross_attention_is_a_distribution_over_real_source_tokens():
     (lambda m, s: m.greedy_decode(s, max_len=2.5), "max_len"),
     (lambda m, s: m.beam_search(s, beam_size=0), "beam_size"),
     (lambda m, s: m.beam_search(s, length_penalty=-1), "length_penalty"),
+    (lambda m, s: m.greedy_decode(s, no_repeat_ngram=-1), "no_repeat_ngram"),
+    (lambda m, s: m.greedy_decode(s, no_repeat_ngram=1.5), "no_repeat_ngram"),
+    (lambda m, s: m.greedy_decode(s, no_repeat_ngram=True), "no_repeat_ngram"),
+    (lambda m, s: m.greedy_decode(s, no_repeat_ngram=None), "no_repeat_ngram"),
+    (lambda m, s: m.beam_search(s, no_repeat_ngram=-1), "no_repeat_ngram"),
+    (lambda m, s: m.beam_search(s, no_repeat_ngram=1.5), "no_repeat_ngram"),
+    (lambda m, s: m.beam_search(s, no_repeat_ngram=True), "no_repeat_ngram"),
+    (lambda m, s: m.greedy_decode(s, min_len=25), "min_len"),
+    (lambda m, s: m.greedy_decode(s, max_len="5"), "max_len"),
     (lambda m, s: m.greedy_decode(s + 100), "src"),
     (lambda m, s: m.greedy_decode(s.astype(np.float32)), "src"),
     (lambda m, s: m.greedy_decode(s[0]), "src"),

@@ -5,8 +5,9 @@ when generating the next") with a key/value cache per decoder layer.
 The encoder runs once. Each step feeds one new token per row through the decoder:
 self-attention appends that token's key and value to the layer's cache and
 attends over it; cross-attention keys and values are computed once from the
-encoder output. Greedy and beam search are batched, stop per sentence at EOS,
-and drop finished sentences from the batch so later steps cost less.
+encoder output. Greedy and beam search are batched, stop per sentence at EOS or
+at its length limit, and drop finished sentences from the batch so later steps
+cost less.
 
 Every step multiplies a few rows by every decoder weight, so the weights stream
 from memory each step: each call packs them once as the GEMM kernels read them
@@ -20,6 +21,13 @@ import math
 import numpy as np
 
 from . import _C
+
+# The length limit when a call passes max_len=None: per sentence, MAX_LEN_A * (its source's
+# non-pad tokens) + MAX_LEN_B, clamped to the model's max_len; fairseq's --max-len-a/--max-len-b
+# and Marian's --max-length-factor bound the output the same way, so a model that never emits EOS
+# (untrained, or stuck repeating itself) stops at a length that fits its input.
+MAX_LEN_A = 2
+MAX_LEN_B = 10
 
 
 class DecoderCache:
@@ -225,20 +233,53 @@ def _return_workspace(model, workspace):
     model.__dict__["_decoding_workspace"] = workspace
 
 
-def _check_decode_args(model, src, max_len, min_len):
-    """src as int64 ids; max_len clamped to the model's max_len; min_len in [0, max_len]."""
+def _check_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+
+
+def _check_decode_args(model, src, max_len, min_len, no_repeat_ngram):
+    """src as int64 ids; each sentence's length limit (int64 [B]); min_len; no_repeat_ngram.
+
+    An int max_len is one limit for every sentence, clamped to the model's max_len, and min_len
+    must be in [0, that limit]. max_len None gives each sentence its own limit (MAX_LEN_A,
+    MAX_LEN_B above); min_len must then be in [0, the model's max_len], and a sentence whose limit
+    is shorter stops at its limit (min_len is clamped to it)."""
     cfg = model.cfg
     src = model.check_ids(src, "src", cfg.src_vocab_size)
-    for name, value in (("max_len", max_len), ("min_len", min_len)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if max_len < 1:
-        raise ValueError(f"max_len must be >= 1, got {max_len}")
+    if max_len is not None:
+        _check_int(max_len, "max_len")
+    _check_int(min_len, "min_len")
+    _check_int(no_repeat_ngram, "no_repeat_ngram")
     # Positions beyond the model's max_len have no positional encoding: generation stops there.
-    max_len = min(int(max_len), cfg.max_len)
-    if not 0 <= min_len <= max_len:
-        raise ValueError(f"min_len must be in [0, max_len={max_len}], got {min_len}")
-    return src, int(max_len), int(min_len)
+    if max_len is None:
+        source_lengths = (src != cfg.pad_id).sum(axis=1)
+        limits = np.minimum(MAX_LEN_A * source_lengths + MAX_LEN_B, cfg.max_len).astype(np.int64)
+        if not 0 <= min_len <= cfg.max_len:
+            raise ValueError(f"min_len must be in [0, the model's max_len={cfg.max_len}], got {min_len}")
+    else:
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        max_len = min(int(max_len), cfg.max_len)
+        if not 0 <= min_len <= max_len:
+            raise ValueError(f"min_len must be in [0, max_len={max_len}], got {min_len}")
+        limits = np.full(src.shape[0], max_len, np.int64)
+    if no_repeat_ngram < 0:
+        raise ValueError(f"no_repeat_ngram must be >= 0 (0: off), got {no_repeat_ngram}")
+    return src, limits, int(min_len), int(no_repeat_ngram)
+
+
+def _forbid_eos(scores, eos_id, fallback):
+    """EOS gets -inf (before min_len). With `fallback` (no-repeat-n-gram bans in play), a row left
+    with no other allowed token keeps its EOS score: the hypothesis ends short of min_len rather
+    than continuing with a token that was banned."""
+    if not fallback:
+        scores[:, eos_id] = -np.inf
+        return
+    saved = scores[:, eos_id].copy()
+    scores[:, eos_id] = -np.inf
+    stuck = ~(scores > -np.inf).any(axis=1)
+    scores[stuck, eos_id] = saved[stuck]
 
 
 def _strip(tokens, eos_id):
@@ -246,34 +287,45 @@ def _strip(tokens, eos_id):
     return tokens[:tokens.index(eos_id)] if eos_id in tokens else tokens
 
 
-def greedy_decode(model, src, max_len=128, min_len=0, return_attention=False):
-    """Batched greedy decoding. Returns a list of token-id lists (BOS dropped, cut before EOS);
-    at most min(max_len, the model's max_len) tokens each;
-    with return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
-    src, max_len, min_len = _check_decode_args(model, src, max_len, min_len)
+def greedy_decode(model, src, max_len=None, min_len=0, return_attention=False, no_repeat_ngram=0):
+    """Batched greedy decoding. Returns a list of token-id lists (BOS dropped, cut before EOS).
+
+    Each sentence stops at its length limit: min(max_len, the model's max_len) for an int max_len,
+    or with max_len None (the default) min(MAX_LEN_A * its source length + MAX_LEN_B, the model's
+    max_len), its source length being its non-pad tokens. EOS is not chosen before min_len tokens.
+    no_repeat_ngram=N > 0 never completes an n-gram of N tokens already in the hypothesis
+    (Hugging Face's no_repeat_ngram_size; N = 1: no token twice; EOS is never banned, and a row
+    with nothing else left may end before min_len; csrc/beam.h: no_repeat_ngram_ban). The
+    hypothesis is the generated tokens: Hugging Face counts the start token too, which bans the
+    same tokens, since BOS is never generated again.
+    With return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
+    src, limits, min_len, no_repeat_ngram = _check_decode_args(model, src, max_len, min_len, no_repeat_ngram)
     workspace = _lend_workspace(model)
     try:
-        return _greedy_decode(model, src, max_len, min_len, return_attention, workspace)
+        return _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace)
     finally:
         _return_workspace(model, workspace)
 
 
-def _greedy_decode(model, src, max_len, min_len, return_attention, workspace):
+def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace):
     cfg = model.cfg
     B = src.shape[0]
+    steps = int(limits.max())
     memory = model.encode(src)
-    cache = DecoderCache(model, memory, src == cfg.pad_id, 1, max_len, keep_attention=return_attention,
+    cache = DecoderCache(model, memory, src == cfg.pad_id, 1, steps, keep_attention=return_attention,
                          workspace=workspace)
-    out = np.full((B, max_len), cfg.pad_id, dtype=np.int64)
-    lengths = np.full(B, max_len, dtype=np.int64)
-    alive = np.arange(B)                         # row -> sentence
+    out = np.full((B, steps), cfg.pad_id, dtype=np.int64)     # sentence -> its tokens so far
+    lengths = limits.copy()                      # a sentence that never ends stops at its limit
+    alive = np.arange(B, dtype=np.int64)         # row -> sentence
     ids = np.full(B, cfg.bos_id, dtype=np.int64)
     attention = [[] for _ in range(B)]
-    for t in range(max_len):
+    for t in range(steps):
         logits = cache.step(ids, t)
         logits[:, cfg.pad_id] = logits[:, cfg.bos_id] = -np.inf   # never "nothing" or a second start
+        if no_repeat_ngram:
+            _C.no_repeat_ngram_ban(logits, out, t, no_repeat_ngram, cfg.eos_id, rows=alive)
         if t < min_len:
-            logits[:, cfg.eos_id] = -np.inf
+            _forbid_eos(logits, cfg.eos_id, no_repeat_ngram > 0)
         ids = logits.argmax(axis=1).astype(np.int64)
         out[alive, t] = ids
         if return_attention:
@@ -281,9 +333,10 @@ def _greedy_decode(model, src, max_len, min_len, return_attention, workspace):
                 attention[sentence].append(cache.attention[-1][row])
             cache.attention.clear()
         finished = ids == cfg.eos_id
-        if finished.any():
+        stopped = finished | (limits[alive] == t + 1)   # EOS, or the sentence's last step
+        if stopped.any():
             lengths[alive[finished]] = t
-            keep = np.flatnonzero(~finished)
+            keep = np.flatnonzero(~stopped)
             alive, ids = alive[keep], ids[keep]
             if not len(alive):
                 break
@@ -300,33 +353,38 @@ def _length_penalty(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def beam_search(model, src, beam_size=4, max_len=128, length_penalty=0.6, min_len=0):
+def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0):
     """Batched beam search. Returns the best hypothesis per sentence (token-id lists, BOS dropped,
     cut before EOS), ranked by log-probability / ((5 + length) / 6) ** length_penalty.
 
     A hypothesis that emits EOS is finished and kept; a sentence is done once it has beam_size
-    finished hypotheses, or at max_len, where its live beams are finished as they stand.
+    finished hypotheses, or at its length limit (as in greedy_decode: max_len, or with max_len
+    None one relative to its source length), where its live beams are finished as they stand.
     Each step's candidates (every beam times every token, scored by the beam's log-probability
     plus the token's) are ranked best first, ties by beam then token; csrc/beam.c does the ranking
-    and the walk through it, Python only records finished hypotheses.
+    and the walk through it, Python only records finished hypotheses. no_repeat_ngram as in
+    greedy_decode, applied to each beam's own hypothesis after the log-softmax (the banned tokens'
+    probability is not given to the others, as in Hugging Face's beam search).
     """
     if isinstance(beam_size, bool) or not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
         raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) \
             or not math.isfinite(length_penalty) or length_penalty < 0:
         raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty!r}")
-    src, max_len, min_len = _check_decode_args(model, src, max_len, min_len)
+    src, limits, min_len, no_repeat_ngram = _check_decode_args(model, src, max_len, min_len, no_repeat_ngram)
     workspace = _lend_workspace(model)
     try:
-        return _beam_search(model, src, int(beam_size), max_len, float(length_penalty), min_len, workspace)
+        return _beam_search(model, src, int(beam_size), limits, float(length_penalty), min_len, no_repeat_ngram,
+                            workspace)
     finally:
         _return_workspace(model, workspace)
 
 
-def _beam_search(model, src, K, max_len, length_penalty, min_len, workspace):
+def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace):
     cfg = model.cfg
     eos = cfg.eos_id
     B = src.shape[0]
+    max_len = int(limits.max())
     memory = model.encode(src)
     cache = DecoderCache(model, memory, src == cfg.pad_id, K, max_len, workspace=workspace)
 
@@ -335,7 +393,7 @@ def _beam_search(model, src, K, max_len, length_penalty, min_len, workspace):
     scores[:, 0] = 0.0                            # one live beam at first: the others are copies
     n_finished = np.zeros(B, dtype=np.int64)      # len(finished[sentences[slot]]) per slot
     finished = [[] for _ in range(B)]             # (normalised score, tokens)
-    hyps = np.full((B * K, max_len), cfg.pad_id, dtype=np.int64)
+    hyps = np.full((B * K, max_len), cfg.pad_id, dtype=np.int64)   # live row -> its tokens so far
     spare = np.empty_like(hyps)
     ids = np.full(B * K, cfg.bos_id, dtype=np.int64)
     # beam_select's outputs, written every step (the new beams, the hypotheses just finished).
@@ -343,14 +401,22 @@ def _beam_search(model, src, K, max_len, length_penalty, min_len, workspace):
     new_scores, done = np.empty((B, K)), np.empty(B, np.uint8)
     fin_rows, fin_tokens = np.empty((B, 2 * K), np.int64), np.empty((B, 2 * K), np.int64)
     fin_scores, fin_count = np.empty((B, 2 * K)), np.empty(B, np.int64)
+    last_step = np.empty(B, np.uint8)             # per slot: its sentence's final step
     for t in range(max_len):
         nb = len(sentences)
         n = nb * K
         logp = cache.step(ids, t)
         logp[:, cfg.pad_id] = logp[:, cfg.bos_id] = -np.inf       # never "nothing" or a second start
         _C.log_softmax(logp, logp)
-        _C.beam_select(logp, scores[:nb], n_finished[:nb], eos if t < min_len else -1, eos,
-                       t == max_len - 1, parents[:n], tokens[:n], new_scores[:nb], done[:nb],
+        banned = eos if t < min_len else -1
+        if no_repeat_ngram:
+            _C.no_repeat_ngram_ban(logp, hyps, t, no_repeat_ngram, eos)
+            if banned >= 0:                       # EOS stays where nothing else is left
+                _forbid_eos(logp, eos, True)
+                banned = -1
+        last_step[:nb] = limits[sentences] == t + 1
+        _C.beam_select(logp, scores[:nb], n_finished[:nb], banned, eos,
+                       last_step[:nb], parents[:n], tokens[:n], new_scores[:nb], done[:nb],
                        fin_rows[:nb], fin_tokens[:nb], fin_scores[:nb], fin_count[:nb])
         for slot in np.flatnonzero(fin_count[:nb]).tolist():
             hypotheses = finished[sentences[slot]]

@@ -131,21 +131,24 @@ class Seq2SeqTransformer:
                                           _padding_mask(src, self.cfg.pad_id))
             return memory.reshape(B, S, -1).copy()
 
-    def greedy_decode(self, src, max_len=128, min_len=0, return_attention=False):
+    def greedy_decode(self, src, max_len=None, min_len=0, return_attention=False, no_repeat_ngram=0):
         """Greedy decoding with a key/value cache: list of token-id lists (BOS dropped, cut at EOS).
+        max_len None: each sentence's limit is min(2 * its source length + 10, cfg.max_len);
+        no_repeat_ngram N > 0: no n-gram of N tokens twice (decoding.py: greedy_decode).
         With return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
         from .decoding import greedy_decode
         _check_bool(return_attention, "return_attention")
         return greedy_decode(self, src, max_len=max_len, min_len=min_len,
-                             return_attention=bool(return_attention))
+                             return_attention=bool(return_attention), no_repeat_ngram=no_repeat_ngram)
 
-    def beam_search(self, src, beam_size=4, max_len=128, length_penalty=0.6, min_len=0):
-        """Beam search with a key/value cache: the best hypothesis per sentence."""
+    def beam_search(self, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0):
+        """Beam search with a key/value cache: the best hypothesis per sentence (max_len and
+        no_repeat_ngram as in greedy_decode)."""
         from .decoding import beam_search
         if isinstance(length_penalty, np.floating):     # np.float32(0.6) is a number too
             length_penalty = float(length_penalty)
         return beam_search(self, src, beam_size=beam_size, max_len=max_len,
-                           length_penalty=length_penalty, min_len=min_len)
+                           length_penalty=length_penalty, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
 
     def forward(self, src, tgt_in, return_attention=False):
         """Logits float32 [B, T, tgt_vocab] for src [B, S] and the shifted target tgt_in [B, T]
