@@ -192,7 +192,7 @@ def no_repeat_ngram_ban(logits, history, length, ngram, keep=-1, rows=None):
     if ngram < 0:
         raise ValueError(f"ngram must be >= 0 (0: nothing banned), got {ngram}")
     cdef int64_t kept = _beam_token(keep, "keep", max(V, 1), True)
-    cdef long L = length, N = ngram
+    cdef long L = length, N = min(ngram, stride + 1)     # an n-gram longer than history: no bans
     cdef const int64_t *rows_ptr = NULL
     cdef const int64_t[::1] rows_view
     if rows is not None:

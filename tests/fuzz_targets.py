@@ -746,15 +746,40 @@ def prop_model_encode(data):
     run_case(expect, lambda: model.encode(src_in), check)
 
 
-def check_decoded(model, src, hyps, max_len, min_len, greedy):
-    """Every hypothesis is the argmax of forward over its own prefix (up to ties) when `greedy`;
-    always: ids in range, no EOS inside, min_len <= length <= min(max_len, cfg.max_len)."""
+def decode_limits(model, src, max_len):
+    """Each sentence's length limit: min(max_len, cfg.max_len), or with max_len None
+    min(2 * its non-pad source tokens + 10, cfg.max_len)."""
     cfg = model.cfg
-    limit = min(max_len, cfg.max_len)
+    if max_len is None:
+        return [min(2 * int((row != cfg.pad_id).sum()) + 10, cfg.max_len) for row in src]
+    return [min(int(max_len), cfg.max_len)] * src.shape[0]
+
+
+def ngram_banned(hyp, n):
+    """The tokens no_repeat_ngram=n forbids after hyp: the one after every earlier occurrence of
+    hyp's last n-1 tokens."""
+    if n == 0:
+        return set()
+    tail = hyp[len(hyp) - n + 1:] if n > 1 else []
+    return {hyp[j + n - 1] for j in range(len(hyp) - n + 1) if hyp[j:j + n - 1] == tail}
+
+
+def check_decoded(model, src, hyps, max_len, min_len, greedy, no_repeat_ngram=0):
+    """Every hypothesis is the argmax of forward over its own prefix (up to ties) when `greedy`;
+    always: ids in range, no EOS inside, length <= its sentence's limit (decode_limits), and
+    >= min_len unless that limit is shorter or (with no_repeat_ngram) every word was banned;
+    with no_repeat_ngram=n, no n-gram twice."""
+    cfg = model.cfg
+    words = set(range(cfg.tgt_vocab_size)) - {cfg.pad_id, cfg.bos_id, cfg.eos_id}
     assert len(hyps) == src.shape[0]
-    for row, hyp in enumerate(hyps):
+    for row, (hyp, limit) in enumerate(zip(hyps, decode_limits(model, src, max_len))):
         assert all(isinstance(t, int) and 0 <= t < cfg.tgt_vocab_size for t in hyp), hyp
-        assert cfg.eos_id not in hyp and min_len <= len(hyp) <= limit, (hyp, min_len, limit)
+        stuck = no_repeat_ngram > 0 and words <= ngram_banned(hyp, no_repeat_ngram)
+        assert cfg.eos_id not in hyp and len(hyp) <= limit, (hyp, limit)
+        assert min(min_len, limit) <= len(hyp) or stuck, (hyp, min_len, limit)
+        if no_repeat_ngram:
+            grams = [tuple(hyp[i:i + no_repeat_ngram]) for i in range(len(hyp) - no_repeat_ngram + 1)]
+            assert len(grams) == len(set(grams)), (hyp, no_repeat_ngram)
         if not greedy:
             continue
         tgt_in = np.array([[cfg.bos_id] + hyp], np.int64)[:, :cfg.max_len]
@@ -767,14 +792,17 @@ def check_decoded(model, src, hyps, max_len, min_len, greedy):
                 break
             scores = logits[t].copy()
             scores[cfg.pad_id] = scores[cfg.bos_id] = -np.inf     # decoding never emits them
-            if t < min_len:
-                scores[cfg.eos_id] = -np.inf
+            for token in ngram_banned(hyp[:t], no_repeat_ngram) - {cfg.eos_id}:
+                scores[token] = -np.inf
+            if t < min_len and (no_repeat_ngram == 0 or np.delete(scores, cfg.eos_id).max() > -np.inf):
+                scores[cfg.eos_id] = -np.inf                       # EOS stays when nothing else does
             assert scores[want] >= scores.max() - MARGIN, \
                 f"row {row} step {t}: decoded {want} but forward prefers {int(scores.argmax())} by " \
                 f"{scores.max() - scores[want]:.3e}"
 
 
-DECODE_FAULTS = ["src", "max_len_zero", "max_len_type", "min_len_big", "min_len_neg", "min_len_type"]
+DECODE_FAULTS = ["src", "max_len_zero", "max_len_type", "min_len_big", "min_len_neg", "min_len_type",
+                 "ngram_neg", "ngram_type"]
 
 
 def decode_args(draw, rng, model):
@@ -783,10 +811,13 @@ def decode_args(draw, rng, model):
     src = ids(rng, B, S, cfg.src_vocab_size, cfg.pad_id)
     if chance(draw, 0.1):
         src[0] = cfg.pad_id                         # a sentence that is all padding
-    max_len = draw(st.sampled_from([1, 2, 3, 6, cfg.max_len, cfg.max_len + 5, np.int64(4)]))
+    max_len = draw(st.sampled_from([1, 2, 3, 6, cfg.max_len, cfg.max_len + 5, np.int64(4), None]))
+    ceiling = cfg.max_len if max_len is None else min(int(max_len), cfg.max_len)   # min_len's bound
     min_len = draw(st.sampled_from([0, 0, 0, 1, 2]))
-    min_len = min(min_len, min(int(max_len), cfg.max_len))
+    min_len = min(min_len, ceiling)
     kwargs = {"max_len": max_len, "min_len": min_len}
+    if chance(draw, 0.4):
+        kwargs["no_repeat_ngram"] = draw(st.sampled_from([0, 1, 2, 3, np.int64(2)]))
     fault = fault_or_none(draw, DECODE_FAULTS, p_valid=0.6)
     src_in, expect = src, OK
     if fault == "src":
@@ -796,13 +827,18 @@ def decode_args(draw, rng, model):
     elif fault == "max_len_zero":
         kwargs["max_len"], expect = draw(st.sampled_from([0, -1])), Expect("max_len")
     elif fault == "max_len_type":
-        kwargs["max_len"], expect = draw(st.sampled_from([3.0, "3", None, True])), Expect("max_len", (TypeError,))
+        kwargs["max_len"], expect = draw(st.sampled_from([3.0, "3", True])), Expect("max_len", (TypeError,))
     elif fault == "min_len_big":
-        kwargs["min_len"], expect = min(int(max_len), cfg.max_len) + 1, Expect("min_len")
+        kwargs["min_len"], expect = ceiling + 1, Expect("min_len")
     elif fault == "min_len_neg":
         kwargs["min_len"], expect = -1, Expect("min_len")
     elif fault == "min_len_type":
         kwargs["min_len"], expect = draw(st.sampled_from([1.0, "1", None, False])), Expect("min_len", (TypeError,))
+    elif fault == "ngram_neg":
+        kwargs["no_repeat_ngram"], expect = draw(st.sampled_from([-1, -3])), Expect("no_repeat_ngram")
+    elif fault == "ngram_type":
+        kwargs["no_repeat_ngram"], expect = draw(st.sampled_from([1.5, "2", None, True])), \
+            Expect("no_repeat_ngram", (TypeError,))
     return src, src_in, kwargs, expect
 
 
@@ -821,15 +857,17 @@ def prop_greedy_decode(data):
 
     def check(result):
         hyps, probs = result if attention else (result, None)
-        check_decoded(model, src, hyps, int(kwargs["max_len"]), kwargs["min_len"], greedy=True)
+        ngram = int(kwargs.get("no_repeat_ngram", 0))
+        check_decoded(model, src, hyps, kwargs["max_len"], kwargs["min_len"], greedy=True, no_repeat_ngram=ngram)
         if probs is not None:
             S = src.shape[1]
             for hyp, p, row in zip(hyps, probs, src):
                 assert p.shape[1:] == (model.cfg.n_heads, S) and p.shape[0] in (len(hyp), len(hyp) + 1)
                 assert np.all(p[..., row == model.cfg.pad_id] == 0)
         # beam search with one beam is greedy decoding
-        beam = model.beam_search(src, beam_size=1, max_len=kwargs["max_len"], min_len=kwargs["min_len"])
-        check_decoded(model, src, beam, int(kwargs["max_len"]), kwargs["min_len"], greedy=True)
+        beam = model.beam_search(src, beam_size=1, max_len=kwargs["max_len"], min_len=kwargs["min_len"],
+                                 no_repeat_ngram=ngram)
+        check_decoded(model, src, beam, kwargs["max_len"], kwargs["min_len"], greedy=True, no_repeat_ngram=ngram)
 
     run_case(expect, lambda: model.greedy_decode(src_in, **kwargs), check)
 
@@ -855,8 +893,8 @@ def prop_beam_search(data):
             kwargs["length_penalty"], expect = draw(st.sampled_from(["0.6", None, True])), Expect("length_penalty")
 
     def check(hyps):
-        check_decoded(model, src, hyps, int(kwargs["max_len"]), kwargs["min_len"],
-                      greedy=int(kwargs["beam_size"]) == 1)
+        check_decoded(model, src, hyps, kwargs["max_len"], kwargs["min_len"],
+                      greedy=int(kwargs["beam_size"]) == 1, no_repeat_ngram=int(kwargs.get("no_repeat_ngram", 0)))
 
     run_case(expect, lambda: model.beam_search(src_in, **kwargs), check)
 
@@ -1533,6 +1571,12 @@ def door_cases(rng):
         cases["beam_topk"] = (_C.beam_topk, lambda a: (
             [a.array(_f(rng, N * 2, V)), a.array(rng.standard_normal((N, 2))), int(rng.integers(-1, V)), width,
              a.array(np.zeros((N, width), np.int64)), a.array(np.zeros((N, width)))], {}))
+    if hasattr(_C, "no_repeat_ngram_ban"):
+        length = int(rng.integers(0, Tmax + 1))
+        cases["no_repeat_ngram_ban"] = (_C.no_repeat_ngram_ban, lambda a: (
+            [a.array(_f(rng, N, V)), a.array(rng.integers(0, min(V, 3), size=(R, Tmax)).astype(np.int64)), length,
+             int(rng.integers(0, 4))],
+            {"keep": int(rng.integers(-1, V)), "rows": a.array(rng.integers(0, max(R, 1), size=N).astype(np.int64))}))
     return cases
 
 
@@ -1545,7 +1589,8 @@ OUTPUTS = {"gemm": {2}, "gemm_reference": {2}, "softmax_forward": {1}, "softmax_
            "dropout_forward": {1}, "dropout_backward": {1}, "dropout_add_forward": {2},
            "cross_entropy": {"dlogits"}, "log_softmax": {1}, "adam_step": {0, 2, 3}, "scale_": {0}, "zero_": {0},
            "attention_decode": {4, "probs"}, "attention_decode_rows": {4, "probs"},
-           "attention_cache_store": {1}, "beam_topk": {4, 5}, "gemm_pack_b": set(), "gemm_packed": {2}}
+           "attention_cache_store": {1}, "beam_topk": {4, 5}, "gemm_pack_b": set(), "gemm_packed": {2},
+           "no_repeat_ngram_ban": {0}}
 
 
 ARRAY_MUTATIONS = ("dtype", "rank_up", "rank_down", "shape_up", "shape_down", "strided", "reversed",

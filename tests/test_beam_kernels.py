@@ -330,7 +330,8 @@ def test_ngram_ban_examples():
     logits = np.zeros((1, 10), np.float32)
     _C.no_repeat_ngram_ban(logits, history[1:2], 4, 1, keep=4)         # keep is never banned
     assert np.all(logits == 0)
-    _C.no_repeat_ngram_ban(logits, history, 2, 3)                        # shorter than n: nothing yet
+    _C.no_repeat_ngram_ban(logits, history[:1], 2, 3)                    # shorter than n: nothing yet
+    _C.no_repeat_ngram_ban(logits, history[:1], 5, 2**70)                # longer than any history
     assert np.all(logits == 0)
 
 
