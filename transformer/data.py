@@ -34,6 +34,14 @@ class ReadReport:
         return f"{self.path}: {self.kept} pairs; skipped {parts}"
 
 
+class ColumnError(ValueError):
+    """A column that the file does not have; `argument` is "src_col" or "tgt_col"."""
+
+    def __init__(self, message, argument):
+        super().__init__(message)
+        self.argument = argument
+
+
 def _open_lines(path):
     """Raw byte lines of a plain or gzip'd file (gzip detected by its magic, not its name)."""
     if not os.path.exists(path):
@@ -62,15 +70,16 @@ def _check_column(spec, name):
     return spec
 
 
-def _resolve_column(spec, header, path):
+def _resolve_column(spec, header, path, argument):
     if isinstance(spec, (int, np.integer)):
         return int(spec)
     if spec.isascii() and spec.isdigit():
         return int(spec)
     if header is None:
-        raise ValueError(f"{path}: column {spec!r} given by name, but the file has no header line")
+        raise ColumnError(f"{path}: column {spec!r} given by name, but the file has no header line "
+                          "(give a 0-based index)", argument)
     if spec not in header:
-        raise ValueError(f"{path}: no column named {spec!r}; the header has {header}")
+        raise ColumnError(f"{path}: no column named {spec!r} (columns: {', '.join(header)})", argument)
     return header.index(spec)
 
 
@@ -80,8 +89,9 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None):
     Columns are names from the header line or 0-based indexes. The first line is a header when
     every field is a short identifier ("eng", "hin", "attribution"); it is skipped either way.
     Lines with too few columns, invalid UTF-8 or an empty side are skipped and counted in the
-    returned ReadReport. Returns (pairs, report). Raises FileNotFoundError for a missing file and
-    ValueError when nothing usable is left.
+    returned ReadReport. Returns (pairs, report). Raises FileNotFoundError for a missing file,
+    ColumnError (a ValueError) for a column the file does not have, and ValueError when nothing
+    usable is left.
     """
     try:
         path = os.fspath(path)
@@ -111,10 +121,10 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None):
             if len(fields) >= 2 and all(_HEADER_FIELD.match(f) for f in fields):
                 header = fields
         if src_index is None:
-            src_index = _resolve_column(src_col, header, path)
-            tgt_index = _resolve_column(tgt_col, header, path)
+            src_index = _resolve_column(src_col, header, path, "src_col")
+            tgt_index = _resolve_column(tgt_col, header, path, "tgt_col")
             if src_index == tgt_index:
-                raise ValueError(f"{path}: source and target columns are the same ({src_col!r})")
+                raise ColumnError(f"{path}: source and target columns are the same ({src_col!r})", "tgt_col")
             if header is not None:
                 continue
         if not line.strip():
