@@ -1,8 +1,24 @@
 """The `transformer` command line."""
 import argparse
+import importlib.util
 import json
+import math
 import os
 import sys
+
+from .errors import FlagError, blame, describe
+
+# train's defaults for the flags whose parser default is None, so that a flag given can be told from
+# one left out (a resumed run refuses one that contradicts its checkpoint; a flag the run would not
+# read is refused): train.apply_defaults fills them in.
+TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "seed": 0, "batch_size": 64,
+                  "batch_tokens": 4096, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,
+                  "vocab_size": 8000, "max_sentence_tokens": 128, "dev_fraction": 0.05, "dev_max": 500,
+                  "eval_limit": 200}
+BENCH_DEFAULTS = {"config": "tiny,base", "families": "gemm,nn,elementwise,loss"}
+# What each --what reads besides --threads and --json; these flags given to another are refused.
+BENCH_FLAGS = {"kernels": ("families", "against"), "train": ("config", "against"), "profile": ("config",),
+               "decode": ("config", "against"), "masking": (), "all": ("config", "against", "plot")}
 
 
 def _threads(text):
@@ -33,7 +49,7 @@ def _against(args):
         import torch  # noqa: F401
     except ImportError:
         if args.against == "torch":
-            print("transformer bench: --against torch needs PyTorch (pip install torch); "
+            print("transformer bench: warning: --against torch needs PyTorch (pip install torch); "
                   "measuring ours alone", file=sys.stderr)
         return None
     return "torch"
@@ -44,12 +60,41 @@ def _configs(args):
     from .bench import train
 
     if "=" in args.config:
-        return [train.custom_config(args.config)]
+        try:
+            return [train.custom_config(args.config)]
+        except ValueError as exc:
+            raise FlagError(str(exc)) from None
     names = [n.strip() for n in args.config.split(",") if n.strip()]
     unknown = [n for n in names if n not in train.CONFIGS or n == "custom"]
     if not names or unknown:
-        raise ValueError(f"--config: expected tiny, base, tiny,base or KEY=INT,..., got {args.config!r}")
+        raise FlagError(f"--config: expected tiny, base, tiny,base or KEY=INT,..., got {args.config!r}")
     return names
+
+
+def _check_output(flag, path, needs=None):
+    """Refuse, before any work, an output file that cannot be written (or drawn)."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FlagError(f"{flag} {path}: there is no folder {folder} to write it in")
+    if os.path.isdir(path):
+        raise FlagError(f"{flag} {path}: a folder, not a file")
+    if needs and importlib.util.find_spec(needs) is None:
+        raise FlagError(f"{flag} needs {needs} (pip install {needs})")
+
+
+def _check_bench_flags(args):
+    """A flag the chosen --what would not read is refused, not silently ignored."""
+    for key in ("config", "against", "families", "plot"):
+        if getattr(args, key) is not None and key not in BENCH_FLAGS[args.what]:
+            readers = " or ".join(what for what, keys in BENCH_FLAGS.items() if key in keys)
+            raise FlagError(f"--{key} does not apply to --what {args.what}, only to --what {readers}")
+    for key, value in BENCH_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    _check_output("--json", args.json)
+    _check_output("--plot", args.plot, needs="matplotlib")
 
 
 def _emit(records, args):
@@ -62,18 +107,14 @@ def _emit(records, args):
 def _bench(args):
     from .bench import kernels
 
+    _check_bench_flags(args)
     if args.threads is None:
         args.threads = _default_threads()
-    try:
-        configs = _configs(args)
-    except ValueError as e:
-        print(f"transformer bench: {e}", file=sys.stderr)
-        return 2
+    configs = _configs(args)
     against = _against(args)
     if args.what == "kernels" and against is None:
-        print("transformer bench: --what kernels compares with PyTorch and numpy; it needs torch "
-              "(--what train, profile, decode, masking and all run without it)", file=sys.stderr)
-        return 2
+        raise FlagError("--what kernels compares with PyTorch and numpy: it needs torch "
+                        "(--what train, profile, decode, masking and all run without it)")
     if args.what == "all":
         from .bench import scaling
 
@@ -116,10 +157,8 @@ def _bench(args):
         return 0
     families = [f for f in args.families.split(",") if f]
     unknown = sorted(set(families) - set(kernels.FAMILIES))
-    if unknown:
-        print(f"transformer bench: unknown --families {unknown}; choose from {list(kernels.FAMILIES)}",
-              file=sys.stderr)
-        return 2
+    if unknown or not families:
+        raise FlagError(f"--families {args.families}: unknown {unknown}; choose from {list(kernels.FAMILIES)}")
     records = kernels.run(threads=args.threads, families=families, stream=sys.stdout)
     if args.json:
         with open(args.json, "w") as f:
@@ -129,10 +168,52 @@ def _bench(args):
     return 0
 
 
+def _integer(text, minimum):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+    return value
+
+
 def _positive_int(text):
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return _integer(text, 1)
+
+
+def _non_negative_int(text):
+    return _integer(text, 0)
+
+
+def _real(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _positive_float(text):
+    value = _real(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text):
+    value = _real(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _fraction(text):
+    value = _real(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
     return value
 
 
@@ -147,9 +228,16 @@ def _train(args):
     from . import train
 
     _apply_threads(args)
-    train.load_resume(args)
+    with blame("--resume", args.resume):
+        if args.resume and not os.path.exists(args.resume):
+            raise FileNotFoundError("no such directory")
+        if args.resume and os.path.isdir(args.resume) and not os.path.exists(
+                os.path.join(args.resume, "checkpoint.safetensors")):
+            raise FileNotFoundError("no checkpoint.safetensors in it: not the --out of a training run")
+        train.load_resume(args)
     train.apply_defaults(args)
-    train.prepare_out_dir(args)
+    with blame("--out", args.out):
+        train.prepare_out_dir(args)
     if args.data:
         return train.train_on_data(args)
     return train.train_builtin(args)
@@ -158,43 +246,66 @@ def _train(args):
 def _read_texts(texts):
     if texts:
         return list(texts)
-    return [line.rstrip("\n") for line in sys.stdin]
+    with blame("standard input"):
+        return [line.rstrip("\n") for line in sys.stdin]
+
+
+def _load_model(directory):
+    from .checkpoint import load_for_inference
+
+    with blame("--model", directory):
+        if os.path.isdir(directory) and not os.path.exists(os.path.join(directory, "config.json")):
+            raise FileNotFoundError("no config.json in it: not the --out of a training run")
+        return load_for_inference(directory)
 
 
 def _translate(args):
-    from .checkpoint import load_for_inference
     from .train import translate_texts
 
     _apply_threads(args)
-    model, src_tok, tgt_tok = load_for_inference(args.model)
+    _check_output("--attention", args.attention, needs="matplotlib")
+    model, src_tok, tgt_tok = _load_model(args.model)
     texts = _read_texts(args.text)
-    for line in translate_texts(model, src_tok, tgt_tok, texts, beam=args.beam, max_len=args.max_len):
+    if args.attention and not (texts and texts[0].strip()):
+        raise FlagError("--attention draws the first sentence, and there is none")
+    where = "argument" if args.text else "line"
+
+    def warn(index, subwords, pieces):
+        print(f"transformer translate: warning: {where} {index + 1} has {subwords} subwords, more than the "
+              f"model's {model.cfg.max_len} positions: translated in {pieces} pieces", file=sys.stderr)
+
+    for line in translate_texts(model, src_tok, tgt_tok, texts, beam=args.beam, max_len=args.max_len,
+                                on_split=warn):
         print(line)
     if args.attention:
         from .plot import plot_cross_attention
 
-        if not texts:
-            print("transformer translate: --attention needs at least one sentence", file=sys.stderr)
-            return 2
-        plot_cross_attention(model, src_tok, tgt_tok, texts[0], args.attention)
+        with blame("--attention", args.attention):
+            plot_cross_attention(model, src_tok, tgt_tok, texts[0], args.attention)
         print(f"cross-attention of {texts[0]!r} drawn in {args.attention}", file=sys.stderr)
     return 0
 
 
 def _evaluate(args):
-    from .checkpoint import load_for_inference
     from .data import read_pairs
     from .train import score_translations, translate_texts
 
     _apply_threads(args)
     from . import datasets
 
-    model, src_tok, tgt_tok = load_for_inference(args.model)
-    if datasets.is_shortcut(args.data):
-        args.data = datasets.resolve(args.data)
-    pairs, report = read_pairs(args.data, args.src_col, args.tgt_col, max_pairs=args.limit)
+    model, src_tok, tgt_tok = _load_model(args.model)
+    with blame("--data", args.data):
+        if datasets.is_shortcut(args.data):
+            args.data = datasets.resolve(args.data)
+        pairs, report = read_pairs(args.data, args.src_col, args.tgt_col, max_pairs=args.limit)
     print(report.summary(), file=sys.stderr)
-    hyps = translate_texts(model, src_tok, tgt_tok, [s for s, _ in pairs], beam=args.beam)
+    split = []
+    hyps = translate_texts(model, src_tok, tgt_tok, [s for s, _ in pairs], beam=args.beam,
+                           on_split=lambda index, subwords, pieces: split.append(index))
+    if split:
+        print(f"transformer evaluate: warning: {len(split)} source sentences (the first: pair {split[0] + 1}) "
+              f"have more subwords than the model's {model.cfg.max_len} positions: translated in pieces",
+              file=sys.stderr)
     scores = score_translations(hyps, [t for _, t in pairs])
     print(json.dumps({"pairs": len(pairs), "beam": args.beam,
                       **{k: round(v, 2) for k, v in scores.items()}}))
@@ -204,8 +315,10 @@ def _evaluate(args):
 def _average(args):
     from .checkpoint import average_model_dirs, save_inference_files
 
-    model, src_tok, tgt_tok = average_model_dirs(args.models)
-    save_inference_files(args.out, model, src_tok, tgt_tok)
+    with blame():
+        model, src_tok, tgt_tok = average_model_dirs(args.models)
+    with blame("--out", args.out):
+        save_inference_files(args.out, model, src_tok, tgt_tok)
     print(f"averaged {len(args.models)} models into {args.out}", file=sys.stderr)
     return 0
 
@@ -217,8 +330,22 @@ def _info(args):
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line, `transformer train: error: argument --threads: ...` (exit status 2);
+    only the top level, whose usage is one line, shows it too."""
+    usage_on_error = False
+
+    def error(self, message):
+        if self.usage_on_error:
+            self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser():
-    parser = argparse.ArgumentParser(prog="transformer", description=__doc__)
+    parser = _Parser(prog="transformer", description=__doc__)
+    parser.usage_on_error = True
+    parser.add_argument("--debug", action="store_true",
+                        help="show the Python traceback of a failure (a user's mistake is one line without it)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     bench = sub.add_parser("bench", help="benchmark our kernels against numpy/PyTorch")
@@ -231,13 +358,15 @@ def build_parser():
                             "and decoding")
     bench.add_argument("--threads", type=_threads, default=None,
                        help="e.g. 1,2,4 (default: 1, 2, 4, ... up to the cores present)")
-    bench.add_argument("--config", default="tiny,base",
+    bench.add_argument("--config",
                        help="tiny, base, tiny,base, or custom sizes for train/profile/decode/all: "
-                            "d_model=256,n_heads=4,d_ff=1024,layers=3[,vocab=8000,batch=16,length=48]")
-    bench.add_argument("--against", default="torch", choices=["torch", "none"],
-                       help="reference measured in the same run (torch: when installed)")
-    bench.add_argument("--families", default="gemm,nn,elementwise,loss",
-                       help="kernel families to run (comma-separated)")
+                            "d_model=256,n_heads=4,d_ff=1024,layers=3[,vocab=8000,batch=16,length=48] "
+                            f"(default {BENCH_DEFAULTS['config']})")
+    bench.add_argument("--against", choices=["torch", "none"],
+                       help="reference measured in the same run by kernels/train/decode/all (default torch, "
+                            "when installed)")
+    bench.add_argument("--families",
+                       help=f"with --what kernels: kernel families to run (default {BENCH_DEFAULTS['families']})")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON lines to FILE")
     bench.add_argument("--plot", metavar="FILE.png", help="with --what all: draw throughput and efficiency")
     bench.set_defaults(func=_bench)
@@ -245,27 +374,28 @@ def build_parser():
     train = sub.add_parser("train", help="train a translation model (no --data: the built-in task)")
     train.add_argument("--data", help="tab-separated sentence pairs (.tsv or .tsv.gz), or tatoeba:SRC-TGT "
                        "(e.g. tatoeba:eng-hin, downloaded once into a cache)")
-    train.add_argument("--src-col", default="0", help="source column: header name or 0-based index")
-    train.add_argument("--tgt-col", default="1", help="target column: header name or 0-based index")
+    train.add_argument("--src-col", help="source column: header name or 0-based index (default 0)")
+    train.add_argument("--tgt-col", help="target column: header name or 0-based index (default 1)")
     train.add_argument("--out", help="output directory for checkpoints and the model")
     train.add_argument("--resume", metavar="DIR", help="continue the run whose checkpoint is in DIR")
-    train.add_argument("--preset", default="tiny", choices=["tiny", "small", "base"])
+    train.add_argument("--preset", choices=["tiny", "small", "base"], help="model sizes (default tiny)")
     train.add_argument("--d-model", dest="d_model", type=_positive_int)
     train.add_argument("--n-heads", dest="n_heads", type=_positive_int)
     train.add_argument("--d-ff", dest="d_ff", type=_positive_int)
     train.add_argument("--n-encoder-layers", dest="n_encoder_layers", type=_positive_int)
     train.add_argument("--n-decoder-layers", dest="n_decoder_layers", type=_positive_int)
-    train.add_argument("--dropout", type=float)
+    train.add_argument("--dropout", type=_fraction, help="default 0.1 (0 for the built-in task)")
     train.add_argument("--activation", choices=["relu", "gelu"])
     train.add_argument("--norm-first", dest="norm_first", action=argparse.BooleanOptionalAction, default=None,
                        help="layer norm before each sublayer (pre-LN) instead of after it (the paper's post-LN)")
     train.add_argument("--max-steps", type=_positive_int)
-    train.add_argument("--minutes", type=float, help="wall-clock budget (default 2 built-in, 10 with --data; "
+    train.add_argument("--minutes", type=_positive_float, help="wall-clock budget (default 2 built-in, 10 with --data; "
                        "periodic evaluation is not counted; with --resume: what the interrupted run had left)")
     train.add_argument("--threads", type=_positive_int)
-    train.add_argument("--batch-tokens", type=_positive_int, default=4096,
-                       help="tokens per batch, padding included (--data)")
-    train.add_argument("--batch-size", type=_positive_int, default=64, help="sentences per batch (built-in task)")
+    train.add_argument("--batch-tokens", type=_positive_int,
+                       help=f"with --data: tokens per batch, padding included (default {TRAIN_DEFAULTS['batch_tokens']})")
+    train.add_argument("--batch-size", type=_positive_int,
+                       help=f"built-in task: sentences per batch (default {TRAIN_DEFAULTS['batch_size']})")
     train.add_argument("--schedule", choices=["budget", "noam"],
                        help="learning-rate schedule. budget (default with --data): warm-up over the first "
                             "5%% of the budget (--max-steps, or --minutes divided by a measured step time), "
@@ -273,18 +403,28 @@ def build_parser():
                             "paper's inverse-square-root schedule with --warmup steps")
     train.add_argument("--warmup", type=_positive_int,
                        help="warm-up steps (noam: default 300 built-in, 4000 with --data; budget: 5%% of the budget)")
-    train.add_argument("--lr", type=float, help="peak learning rate of the budget schedule (default 0.016 * d_model^-0.5)")
-    train.add_argument("--lr-scale", type=float, default=1.0, help="factor on the learning-rate schedule")
-    train.add_argument("--label-smoothing", type=float, default=0.1)
-    train.add_argument("--clip-norm", type=float, default=1.0, help="clip gradients to this global norm (0: off)")
-    train.add_argument("--vocab-size", type=_positive_int, default=8000, help="BPE vocabulary size per language")
-    train.add_argument("--max-sentence-tokens", type=_positive_int, default=128)
-    train.add_argument("--dev-fraction", type=float, default=0.05)
-    train.add_argument("--dev-max", type=_positive_int, default=500)
-    train.add_argument("--eval-every", type=int, default=0, help="evaluate every N steps (0: only at the end)")
-    train.add_argument("--eval-limit", type=int, default=200, help="dev sentences used by periodic evaluation")
-    train.add_argument("--save-every", type=int, default=0, help="checkpoint every N steps")
-    train.add_argument("--save-minutes", type=float, default=5.0, help="checkpoint every M minutes")
+    train.add_argument("--lr", type=_positive_float, help="peak learning rate of the budget schedule (default 0.016 * d_model^-0.5)")
+    train.add_argument("--lr-scale", type=_positive_float,
+                       help=f"factor on the learning-rate schedule (default {TRAIN_DEFAULTS['lr_scale']})")
+    train.add_argument("--label-smoothing", type=_fraction, help=f"default {TRAIN_DEFAULTS['label_smoothing']}")
+    train.add_argument("--clip-norm", type=_non_negative_float,
+                       help=f"clip gradients to this global norm (0: off; default {TRAIN_DEFAULTS['clip_norm']})")
+    train.add_argument("--vocab-size", type=_positive_int,
+                       help=f"with --data: BPE vocabulary size per language (default {TRAIN_DEFAULTS['vocab_size']})")
+    train.add_argument("--max-sentence-tokens", type=_positive_int,
+                       help="with --data: longer training pairs are skipped; also the model's positions "
+                            f"(default {TRAIN_DEFAULTS['max_sentence_tokens']})")
+    train.add_argument("--dev-fraction", type=_fraction,
+                       help=f"with --data: share held out for evaluation (default {TRAIN_DEFAULTS['dev_fraction']})")
+    train.add_argument("--dev-max", type=_positive_int,
+                       help=f"with --data: at most this many held out (default {TRAIN_DEFAULTS['dev_max']})")
+    train.add_argument("--eval-every", type=_non_negative_int, default=0,
+                       help="evaluate every N steps (0: only at the end)")
+    train.add_argument("--eval-limit", type=_positive_int,
+                       help=f"dev sentences used by periodic evaluation (default {TRAIN_DEFAULTS['eval_limit']})")
+    train.add_argument("--save-every", type=_non_negative_int, default=0, help="checkpoint every N steps")
+    train.add_argument("--save-minutes", type=_non_negative_float, default=5.0,
+                       help="checkpoint every M minutes (default 5)")
     train.add_argument("--average-last", type=_positive_int, metavar="K",
                        help="snapshot the weights every --snapshot-every steps and make the saved model "
                             "the average of the last K (the checkpoint keeps the raw weights)")
@@ -292,9 +432,9 @@ def build_parser():
                        help="with --average-last: steps between snapshots (default 2.5%% of the planned steps)")
     train.add_argument("--keep-best", action="store_true",
                        help="with --eval-every: also keep the model of the best dev loss in OUT/best")
-    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--seed", type=_non_negative_int, help=f"default {TRAIN_DEFAULTS['seed']}")
     train.add_argument("--quiet", action="store_true", help="no progress bar")
-    train.add_argument("--samples", nargs="*", metavar="TEXT", help="also translate these at the end")
+    train.add_argument("--samples", nargs="*", metavar="TEXT", help="with --data: also translate these at the end")
     train.set_defaults(func=_train)
 
     translate = sub.add_parser("translate", help="translate sentences (arguments, or stdin lines)")
@@ -323,12 +463,34 @@ def build_parser():
 
     info = sub.add_parser("info", help="print build_info(): compiler, OpenMP, SIMD level, threads")
     info.set_defaults(func=_info)
+    for command in sub.choices.values():         # --debug before or after the command
+        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                             help="show the Python traceback of a failure")
     return parser
 
 
 def main(argv=None):
+    """Run one command; its exit status. An expected failure (a missing or damaged file, a wrong
+    column, a flag that cannot apply, Ctrl-C) is one line on stderr, `transformer <command>: error:
+    ...`; a bug keeps its traceback, and so does everything with --debug."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print(f"transformer {args.command}: error: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:        # the reader went away (`| head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except Exception as exc:
+        told = describe(exc, args)
+        if told is None or args.debug:
+            raise
+        message, status = told
+        print(f"transformer {args.command}: error: {message}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from .checkpoint import (average_weights, list_snapshots, load_checkpoint, save_
                          save_inference_files, save_snapshot)
 from .config import PRESETS, ModelConfig
 from .data import collate, length_batches, make_example, read_pairs, split_pairs
+from .errors import FlagError, blame
 from .model import Seq2SeqTransformer
 from .optim import Adam, budget_lr, clip_grad_norm, noam_lr
 from .tasks import ReverseTask
@@ -424,12 +425,57 @@ def score_translations(hyps, refs):
             "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score}
 
 
-def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=None, batch_size=64):
-    """Translate a list of strings, batching sentences of similar length; results in input order."""
+# Where a text too long for the model's positions is cut (split_to_fit): after the end of a
+# sentence, else after a clause, else before a word.
+SENTENCE_ENDS = tuple(".!?\u0964\u3002\u061f")       # . ! ? and the danda, ideographic full stop, Arabic ?
+CLAUSE_ENDS = tuple(",;:\u060c\u3001")
+CLOSERS = "\u2581 \"')]}\u00bb\u201d\u2019"          # the word-start mark, closing quotes and brackets
+
+
+def split_to_fit(ids, limit, tokenizer=None):
+    """`ids` cut into pieces of at most `limit` ids, each cut after the last sentence punctuation
+    that fits, else after the last clause punctuation, else before the last word start (with a
+    tokenizer to read the subwords), else at `limit`. No ids, no pieces."""
+    ids = list(ids)
+    if len(ids) <= limit:
+        return [ids] if ids else []
+    tokens = tokenizer.tokens(ids) if hasattr(tokenizer, "tokens") else None
+    pieces, start = [], 0
+    while len(ids) - start > limit:
+        cut = start + limit
+        if tokens is not None:
+            tests = (lambda c: tokens[c - 1].rstrip(CLOSERS).endswith(SENTENCE_ENDS),
+                     lambda c: tokens[c - 1].rstrip(CLOSERS).endswith(CLAUSE_ENDS),
+                     lambda c: tokens[c].startswith("\u2581") or tokens[c - 1].isspace())
+            for test in tests:
+                found = next((c for c in range(start + limit, start, -1) if test(c)), None)
+                if found is not None:
+                    cut = found
+                    break
+        pieces.append(ids[start:cut])
+        start = cut
+    pieces.append(ids[start:])
+    return pieces
+
+
+def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=None, batch_size=64,
+                    on_split=None):
+    """Translate a list of strings, batching sentences of similar length; results in input order.
+
+    An empty or blank text translates to "". A text of more subwords than the model has positions
+    (cfg.max_len) is translated in pieces that fit (split_to_fit), joined by spaces, and
+    on_split(index, subwords, pieces) is called for it."""
     cfg = model.cfg
-    encoded = [src_tokenizer.encode(t)[:cfg.max_len] or [cfg.pad_id] for t in texts]
-    order = sorted(range(len(texts)), key=lambda i: len(encoded[i]))
-    results = [None] * len(texts)
+    encoded, owner = [], []         # the pieces to translate, and the index of the text of each
+    for index, text in enumerate(texts):
+        ids = src_tokenizer.encode(text) if text.strip() else []
+        pieces = split_to_fit(ids, cfg.max_len, src_tokenizer)
+        if len(pieces) > 1 and on_split is not None:
+            on_split(index, len(ids), len(pieces))
+        encoded += pieces
+        owner += [index] * len(pieces)
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
+    results = [None] * len(encoded)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
         src = collate([(encoded[i], [], []) for i in chunk], range(len(chunk)), cfg.pad_id)[0]
@@ -440,7 +486,10 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=
             hyps = model.greedy_decode(src, max_len=limit)
         for i, hyp in zip(chunk, hyps):
             results[i] = tgt_tokenizer.decode(hyp)
-    return results
+    joined = [[] for _ in texts]
+    for index, result in zip(owner, results):
+        joined[index].append(result)
+    return [" ".join(parts) for parts in joined]
 
 
 # -- entry points used by the CLI ------------------------------------------------------------------
@@ -453,24 +502,77 @@ TRAJECTORY_ARGS = ("data", "src_col", "tgt_col", "seed", "batch_size", "batch_to
                    "dev_fraction", "dev_max", "preset") + SIZE_FLAGS
 
 
+# Flags that only the runs on --data read, and those that only the built-in task reads.
+DATA_ONLY_ARGS = ("src_col", "tgt_col", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
+                  "dev_max", "samples")
+BUILTIN_ONLY_ARGS = ("batch_size",)
+
+
+def _flag(key):
+    return "--" + key.replace("_", "-")
+
+
+def refuse_flags_that_do_not_apply(args, data):
+    """A flag the run would not read is refused (FlagError), not silently ignored."""
+    for key in DATA_ONLY_ARGS:
+        if not data and getattr(args, key, None) is not None:
+            raise FlagError(f"{_flag(key)} applies only with --data (the built-in task generates its own "
+                            "sentences, vocabulary and batches)")
+    for key in BUILTIN_ONLY_ARGS:
+        if data and getattr(args, key, None) is not None:
+            raise FlagError(f"{_flag(key)} applies only to the built-in task; with --data, batches hold "
+                            "--batch-tokens tokens")
+
+
+def _started_with(ckpt, key):
+    """The value of a trajectory argument in the run that wrote the checkpoint."""
+    if key in SIZE_FLAGS:
+        return getattr(ckpt.model.cfg, key)          # the preset's size when the flag was not given
+    plan = ckpt.train_state.get("schedule") or {}
+    if key == "warmup" and "warmup" in plan:
+        return plan["warmup"]
+    return ckpt.args[key]
+
+
 def load_resume(args):
-    """With --resume: load the checkpoint once and take the trajectory arguments from it."""
+    """With --resume: load the checkpoint once and take the trajectory arguments from it. A
+    trajectory flag given with another value than the interrupted run's is refused (FlagError),
+    and so is any flag the run would not read (refuse_flags_that_do_not_apply)."""
     if not args.resume:
         args.checkpoint = None
+        refuse_flags_that_do_not_apply(args, args.data)
         return
     ckpt = load_checkpoint(args.resume)
     if "schedule" not in ckpt.args:
         ckpt.args["schedule"] = "noam"     # written before the budget schedule existed
+    if args.data and "data" in ckpt.args and not ckpt.args["data"]:
+        raise FlagError(f"--data {args.data}: the run in {args.resume} trained on the built-in task; "
+                        "start a new run (--out) to train on data")
+    refuse_flags_that_do_not_apply(args, args.data or ckpt.args.get("data"))
     for key in TRAJECTORY_ARGS:
         if key == "data" and args.data:
             continue           # the same corpus may have moved
         if key in ckpt.args:
+            given, started = getattr(args, key, None), _started_with(ckpt, key)
+            if given is not None and given != started:
+                was = "without it" if started is None else f"with {started}"
+                raise FlagError(f"{_flag(key)} {given}: the run in {args.resume} started {was}, and a resumed "
+                                "run keeps its settings (leave the flag out, or start a new run with --out)")
             setattr(args, key, ckpt.args[key])
     args.checkpoint = ckpt
 
 
 def apply_defaults(args):
-    """The defaults that depend on other flags (and, with --resume, on the checkpoint)."""
+    """The defaults that depend on other flags (and, with --resume, on the checkpoint), and those
+    left out of the parser so that a flag given can be told from one left out (cli.TRAIN_DEFAULTS)."""
+    from .cli import TRAIN_DEFAULTS
+
+    if args.eval_limit is not None and not args.eval_every:
+        raise FlagError("--eval-limit sets how many dev sentences periodic evaluation translates: it "
+                        "needs --eval-every N")
+    for key, value in TRAIN_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
     if args.schedule is None:
         args.schedule = "noam" if not args.data else "budget"
     if args.minutes is None and args.max_steps is None:
@@ -485,11 +587,11 @@ def apply_defaults(args):
     if args.warmup is None and args.schedule == "noam":
         args.warmup = 300 if not args.data else 4000
     if args.keep_best and not args.eval_every:
-        raise ValueError("--keep-best keeps the model of the best dev loss: it needs --eval-every N")
+        raise FlagError("--keep-best keeps the model of the best dev loss: it needs --eval-every N")
     if args.snapshot_every and not args.average_last:
-        raise ValueError("--snapshot-every only applies with --average-last K")
+        raise FlagError("--snapshot-every only applies with --average-last K")
     if args.lr is not None and args.schedule != "budget":
-        raise ValueError("--lr sets the peak of the budget schedule; with --schedule noam use --lr-scale")
+        raise FlagError("--lr sets the peak of the budget schedule; with --schedule noam use --lr-scale")
 
 
 def _resume_or_new(args, make_model, src_tokenizer, tgt_tokenizer):
@@ -546,9 +648,10 @@ def train_on_data(args, engine=None, result=None):
     `engine` (for comparisons) replaces our model: a callable cfg -> (model, optimizer, clip) whose
     model offers our training interface; it gets exactly the same data, batches and schedule.
     `result`, a dict, receives the final record and the trainer (for benchmarks)."""
-    if datasets.is_shortcut(args.data):
-        args.data = datasets.resolve(args.data)
-    pairs, report = read_pairs(args.data, args.src_col, args.tgt_col)
+    with blame("--data", args.data):
+        if datasets.is_shortcut(args.data):
+            args.data = datasets.resolve(args.data)
+        pairs, report = read_pairs(args.data, args.src_col, args.tgt_col)
     _log(report.summary())
     train_pairs, dev_pairs = split_pairs(pairs, dev_fraction=args.dev_fraction, max_dev=args.dev_max)
     _log(f"split: {len(train_pairs)} training pairs, {len(dev_pairs)} held out for evaluation")
@@ -574,7 +677,9 @@ def train_on_data(args, engine=None, result=None):
         _log(f"skipped {dropped} training pairs that are empty after tokenisation or longer than "
              f"{max_tokens} subwords")
     if not examples:
-        raise ValueError(f"{args.data}: no training pairs left after tokenisation")
+        with blame("--data", args.data):
+            raise ValueError(f"{args.data}: no training pairs left after tokenisation (--max-sentence-tokens "
+                             f"{max_tokens})")
 
     def make_model():
         cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)

@@ -1,0 +1,222 @@
+"""The command line talks to people: an expected failure is one line naming the flag, a flag that
+would be silently ignored is refused, blank lines stay blank and over-long lines are split."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from transformer import cli
+from transformer.checkpoint import CHECKPOINT_FILE
+from transformer.train import split_to_fit
+
+SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layers", "1",
+         "--n-decoder-layers", "1", "--quiet", "--threads", "1"]
+OUTSIDE = tempfile.gettempdir()      # the checkout's transformer/ folder has no compiled module
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def run_cli(*argv, stdin=None):
+    return subprocess.run([sys.executable, "-m", "transformer", *argv], input=stdin, capture_output=True,
+                          text=True, timeout=300, cwd=OUTSIDE, env=ENV)
+
+
+def error_line(done, command):
+    """The one line an expected failure prints; nothing else on stderr, no traceback."""
+    assert done.returncode != 0, done.stdout
+    assert "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"transformer {command}: error: "), done.stderr
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A built-in task run of two steps (its model has 14 positions) and a small corpus."""
+    root = tmp_path_factory.mktemp("cli")
+    out = str(root / "run")
+    done = run_cli("train", *SMALL, "--batch-size", "4", "--max-steps", "2", "--out", out)
+    assert done.returncode == 0, done.stderr
+    corpus = root / "pairs.tsv"
+    corpus.write_text("eng\tfake\nabc\tCBA\nhello\tOLLEH\n", encoding="utf-8")
+    return {"out": out, "data": str(corpus), "root": root}
+
+
+# -- expected failures: one line, the flag named, no traceback -----------------------------------------
+
+def test_a_missing_model_directory_is_one_line_naming_the_flag():
+    line = error_line(run_cli("translate", "--model", "/nonexistent", "hi"), "translate")
+    assert "--model /nonexistent:" in line and "not found" in line
+
+
+def test_debug_shows_the_traceback_before_or_after_the_command():
+    for argv in (["--debug", "translate", "--model", "/nonexistent", "hi"],
+                 ["translate", "--model", "/nonexistent", "hi", "--debug"]):
+        done = run_cli(*argv)
+        assert done.returncode != 0
+        assert "Traceback" in done.stderr and "FileNotFoundError" in done.stderr
+
+
+def test_a_directory_that_is_not_a_model_is_named(tmp_path):
+    line = error_line(run_cli("translate", "--model", str(tmp_path), "hi"), "translate")
+    assert f"--model {tmp_path}:" in line and "config.json" in line
+
+
+def test_a_damaged_model_and_a_damaged_checkpoint_are_named(run, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(run["out"], copy)
+    weights = os.path.join(copy, "model.safetensors")
+    with open(weights, "r+b") as f:
+        f.truncate(os.path.getsize(weights) - 100)
+    line = error_line(run_cli("translate", "--model", copy, "hi"), "translate")
+    assert f"--model {copy}: model.safetensors" in line
+    path = os.path.join(copy, CHECKPOINT_FILE)
+    blob = bytearray(open(path, "rb").read())
+    blob[-50] ^= 0x10
+    open(path, "wb").write(bytes(blob))
+    line = error_line(run_cli("train", "--resume", copy, "--quiet"), "train")
+    assert f"--resume {copy}:" in line and "checksum" in line
+    line = error_line(run_cli("train", "--resume", str(tmp_path / "nowhere")), "train")
+    assert "--resume" in line
+
+
+def test_a_wrong_column_names_the_column_flag_and_the_columns_there(run):
+    line = error_line(run_cli("evaluate", "--model", run["out"], "--data", run["data"], "--src-col", "xyz"),
+                      "evaluate")
+    assert "--src-col xyz:" in line and "eng, fake" in line
+
+
+def test_a_missing_data_file_names_the_flag(run, tmp_path):
+    missing = str(tmp_path / "missing.tsv")
+    line = error_line(run_cli("train", "--data", missing, *SMALL, "--out", str(tmp_path / "x")), "train")
+    assert f"--data {missing}:" in line
+    line = error_line(run_cli("evaluate", "--model", run["out"], "--data", missing), "evaluate")
+    assert f"--data {missing}:" in line
+
+
+@pytest.mark.parametrize("argv", [
+    ["train", "--minutes", "-1"], ["train", "--minutes", "0"], ["train", "--dropout", "2"],
+    ["train", "--threads", "0"], ["train", "--label-smoothing", "1.5"], ["train", "--dev-fraction", "1.2"],
+    ["train", "--lr", "nan"], ["train", "--clip-norm", "-1"], ["train", "--seed", "-3"],
+    ["train", "--eval-every", "x"], ["translate", "--model", "m", "--beam", "0"], ["bench", "--threads", "0"],
+])
+def test_bad_flag_values_are_refused_when_parsed(argv):
+    done = run_cli(*argv)
+    assert done.returncode == 2
+    line = error_line(done, argv[0])
+    assert f"argument {argv[-2]}:" in line
+
+
+def test_an_interruption_is_one_line_and_status_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_info", interrupted)
+    assert cli.main(["info"]) == 130
+    assert capsys.readouterr().err == "transformer info: error: interrupted\n"
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch):
+    def buggy(args):
+        raise ValueError("an unexpected ValueError is a bug, not a user's mistake")
+
+    monkeypatch.setattr(cli, "_info", buggy)
+    with pytest.raises(ValueError, match="a bug"):
+        cli.main(["info"])
+
+
+# -- blank and over-long lines ---------------------------------------------------------------------------
+
+def test_blank_lines_translate_to_blank_lines(run):
+    done = run_cli("translate", "--model", run["out"], "--beam", "1", stdin="abc\n\n   \nxyz\n")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert len(lines) == 5 and lines[4] == ""           # four lines in, four out
+    assert lines[0] and lines[1] == "" and lines[2] == "" and lines[3]
+    done = run_cli("translate", "--model", run["out"], "")
+    assert done.returncode == 0 and done.stdout == "\n"
+
+
+def test_a_line_longer_than_the_positions_is_translated_in_pieces_with_a_warning(run):
+    long_word = "abcdefghij" * 4                        # 40 characters, 14 positions
+    done = run_cli("translate", "--model", run["out"], "--beam", "1", stdin=f"abc\n{long_word}\n")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 2 and len(lines[1].split(" ")) == 3
+    assert done.stderr.strip() == ("transformer translate: warning: line 2 has 40 subwords, more than the "
+                                   "model's 14 positions: translated in 3 pieces")
+
+
+class Subwords:
+    """tokens(ids) of a tokenizer: the id list is the index into a fixed list of subwords."""
+
+    def __init__(self, words):
+        self.words = words
+
+    def tokens(self, ids):
+        return [self.words[i] for i in ids]
+
+
+def test_long_texts_are_cut_after_sentences_then_clauses_then_before_words():
+    words = ["\u2581The", "\u2581cat", "\u2581sle", "eps.", "\u2581A", "\u2581dog", "\u2581runs,", "\u2581far",
+             "\u2581aw", "ay"]
+    tok, ids = Subwords(words), list(range(10))
+    assert split_to_fit(ids, 10, tok) == [ids]
+    assert split_to_fit(ids, 6, tok) == [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9]]    # after the full stop
+    assert split_to_fit(ids, 3, tok) == [[0, 1], [2, 3], [4, 5, 6], [7, 8, 9]]   # then after the comma
+    assert split_to_fit([7, 8, 9], 2, tok) == [[7], [8, 9]]                    # not inside "away"
+    assert split_to_fit(list(range(7)), 3) == [[0, 1, 2], [3, 4, 5], [6]]    # no tokenizer: fixed pieces
+    assert split_to_fit([], 3, tok) == []
+
+
+# -- flags that would do nothing are refused ------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, flag", [
+    (["bench", "--what", "train", "--plot", "F.png"], "--plot"),
+    (["bench", "--plot", "F.png"], "--plot"),
+    (["bench", "--what", "decode", "--families", "gemm"], "--families"),
+    (["bench", "--what", "masking", "--config", "tiny"], "--config"),
+    (["bench", "--what", "kernels", "--config", "tiny"], "--config"),
+    (["bench", "--what", "profile", "--against", "none"], "--against"),
+    (["bench", "--what", "masking", "--against", "torch"], "--against"),
+    (["train", "--vocab-size", "100"], "--vocab-size"),
+    (["train", "--batch-tokens", "100"], "--batch-tokens"),
+    (["train", "--src-col", "eng"], "--src-col"),
+    (["train", "--tgt-col", "hin"], "--tgt-col"),
+    (["train", "--dev-fraction", "0.1"], "--dev-fraction"),
+    (["train", "--dev-max", "10"], "--dev-max"),
+    (["train", "--max-sentence-tokens", "50"], "--max-sentence-tokens"),
+    (["train", "--samples", "hello"], "--samples"),
+    (["train", "--eval-limit", "10"], "--eval-limit"),
+])
+def test_flags_the_command_would_not_read_are_refused(argv, flag, tmp_path):
+    if argv[0] == "train":
+        argv = [*argv, *SMALL, "--max-steps", "1", "--out", str(tmp_path / "x")]
+    done = run_cli(*argv)
+    assert done.returncode == 2
+    assert error_line(done, argv[0]).startswith(f"transformer {argv[0]}: error: {flag} ")
+    assert not os.path.exists(tmp_path / "x")
+
+
+def test_batch_size_is_refused_with_data(run, tmp_path):
+    done = run_cli("train", "--data", run["data"], "--batch-size", "8", *SMALL, "--out", str(tmp_path / "x"))
+    assert done.returncode == 2
+    assert error_line(done, "train").startswith("transformer train: error: --batch-size ")
+
+
+@pytest.mark.parametrize("flag", [["--d-model", "64"], ["--preset", "small"], ["--seed", "3"],
+                                  ["--lr", "0.001"], ["--schedule", "budget"], ["--warmup", "7"],
+                                  ["--label-smoothing", "0.2"], ["--batch-size", "5"], ["--data", "pairs.tsv"]])
+def test_resume_refuses_a_setting_other_than_the_checkpoints(run, flag):
+    done = run_cli("train", "--resume", run["out"], *flag, "--quiet")
+    assert done.returncode == 2
+    assert error_line(done, "train").startswith(f"transformer train: error: {flag[0]} {flag[1]}: ")
+
+
+def test_resume_accepts_the_checkpoints_own_settings(run, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(run["out"], copy)
+    done = run_cli("train", "--resume", copy, *SMALL, "--batch-size", "4", "--seed", "0", "--max-steps", "3")
+    assert done.returncode == 0, done.stderr
