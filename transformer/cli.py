@@ -275,7 +275,7 @@ def _translate(args):
               f"model's {model.cfg.max_len} positions: translated in {pieces} pieces", file=sys.stderr)
 
     for line in translate_texts(model, src_tok, tgt_tok, texts, beam=args.beam, max_len=args.max_len,
-                                on_split=warn):
+                                on_split=warn, no_repeat_ngram=args.no_repeat_ngram):
         print(line)
     if args.attention:
         from .plot import plot_cross_attention
@@ -301,7 +301,8 @@ def _evaluate(args):
     print(report.summary(), file=sys.stderr)
     split = []
     hyps = translate_texts(model, src_tok, tgt_tok, [s for s, _ in pairs], beam=args.beam,
-                           on_split=lambda index, subwords, pieces: split.append(index))
+                           on_split=lambda index, subwords, pieces: split.append(index),
+                           no_repeat_ngram=args.no_repeat_ngram)
     if split:
         print(f"transformer evaluate: warning: {len(split)} source sentences (the first: pair {split[0] + 1}) "
               f"have more subwords than the model's {model.cfg.max_len} positions: translated in pieces",
@@ -441,6 +442,8 @@ def build_parser():
     translate.add_argument("--model", required=True, metavar="DIR")
     translate.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy)")
     translate.add_argument("--max-len", type=_positive_int)
+    translate.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N",
+                           help="never repeat an n-gram of N tokens in an output (0: off)")
     translate.add_argument("--threads", type=_positive_int)
     translate.add_argument("--attention", metavar="FILE.png", help="draw the cross-attention of the first sentence")
     translate.add_argument("text", nargs="*")
@@ -452,6 +455,8 @@ def build_parser():
     evaluate.add_argument("--src-col", default="0")
     evaluate.add_argument("--tgt-col", default="1")
     evaluate.add_argument("--beam", type=_positive_int, default=4)
+    evaluate.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N",
+                          help="never repeat an n-gram of N tokens in an output (0: off)")
     evaluate.add_argument("--limit", type=_positive_int, help="use only the first N pairs")
     evaluate.add_argument("--threads", type=_positive_int)
     evaluate.set_defaults(func=_evaluate)
