@@ -388,7 +388,8 @@ def build_parser():
     train.add_argument("--dropout", type=_fraction, help="default 0.1 (0 for the built-in task)")
     train.add_argument("--activation", choices=["relu", "gelu"])
     train.add_argument("--norm-first", dest="norm_first", action=argparse.BooleanOptionalAction, default=None,
-                       help="layer norm before each sublayer (pre-LN) instead of after it (the paper's post-LN)")
+                       help="layer norm before each sublayer (pre-LN; the default with --data) or after it "
+                            "(--no-norm-first: the paper's post-LN; the default for the built-in task)")
     train.add_argument("--max-steps", type=_positive_int)
     train.add_argument("--minutes", type=_positive_float, help="wall-clock budget (default 2 built-in, 10 with --data; "
                        "periodic evaluation is not counted; with --resume: what the interrupted run had left)")

