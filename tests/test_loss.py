@@ -20,7 +20,7 @@ from transformer import _C
 
 LOSS_RTOL = 1e-6
 GRAD_ATOL = 4e-7
-TORCH_FACTOR = 4.0
+TORCH_FACTOR = 8.0   # torch's own float32 rounding: 6.5x GRAD_ATOL seen on AMD Zen 3 (AVX2, family 25 model 1)
 
 
 

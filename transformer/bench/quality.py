@@ -193,6 +193,7 @@ def main(argv=None):
     if status:
         return status
     trainer = report["trainer"]
+    final = report["record"].get("final", report["record"])    # the raw weights, with --average-last too
     beam = trainer.evaluate(beam=4)
     samples = [s for s, _ in trainer.dev[:5]] + ["How are you?", "The king went to the city."]
     record = {"engine": engine, "data": os.path.basename(args.data), "preset": args.preset, "cpu": cpu_model(),
@@ -200,10 +201,15 @@ def main(argv=None):
               "batch_tokens": args.batch_tokens, "vocab": args.vocab_size,
               "steps": trainer.state.step, "tokens": trainer.state.tokens, "seconds": trainer.state.seconds,
               "dev_loss": report["record"].get("dev_loss"), "dev_pairs": len(trainer.dev),
-              "greedy": {k: report["record"].get(k) for k in ("bleu", "chrf")},
+              "greedy": {k: final.get(k) for k in ("bleu", "chrf")},
               "beam4": {k: beam.get(k) for k in ("bleu", "chrf")},
               "samples": [f"{s}  ->  {h}" for s, h in zip(samples, trainer.translate(samples, beam=4))],
               "curve": curve(args.out)}
+    if "final" in report["record"]:
+        record["dev_loss"] = final.get("dev_loss")
+        record["averaged_last"] = {"k": args.average_last, "snapshot_every": trainer.snapshot_every(),
+                                   **{k: report["record"].get(k) for k in ("dev_loss", "bleu", "chrf")}}
+        record["best_dev_loss_periodic"] = trainer.state.best_dev_loss
     print(json.dumps(record))
     if options["--json"]:
         with open(options["--json"], "a", encoding="utf-8") as f:
