@@ -161,10 +161,13 @@ def average_model_dirs(directories):
 SNAPSHOT_DIR = "snapshots"
 
 
+def snapshot_path(directory, step):
+    return os.path.join(directory, SNAPSHOT_DIR, f"step-{step:07d}")
+
+
 def save_snapshot(directory, step, model, keep):
     """DIR/snapshots/step-NNNNNNN/model.safetensors (+ config.json), keeping the newest `keep`."""
-    root = os.path.join(directory, SNAPSHOT_DIR)
-    model.save(os.path.join(root, f"step-{step:07d}"))
+    model.save(snapshot_path(directory, step))
     for old in list_snapshots(directory)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _C, datasets
 from .checkpoint import (average_weights, list_snapshots, load_checkpoint, save_checkpoint,
-                         save_inference_files, save_snapshot)
+                         save_inference_files, save_snapshot, snapshot_path)
 from .config import PRESETS, ModelConfig
 from .data import collate, length_batches, make_example, read_pairs, split_pairs
 from .errors import FlagError, blame
@@ -119,6 +119,7 @@ class Trainer:
         self.task = task
         self.clip = clip                    # (model, max_norm) -> global norm before clipping
         self.checkpoints = checkpoints      # False for the PyTorch comparison runs
+        self.model_for_inference = None     # with --average-last: the averaged model, after run()
 
     # -- data ---------------------------------------------------------------------------------
     def next_batch(self):
@@ -289,8 +290,7 @@ class Trainer:
         """The inference model in --out becomes the mean of the last --average-last snapshots (the
         final weights among them); the checkpoint keeps the raw weights, for --resume."""
         k = self.args.average_last
-        if self.state.step and not os.path.isdir(os.path.join(self.args.out, "snapshots",
-                                                              f"step-{self.state.step:07d}")):
+        if self.state.step and not os.path.isdir(snapshot_path(self.args.out, self.state.step)):
             save_snapshot(self.args.out, self.state.step, self.model, keep=k)
         snapshots = list_snapshots(self.args.out)[-k:]
         model = average_weights([Seq2SeqTransformer.load(path) for path in snapshots])
@@ -711,7 +711,7 @@ def train_on_data(args, engine=None, result=None):
     if status:
         return status
     metrics = trainer.evaluate()
-    averaged = getattr(trainer, "model_for_inference", None)
+    averaged = trainer.model_for_inference
     if averaged is not None:           # report the raw final weights and the average side by side
         raw, trainer.model = trainer.model, averaged
         metrics = {"final": _rounded(metrics), **trainer.evaluate()}
