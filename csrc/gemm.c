@@ -79,6 +79,7 @@ typedef struct {
     gemm_pack pack_a, pack_b;
     gemm_dot dot;          /* A @ B^T for few rows without packing, or NULL */
     gemm_kernel stream[MAX_MR + 1];   /* kernel[r] for a Bp streamed from memory, or NULLs */
+    int bf16;              /* 1: operands rounded to bf16 while packing; nothing read unpacked */
 } gemm_isa;
 
 static long ceil_div(long a, long b) { return (a + b - 1) / b; }
@@ -199,7 +200,45 @@ static void pack_b_generic(int t, const float *X, long ldx, long n, long kc, flo
 static const gemm_isa isa_generic = {
     GEN_MR, GEN_NR, 256, 128, 2048,
     {0, kernel_generic_1, kernel_generic_2, kernel_generic_3, kernel_generic_4}, {0},
-    pack_a_generic, pack_b_generic, NULL};
+    pack_a_generic, pack_b_generic, NULL, {0}, 0};
+
+/* ------------------------------------------------------------------------- */
+/* bf16 operands (gemm.h: GEMM_BF16). Each ISA's packing routines, followed by rounding the packed
+ * block to bf16 in place; the fp32 micro-kernels then multiply exactly (a product of two bf16
+ * values has at most 16 significant bits, so an FMA adds it to the accumulator with the single
+ * rounding of an fp32 sum, as vdpbf16ps does). Nothing is read unpacked: no dot path, no B read
+ * in place. */
+
+/* x rounded to the nearest bf16, ties to even, kept as a float with the low 16 bits zero.
+ * NaN stays NaN (quietened: rounding could carry its payload into infinity). */
+static inline float round_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;
+    else u += 0x7fffu + ((u >> 16) & 1u);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+static void round_bf16_block(float *p, long n)
+{
+    for (long i = 0; i < n; i++) p[i] = round_bf16(p[i]);
+}
+
+#define BF16_PACKS(NAME, MR, NR)                                                               \
+    static void pack_a_##NAME##_bf16(int t, const float *X, long ldx, long n, long kc, float *dst) \
+    { pack_a_##NAME(t, X, ldx, n, kc, dst); round_bf16_block(dst, ceil_div(n, MR) * MR * kc); }  \
+    static void pack_b_##NAME##_bf16(int t, const float *X, long ldx, long n, long kc, float *dst) \
+    { pack_b_##NAME(t, X, ldx, n, kc, dst); round_bf16_block(dst, ceil_div(n, NR) * NR * kc); }
+
+BF16_PACKS(generic, GEN_MR, GEN_NR)
+
+static const gemm_isa isa_generic_bf16 = {
+    GEN_MR, GEN_NR, 256, 128, 2048,
+    {0, kernel_generic_1, kernel_generic_2, kernel_generic_3, kernel_generic_4}, {0},
+    pack_a_generic_bf16, pack_b_generic_bf16, NULL, {0}, 1};
 
 #ifdef GEMM_X86
 /* ------------------------------------------------------------------------- */
@@ -275,7 +314,15 @@ static const gemm_isa isa_avx2 = {
     AVX2_MR, AVX2_NR, 256, 144, 4096,
     {0, kernel_avx2_1, kernel_avx2_2, kernel_avx2_3, kernel_avx2_4, kernel_avx2_5,
      kernel_avx2_6}, {0},
-    pack_a_avx2, pack_b_avx2, NULL};
+    pack_a_avx2, pack_b_avx2, NULL, {0}, 0};
+
+BF16_PACKS(avx2, AVX2_MR, AVX2_NR)
+
+static const gemm_isa isa_avx2_bf16 = {
+    AVX2_MR, AVX2_NR, 256, 144, 4096,
+    {0, kernel_avx2_1, kernel_avx2_2, kernel_avx2_3, kernel_avx2_4, kernel_avx2_5,
+     kernel_avx2_6}, {0},
+    pack_a_avx2_bf16, pack_b_avx2_bf16, NULL, {0}, 1};
 
 /* ------------------------------------------------------------------------- */
 /* AVX-512 micro-kernel: 14 x 32, 28 zmm accumulators. */
@@ -531,22 +578,38 @@ static const gemm_isa isa_avx512 = {
     {0, kernel_avx512_stream_1, kernel_avx512_stream_2, kernel_avx512_stream_3, kernel_avx512_stream_4,
      kernel_avx512_stream_5, kernel_avx512_stream_6, kernel_avx512_stream_7, kernel_avx512_stream_8,
      kernel_avx512_stream_9, kernel_avx512_stream_10, kernel_avx512_stream_11, kernel_avx512_stream_12,
-     kernel_avx512_stream_13, kernel_avx512_stream_14}};
+     kernel_avx512_stream_13, kernel_avx512_stream_14}, 0};
+
+BF16_PACKS(avx512, AVX512_MR, AVX512_NR)
+
+static const gemm_isa isa_avx512_bf16 = {
+    AVX512_MR, AVX512_NR, 256, 336, 4096,
+    {0, kernel_avx512_1, kernel_avx512_2, kernel_avx512_3, kernel_avx512_4, kernel_avx512_5,
+     kernel_avx512_6, kernel_avx512_7, kernel_avx512_8, kernel_avx512_9, kernel_avx512_10,
+     kernel_avx512_11, kernel_avx512_12, kernel_avx512_13, kernel_avx512_14},
+    {0, kernel_avx512_half_1, kernel_avx512_half_2, kernel_avx512_half_3, kernel_avx512_half_4,
+     kernel_avx512_half_5, kernel_avx512_half_6, kernel_avx512_half_7, kernel_avx512_half_8,
+     kernel_avx512_half_9, kernel_avx512_half_10, kernel_avx512_half_11, kernel_avx512_half_12,
+     kernel_avx512_half_13, kernel_avx512_half_14},
+    pack_a_avx512_bf16, pack_b_avx512_bf16, NULL,
+    {0, kernel_avx512_stream_1, kernel_avx512_stream_2, kernel_avx512_stream_3, kernel_avx512_stream_4,
+     kernel_avx512_stream_5, kernel_avx512_stream_6, kernel_avx512_stream_7, kernel_avx512_stream_8,
+     kernel_avx512_stream_9, kernel_avx512_stream_10, kernel_avx512_stream_11, kernel_avx512_stream_12,
+     kernel_avx512_stream_13, kernel_avx512_stream_14}, 1};
 #endif
 
-static const gemm_isa *gemm_isa_of(int level)
+static const gemm_isa *gemm_isa_of(int level, int prec)
 {
+    const int bf16 = prec == GEMM_BF16;
 #ifdef GEMM_X86
     switch (level) {
-    case TF_ISA_AVX512: return &isa_avx512;
-    case TF_ISA_AVX2: return &isa_avx2;
+    case TF_ISA_AVX512: return bf16 ? &isa_avx512_bf16 : &isa_avx512;
+    case TF_ISA_AVX2: return bf16 ? &isa_avx2_bf16 : &isa_avx2;
     default: break;
     }
 #endif
-    return &isa_generic;
+    return bf16 ? &isa_generic_bf16 : &isa_generic;
 }
-
-static const gemm_isa *gemm_pick_isa(void) { return gemm_isa_of(tf_isa()); }
 
 /* ------------------------------------------------------------------------- */
 /* Schedules. */
@@ -628,7 +691,7 @@ static void narrow_panels(const gemm_problem *g, float *Bp, const float *Ap, lon
     const int NR = s->nr;
     const long kcb = k_block(s, g->K), mpad = ceil_div(g->M, s->mr) * s->mr;
     /* a row-major B is read in place when each panel serves at most two row panels */
-    const int in_place = !g->trans_b && mpad <= 2 * s->mr;
+    const int in_place = !g->trans_b && mpad <= 2 * s->mr && !s->bf16;
     for (long jp = jp0; jp < jp1; jp++) {
         long j = jp * NR;
         int nr = (int)min_l(NR, g->N - j);
@@ -903,12 +966,18 @@ void gemm_test_counters(long counts[3], int reset)
  * thread's fallbacks and for forcing in tests. */
 #define GEMM_SHARED_THREADS 2
 
-void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
-                  long M, long N, long K, float alpha,
-                  const float *A, long lda, long a_stride0, long a_stride1,
-                  const float *B, long ldb, long b_stride0, long b_stride1,
-                  int accumulate,
-                  float *C, long ldc, long c_stride0, long c_stride1)
+static void reference_prec(int prec, int trans_a, int trans_b, long batch0, long batch1,
+                           long M, long N, long K, float alpha,
+                           const float *A, long lda, long a_stride0, long a_stride1,
+                           const float *B, long ldb, long b_stride0, long b_stride1,
+                           int accumulate, float *C, long ldc, long c_stride0, long c_stride1);
+
+void gemm_batched_prec(int prec, int trans_a, int trans_b, long batch0, long batch1,
+                       long M, long N, long K, float alpha,
+                       const float *A, long lda, long a_stride0, long a_stride1,
+                       const float *B, long ldb, long b_stride0, long b_stride1,
+                       int accumulate,
+                       float *C, long ldc, long c_stride0, long c_stride1)
 {
     if (batch0 <= 0 || batch1 <= 0 || M <= 0 || N <= 0) return;
     const long nb = batch0 * batch1;
@@ -920,7 +989,7 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
                            (size_t)N * sizeof(float));
         return;
     }
-    const gemm_isa *s = gemm_pick_isa();
+    const gemm_isa *s = gemm_isa_of(tf_isa(), prec);
     const long item = M * N * K, np = ceil_div(N, s->nr);
     const int forced = forced_schedule;
     int nt = forced_all_threads ? tf_get_num_threads() : tf_team(nb * item, GEMM_GRAIN);
@@ -952,8 +1021,8 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
     int owned = 1;
     float *buffer = dot ? NULL : buffer_acquire(total, &owned);
     if (!buffer && !dot) {   /* out of memory: the slow path still gives the right answer */
-        gemm_reference(trans_a, trans_b, batch0, batch1, M, N, K, alpha, A, lda, a_stride0, a_stride1,
-                       B, ldb, b_stride0, b_stride1, accumulate, C, ldc, c_stride0, c_stride1);
+        reference_prec(prec, trans_a, trans_b, batch0, batch1, M, N, K, alpha, A, lda, a_stride0,
+                       a_stride1, B, ldb, b_stride0, b_stride1, accumulate, C, ldc, c_stride0, c_stride1);
         return;
     }
 
@@ -1026,6 +1095,17 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
     if (buffer) buffer_release(buffer, owned);
 }
 
+void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
+                  long M, long N, long K, float alpha,
+                  const float *A, long lda, long a_stride0, long a_stride1,
+                  const float *B, long ldb, long b_stride0, long b_stride1,
+                  int accumulate,
+                  float *C, long ldc, long c_stride0, long c_stride1)
+{
+    gemm_batched_prec(GEMM_FP32, trans_a, trans_b, batch0, batch1, M, N, K, alpha, A, lda, a_stride0,
+                      a_stride1, B, ldb, b_stride0, b_stride1, accumulate, C, ldc, c_stride0, c_stride1);
+}
+
 void gemm(int trans_a, int trans_b, long M, long N, long K, float alpha,
           const float *A, long lda, const float *B, long ldb, int accumulate, float *C, long ldc)
 {
@@ -1040,13 +1120,13 @@ void gemm(int trans_a, int trans_b, long M, long N, long K, float alpha,
 
 long gemm_packed_floats(int isa, long N, long K)
 {
-    const gemm_isa *s = gemm_isa_of(isa);
+    const gemm_isa *s = gemm_isa_of(isa, GEMM_FP32);
     return ceil_div(N, s->nr) * s->nr * K;
 }
 
-void gemm_pack_b(int isa, int trans_b, long N, long K, const float *B, long ldb, float *Bp)
+void gemm_pack_b(int isa, int prec, int trans_b, long N, long K, const float *B, long ldb, float *Bp)
 {
-    const gemm_isa *s = gemm_isa_of(isa);
+    const gemm_isa *s = gemm_isa_of(isa, prec);
     const long NR = s->nr, np = ceil_div(N, NR);
 #pragma omp parallel for num_threads(tf_team(N * K, GEMM_GRAIN / 4)) schedule(static)
     for (long jp = 0; jp < np; jp++) {
@@ -1063,14 +1143,15 @@ static void gemm_packed_slow(const gemm_isa *s, long M, long N, long K, float al
         for (long j = 0; j < N; j++) {
             const float *b = Bp + (j / s->nr) * K * s->nr + j % s->nr;
             double sum = 0.0;
-            for (long k = 0; k < K; k++) sum += (double)A[i * lda + k] * b[k * s->nr];
+            for (long k = 0; k < K; k++)
+                sum += (double)(s->bf16 ? round_bf16(A[i * lda + k]) : A[i * lda + k]) * b[k * s->nr];
             double r = (double)alpha * sum;
             if (accumulate) r += C[i * ldc + j];
             C[i * ldc + j] = (float)r;
         }
 }
 
-void gemm_packed(int isa, long M, long N, long K, float alpha, const float *A, long lda,
+void gemm_packed(int isa, int prec, long M, long N, long K, float alpha, const float *A, long lda,
                  const float *Bp, int accumulate, float *C, long ldc)
 {
     if (M <= 0 || N <= 0) return;
@@ -1078,7 +1159,7 @@ void gemm_packed(int isa, long M, long N, long K, float alpha, const float *A, l
         for (long i = 0; i < M && !accumulate; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
         return;
     }
-    const gemm_isa *s = gemm_isa_of(isa);
+    const gemm_isa *s = gemm_isa_of(isa, prec);
     const long NR = s->nr, np = ceil_div(N, NR), kcb = k_block(s, K);
     const long rows = min_l(M, s->mc), rpad = ceil_div(rows, s->mr) * s->mr;
     int owned = 1;
@@ -1123,6 +1204,17 @@ void gemm_reference(int trans_a, int trans_b, long batch0, long batch1,
                     int accumulate,
                     float *C, long ldc, long c_stride0, long c_stride1)
 {
+    reference_prec(GEMM_FP32, trans_a, trans_b, batch0, batch1, M, N, K, alpha, A, lda, a_stride0,
+                   a_stride1, B, ldb, b_stride0, b_stride1, accumulate, C, ldc, c_stride0, c_stride1);
+}
+
+static void reference_prec(int prec, int trans_a, int trans_b, long batch0, long batch1,
+                           long M, long N, long K, float alpha,
+                           const float *A, long lda, long a_stride0, long a_stride1,
+                           const float *B, long ldb, long b_stride0, long b_stride1,
+                           int accumulate, float *C, long ldc, long c_stride0, long c_stride1)
+{
+    const int bf16 = prec == GEMM_BF16;
     for (long b0 = 0; b0 < batch0; b0++)
         for (long b1 = 0; b1 < batch1; b1++) {
             const float *a = A + b0 * a_stride0 + b1 * a_stride1;
@@ -1132,9 +1224,10 @@ void gemm_reference(int trans_a, int trans_b, long batch0, long batch1,
                 for (long j = 0; j < N; j++) {
                     double sum = 0.0;
                     for (long k = 0; k < K; k++) {
-                        double x = trans_a ? a[k * lda + i] : a[i * lda + k];
-                        double y = trans_b ? b[j * ldb + k] : b[k * ldb + j];
-                        sum += x * y;
+                        float x = trans_a ? a[k * lda + i] : a[i * lda + k];
+                        float y = trans_b ? b[j * ldb + k] : b[k * ldb + j];
+                        if (bf16) { x = round_bf16(x); y = round_bf16(y); }
+                        sum += (double)x * y;
                     }
                     double r = (double)alpha * sum;
                     if (accumulate) r += c[i * ldc + j];

@@ -22,6 +22,14 @@
 #ifndef TF_GEMM_H
 #define TF_GEMM_H
 
+/* Operand precision (gemm_batched_prec, gemm_pack_b, gemm_packed). GEMM_FP32: as stored.
+ * GEMM_BF16: every element of op(A) and op(B) is first rounded to bfloat16 (round to nearest, ties
+ * to even; NaN stays NaN), then multiplied and summed in fp32 exactly as GEMM_FP32 sums: the same
+ * FMA chains, schedules and thread-count independence (a bf16 x bf16 product is exact in fp32).
+ * C, alpha and the accumulation stay fp32. This is the rounding vdpbf16ps applies; here it is
+ * computed with the fp32 kernels of every ISA. */
+enum { GEMM_FP32 = 0, GEMM_BF16 = 1 };
+
 /* One GEMM. accumulate = 0: C = alpha*op(A)@op(B) (C is not read);
  * accumulate = 1: C += alpha*op(A)@op(B). K = 0 gives zeros (or leaves C as is). */
 void gemm(int trans_a, int trans_b, long M, long N, long K, float alpha,
@@ -40,6 +48,14 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
                   int accumulate,
                   float *C, long ldc, long c_stride0, long c_stride1);
 
+/* gemm_batched with operands of precision `prec` (GEMM_FP32 | GEMM_BF16). */
+void gemm_batched_prec(int prec, int trans_a, int trans_b, long batch0, long batch1,
+                       long M, long N, long K, float alpha,
+                       const float *A, long lda, long a_stride0, long a_stride1,
+                       const float *B, long ldb, long b_stride0, long b_stride1,
+                       int accumulate,
+                       float *C, long ldc, long c_stride0, long c_stride1);
+
 /* Pre-packed op(B), for many products with one fixed op(B) and few rows (decoding: x @ W^T with
  * the same weights every step). gemm_pack_b stores op(B) (K x N, as in gemm) the way the micro-
  * kernels of instruction set `isa` (a TF_ISA_* level) read it: ceil(N / NR) panels of K x NR
@@ -48,10 +64,10 @@ void gemm_batched(int trans_a, int trans_b, long batch0, long batch1,
  * same `isa`, reading each panel in one sequential pass and packing nothing of op(B): no
  * transposition per call. Bits as the narrow schedule's, independent of the thread count. */
 long gemm_packed_floats(int isa, long N, long K);
-void gemm_pack_b(int isa, int trans_b, long N, long K,
+void gemm_pack_b(int isa, int prec, int trans_b, long N, long K,   /* prec: GEMM_BF16 rounds */
                  const float *B, long ldb,       /* op(B): K x N */
                  float *Bp);                     /* [ceil(N / NR)][K][NR] */
-void gemm_packed(int isa, long M, long N, long K, float alpha,
+void gemm_packed(int isa, int prec, long M, long N, long K, float alpha,   /* prec: as packed */
                  const float *A, long lda,       /* M x K */
                  const float *Bp,                /* from gemm_pack_b(isa, ..., N, K, ...) */
                  int accumulate,

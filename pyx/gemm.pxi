@@ -8,19 +8,26 @@ cdef extern from "gemm.h" nogil:
         const float *A, long lda, long a_stride0, long a_stride1,
         const float *B, long ldb, long b_stride0, long b_stride1,
         int accumulate, float *C, long ldc, long c_stride0, long c_stride1)
+    void c_gemm_batched_prec "gemm_batched_prec"(
+        int prec, int trans_a, int trans_b, long batch0, long batch1, long M, long N, long K, float alpha,
+        const float *A, long lda, long a_stride0, long a_stride1,
+        const float *B, long ldb, long b_stride0, long b_stride1,
+        int accumulate, float *C, long ldc, long c_stride0, long c_stride1)
     void c_gemm_reference "gemm_reference"(
         int trans_a, int trans_b, long batch0, long batch1, long M, long N, long K, float alpha,
         const float *A, long lda, long a_stride0, long a_stride1,
         const float *B, long ldb, long b_stride0, long b_stride1,
         int accumulate, float *C, long ldc, long c_stride0, long c_stride1)
     long c_gemm_packed_floats "gemm_packed_floats"(int isa, long N, long K)
-    void c_gemm_pack_b "gemm_pack_b"(int isa, int trans_b, long N, long K, const float *B, long ldb,
-                                     float *Bp)
-    void c_gemm_packed "gemm_packed"(int isa, long M, long N, long K, float alpha, const float *A, long lda,
-                                     const float *Bp, int accumulate, float *C, long ldc)
+    void c_gemm_pack_b "gemm_pack_b"(int isa, int prec, int trans_b, long N, long K, const float *B,
+                                     long ldb, float *Bp)
+    void c_gemm_packed "gemm_packed"(int isa, int prec, long M, long N, long K, float alpha, const float *A,
+                                     long lda, const float *Bp, int accumulate, float *C, long ldc)
     void c_gemm_test_force "gemm_test_force"(int schedule, int all_threads, int lazy)
     int c_gemm_test_last_schedule "gemm_test_last_schedule"()
     void c_gemm_test_counters "gemm_test_counters"(long counts[3], int reset)
+    enum:
+        GEMM_FP32, GEMM_BF16
     enum:
         GEMM_AUTO, GEMM_DOT, GEMM_PRIVATE, GEMM_NARROW, GEMM_BY_BATCH, GEMM_TILES, GEMM_SHARED
 
@@ -115,7 +122,7 @@ cdef inline void _gemm_layout(cnp.ndarray x, int nd, long *ld, long *stride0, lo
 
 
 cdef object _gemm_call(object a, object b, object out, bint trans_a, bint trans_b, float alpha,
-                       bint accumulate, bint reference):
+                       bint accumulate, bint reference, bint bf16=False):
     _gemm_operand(a, "a", 0)
     cdef cnp.ndarray xa = <cnp.ndarray>a
     cdef int nd = cnp.PyArray_NDIM(xa)
@@ -171,14 +178,15 @@ cdef object _gemm_call(object a, object b, object out, bint trans_a, bint trans_
     cdef const float *pb = <const float *>cnp.PyArray_DATA(xb)
     cdef float *pc = <float *>cnp.PyArray_DATA(xc)
     cdef int ta = trans_a, tb = trans_b, acc = accumulate
+    cdef int prec = GEMM_BF16 if bf16 else GEMM_FP32
     if reference:
         with nogil:
             c_gemm_reference(ta, tb, batch0, batch1, M, N, K, alpha, pa, lda, as0, as1,
                              pb, ldb, bs0, bs1, acc, pc, ldc, cs0, cs1)
     else:
         with nogil:
-            c_gemm_batched(ta, tb, batch0, batch1, M, N, K, alpha, pa, lda, as0, as1,
-                           pb, ldb, bs0, bs1, acc, pc, ldc, cs0, cs1)
+            c_gemm_batched_prec(prec, ta, tb, batch0, batch1, M, N, K, alpha, pa, lda, as0, as1,
+                                pb, ldb, bs0, bs1, acc, pc, ldc, cs0, cs1)
     return out
 
 
@@ -188,7 +196,8 @@ cdef float _gemm_alpha(object alpha) except? -1:
     return <float>float(alpha)
 
 
-def gemm(a, b, out, bint trans_a=False, bint trans_b=False, alpha=1.0, bint accumulate=False):
+def gemm(a, b, out, bint trans_a=False, bint trans_b=False, alpha=1.0, bint accumulate=False,
+         bint bf16=False):
     """out = alpha * op(a) @ op(b), or out += alpha * op(a) @ op(b) when accumulate.
 
     a, b, out: float32 arrays with ndim 2, 3 or 4, all the same ndim; the leading (batch) axes of
@@ -197,9 +206,11 @@ def gemm(a, b, out, bint trans_a=False, bint trans_b=False, alpha=1.0, bint accu
     such as q.reshape(B, T, H, dh).transpose(0, 2, 1, 3) are used in place, without copies.
     op(x) swaps the last two axes of x when trans_x. out must be writeable, its rows must not overlap
     each other, and it must not overlap a or b. Result bits do not depend on the thread count.
+    bf16: every element of op(a) and op(b) is rounded to bfloat16 (nearest, ties to even) before
+    it is multiplied; the sums, alpha, out and accumulate stay float32 (csrc/gemm.h: GEMM_BF16).
     Returns out.
     """
-    return _gemm_call(a, b, out, trans_a, trans_b, _gemm_alpha(alpha), accumulate, False)
+    return _gemm_call(a, b, out, trans_a, trans_b, _gemm_alpha(alpha), accumulate, False, bf16)
 
 
 def gemm_reference(a, b, out, bint trans_a=False, bint trans_b=False, alpha=1.0, bint accumulate=False):
@@ -217,22 +228,25 @@ cdef class PackedMatrix:
     cdef readonly object data
     cdef readonly long N, K
     cdef readonly str isa
-    cdef int level
+    cdef readonly str precision
+    cdef int level, prec
 
     def __init__(self, *args, **kwargs):
         raise TypeError("a PackedMatrix is made by gemm_pack_b, not constructed directly")
 
     def __repr__(self):
-        return f"PackedMatrix(K={self.K}, N={self.N}, isa={self.isa!r})"
+        return f"PackedMatrix(K={self.K}, N={self.N}, isa={self.isa!r}, precision={self.precision!r})"
 
 
-def gemm_pack_b(b, bint trans_b=False, reuse=None):
+def gemm_pack_b(b, bint trans_b=False, reuse=None, bint bf16=False):
     """op(b) (b if not trans_b, else b.T; K x N) packed once for gemm_packed, as the current
     instruction set's kernels read it. b: a 2-D float32 array with a unit-stride last axis
     (trans_b=True with a [N, K] nn.Linear weight gives op(b) = W^T). Returns a PackedMatrix
     (about the size of b; a copy: later changes to b are not seen). reuse: None, or a
     PackedMatrix that nobody needs any more: when it has the same shape and instruction set it
-    is packed again in place and returned (no new memory), else a new one is returned."""
+    is packed again in place and returned (no new memory), else a new one is returned.
+    bf16: op(b) is rounded to bfloat16 as it is packed, and gemm_packed rounds a the same way
+    (the product gemm(..., bf16=True) computes)."""
     if reuse is not None and (not isinstance(reuse, PackedMatrix) or (<PackedMatrix>reuse).data is None):
         raise TypeError(f"reuse must be None or a PackedMatrix from gemm_pack_b, got "
                         f"{'an empty one' if isinstance(reuse, PackedMatrix) else type(reuse).__name__}")
@@ -243,6 +257,7 @@ def gemm_pack_b(b, bint trans_b=False, reuse=None):
     cdef long ldb, s0, s1
     _gemm_layout(xb, 2, &ldb, &s0, &s1)
     cdef int level = tf_isa()
+    cdef int prec = GEMM_BF16 if bf16 else GEMM_FP32
     cdef long floats = c_gemm_packed_floats(level, N, K)
     cdef PackedMatrix packed
     cdef size_t address
@@ -263,10 +278,11 @@ def gemm_pack_b(b, bint trans_b=False, reuse=None):
     cdef int tb = trans_b
     if floats > 0:
         with nogil:
-            c_gemm_pack_b(level, tb, N, K, pb, ldb, pp)
+            c_gemm_pack_b(level, prec, tb, N, K, pb, ldb, pp)
     data.flags.writeable = False
-    packed.data, packed.N, packed.K, packed.level = data, N, K, level
+    packed.data, packed.N, packed.K, packed.level, packed.prec = data, N, K, level, prec
     packed.isa = tf_isa_name(level).decode()
+    packed.precision = "bf16" if bf16 else "fp32"
     return packed
 
 
@@ -309,10 +325,10 @@ def gemm_packed(a, packed, out, alpha=1.0, bint accumulate=False):
     cdef const float *pa = <const float *>cnp.PyArray_DATA(xa)
     cdef const float *pp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>pm.data)
     cdef float *pc = <float *>cnp.PyArray_DATA(xc)
-    cdef int level = pm.level, acc = accumulate
+    cdef int level = pm.level, acc = accumulate, prec = pm.prec
     cdef long N = pm.N
     with nogil:
-        c_gemm_packed(level, M, N, K, al, pa, lda, pp, acc, pc, ldc)
+        c_gemm_packed(level, prec, M, N, K, al, pa, lda, pp, acc, pc, ldc)
     return out
 
 

@@ -12,6 +12,7 @@ Conventions, the same for every function here:
 import numpy as np
 
 from . import _C
+from .precision import check_precision
 
 __all__ = ["matmul", "softmax", "layer_norm", "positional_encoding"]
 
@@ -70,12 +71,15 @@ def _gemm_operand(x, trans):
     return np.ascontiguousarray(x), trans
 
 
-def matmul(a, b, trans_a=False, trans_b=False, out=None, accumulate=False):
+def matmul(a, b, trans_a=False, trans_b=False, out=None, accumulate=False, precision="fp32"):
     """op(a) @ op(b), where op transposes the last two axes when asked.
 
     a, b: 2-D, or 3-D batched (a 2-D operand is shared by every batch entry).
     With accumulate=True the product is added into `out` (which is then required).
+    precision: "fp32", or "bf16" (every element of a and b rounded to bfloat16, nearest even,
+    before it is multiplied; sums and the result float32). For int8 see int8_linear.
     """
+    precision = check_precision(precision, ("fp32", "bf16"), "matmul (int8 is ops.int8_linear)")
     a = _input(a, "a")
     b = _input(b, "b")
     for name, x in (("a", a), ("b", b)):
@@ -108,7 +112,7 @@ def matmul(a, b, trans_a=False, trans_b=False, out=None, accumulate=False):
             a = np.broadcast_to(a, (batch,) + a.shape)
         if b.ndim == 2:
             b = np.broadcast_to(b, (batch,) + b.shape)
-    _C.gemm(a, b, out, trans_a, trans_b, 1.0, accumulate)
+    _C.gemm(a, b, out, trans_a, trans_b, 1.0, accumulate, precision == "bf16")
     return out
 
 
