@@ -274,3 +274,30 @@ def test_average_refuses_models_of_different_runs(tmp_path):
     for flag in (["--keep-best"], ["--snapshot-every", "2"]):
         done = run_cli("train", *SMALL, "--max-steps", "1", *flag, "--out", str(tmp_path / "x"))
         assert done.returncode != 0 and flag[0] in done.stderr
+
+
+def test_bf16_run_resumes_bit_exactly_in_bf16_and_its_checkpoints_load_in_any_precision(tmp_path, capsys):
+    """--precision bf16: the resumed run keeps bf16 without the flag and repeats the uninterrupted
+    losses exactly; the losses are not fp32's; the model it writes is an ordinary fp32 model."""
+    data = write_corpus(tmp_path / "pairs.tsv")
+    base = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL,
+            "--vocab-size", "60", "--batch-tokens", "300", "--dev-fraction", "0.1"]
+    straight, half, fp32 = (str(tmp_path / n) for n in ("straight", "half", "fp32"))
+    assert cli.main([*base, "--precision", "bf16", "--max-steps", "8", "--out", straight]) == 0
+    assert "precision: bf16" in capsys.readouterr().err
+    assert load_checkpoint(straight).args["precision"] == "bf16"
+    assert cli.main([*base, "--max-steps", "8", "--out", fp32]) == 0
+    assert losses(fp32) != losses(straight)
+    assert losses(fp32)[0] == pytest.approx(losses(straight)[0], rel=1e-2)
+    # --schedule noam: the plan does not depend on the step count, so 4 + 4 steps is 8 steps
+    assert cli.main([*base, "--precision", "bf16", "--schedule", "noam", "--max-steps", "8", "--out", straight]) == 0
+    assert cli.main([*base, "--precision", "bf16", "--schedule", "noam", "--max-steps", "4", "--out", half]) == 0
+    assert cli.main(["train", "--resume", half, "--max-steps", "8", "--quiet"]) == 0
+    assert losses(half) == losses(straight)
+    model = load_for_inference(straight)[0]
+    assert isinstance(model.greedy_decode(np.array([[5, 6, 7]]), max_len=4), list)
+
+
+def test_int8_training_is_refused_with_a_clear_message(tmp_path, capsys):
+    assert cli.main(["train", *SMALL, "--precision", "int8", "--max-steps", "1", "--out", str(tmp_path / "x")]) == 2   # a usage error
+    assert "--precision int8 is for decoding" in capsys.readouterr().err

@@ -398,6 +398,11 @@ def build_parser():
                        help=f"with --data: tokens per batch, padding included (default {TRAIN_DEFAULTS['batch_tokens']})")
     train.add_argument("--batch-size", type=_positive_int,
                        help=f"built-in task: sentences per batch (default {TRAIN_DEFAULTS['batch_size']})")
+    train.add_argument("--precision", choices=["fp32", "bf16", "int8"],
+                       help="fp32 (default), or bf16 mixed precision: every GEMM of forward and backward "
+                            "multiplies bfloat16 operands with float32 sums; weights, gradients, Adam, "
+                            "softmax, layer norm and loss stay float32, and checkpoints are the same. "
+                            "With --resume: the interrupted run's precision unless given")
     train.add_argument("--schedule", choices=["budget", "noam"],
                        help="learning-rate schedule. budget (default with --data): warm-up over the first "
                             "5%% of the budget (--max-steps, or --minutes divided by a measured step time), "

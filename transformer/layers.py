@@ -47,6 +47,7 @@ class Workspace:
     def __init__(self):
         self.key = None
         self.generation = 0   # bumped on every new shape: layers re-make their cached views
+        self.bf16 = False     # the call in progress multiplies bf16 operands (precision="bf16")
         self._backing = {}
         self._views = {}
 
@@ -142,21 +143,23 @@ class Dropout:
 class Linear:
     """A learned linear map y = x Wᵀ + b (sections 3.2.2 and 3.3; the pre-softmax projection of 3.4)."""
 
-    def __init__(self, weight, bias, dweight, dbias):
+    def __init__(self, weight, bias, dweight, dbias, ws):
         self.weight, self.bias, self.dweight, self.dbias = weight, bias, dweight, dbias
+        self.ws = ws
 
     def forward(self, x, out):
         # x [N, in], out [N, out]
-        _C.gemm(x, self.weight, out, False, True)
+        _C.gemm(x, self.weight, out, False, True, bf16=self.ws.bf16)
         _C.add_bias(out, self.bias)
         return out
 
     def backward(self, dout, x, dx=None, accumulate=False):
         # dout [N, out], x [N, in] (the forward input), dx [N, in] or None
-        _C.gemm(dout, x, self.dweight, True, False, 1.0, True)     # dW += doutᵀ x
+        bf16 = self.ws.bf16
+        _C.gemm(dout, x, self.dweight, True, False, 1.0, True, bf16)     # dW += doutᵀ x
         _C.bias_grad(dout, self.dbias)                             # db += colsum(dout)
         if dx is not None:
-            _C.gemm(dout, self.weight, dx, False, False, 1.0, accumulate)   # dx (+)= dout W
+            _C.gemm(dout, self.weight, dx, False, False, 1.0, accumulate, bf16)   # dx (+)= dout W
         return dx
 
 
@@ -199,12 +202,12 @@ class MultiHeadAttention:
         self.scale = 1.0 / math.sqrt(self.d_head)
         self.cross = cross
         if cross:
-            self.q_proj = Linear(w[:d], b[:d], dw[:d], db[:d])
-            self.kv_proj = Linear(w[d:], b[d:], dw[d:], db[d:])
+            self.q_proj = Linear(w[:d], b[:d], dw[:d], db[:d], ws)
+            self.kv_proj = Linear(w[d:], b[d:], dw[d:], db[d:], ws)
         else:
-            self.qkv_proj = Linear(w, b, dw, db)
+            self.qkv_proj = Linear(w, b, dw, db, ws)
         self.out_proj = Linear(params[f"{prefix}.out_proj.weight"], params[f"{prefix}.out_proj.bias"],
-                               grads[f"{prefix}.out_proj.weight"], grads[f"{prefix}.out_proj.bias"])
+                               grads[f"{prefix}.out_proj.weight"], grads[f"{prefix}.out_proj.bias"], ws)
         self.attn_dropout = Dropout(dropout, stream)
         self.ws = ws
         self._key = None
@@ -259,8 +262,8 @@ class MultiHeadAttention:
             self.kv_proj.forward(memory, self.kv)
         else:
             self.qkv_proj.forward(x, self.qkv)
-        probs = self.probs
-        _C.gemm(self.q4, self.k4, probs, False, True)                       # Q Kᵀ
+        probs, bf16 = self.probs, self.ws.bf16
+        _C.gemm(self.q4, self.k4, probs, False, True, bf16=bf16)            # Q Kᵀ
         _C.softmax_forward(probs, probs, self.scale, causal, key_padding_mask)  # softmax(QKᵀ/sqrt(dk))
         if self.attn_dropout.active:
             self.probs_d = self.ws.persistent(self, "probs_d", probs.shape)
@@ -268,22 +271,22 @@ class MultiHeadAttention:
                                self.attn_dropout.stream.seed, self.attn_dropout.offset)
         else:
             self.probs_d = probs
-        _C.gemm(self.probs_d, self.v4, self.ctx4)                            # (.) V, heads concatenated
+        _C.gemm(self.probs_d, self.v4, self.ctx4, bf16=bf16)                 # (.) V, heads concatenated
         return self.out_proj.forward(self.ctx, self.out)                     # Concat(heads) W^O
 
     def backward(self, dout, dx, accumulate=False, dmemory=None, accumulate_memory=False):
         # dout [B*Tq, D] (read before dx is written, so dx may be dout); dx [B*Tq, D];
         # dmemory [B*Tk, D] receives (or, accumulate_memory, adds) the gradient of memory (cross)
         self.out_proj.backward(dout, self.ctx, self.dctx)
-        dprobs = self.dprobs
-        _C.gemm(self.dctx4, self.v4, dprobs, False, True)                    # dP = dC Vᵀ
-        _C.gemm(self.probs_d, self.dctx4, self.dv4, True, False)             # dV = Pᵀ dC
+        dprobs, bf16 = self.dprobs, self.ws.bf16
+        _C.gemm(self.dctx4, self.v4, dprobs, False, True, bf16=bf16)         # dP = dC Vᵀ
+        _C.gemm(self.probs_d, self.dctx4, self.dv4, True, False, bf16=bf16)  # dV = Pᵀ dC
         if self.attn_dropout.active:
             _C.dropout_backward(dprobs, dprobs, self.attn_dropout.p,
                                 self.attn_dropout.stream.seed, self.attn_dropout.offset)
         _C.softmax_backward(self.probs, dprobs, dprobs, self.scale)          # dS (scaled)
-        _C.gemm(dprobs, self.k4, self.dq4)                                   # dQ = dS K
-        _C.gemm(dprobs, self.q4, self.dk4, True, False)                      # dK = dSᵀ Q
+        _C.gemm(dprobs, self.k4, self.dq4, bf16=bf16)                        # dQ = dS K
+        _C.gemm(dprobs, self.q4, self.dk4, True, False, bf16=bf16)           # dK = dSᵀ Q
         if self.cross:
             self.kv_proj.backward(self.dkv, self.memory, dmemory, accumulate_memory)
             self.q_proj.backward(self.dq, self.x, dx, accumulate)
@@ -298,9 +301,9 @@ class FeedForward:
 
     def __init__(self, params, grads, prefix, activation, dropout, stream, ws):
         self.linear1 = Linear(params[f"{prefix}.linear1.weight"], params[f"{prefix}.linear1.bias"],
-                              grads[f"{prefix}.linear1.weight"], grads[f"{prefix}.linear1.bias"])
+                              grads[f"{prefix}.linear1.weight"], grads[f"{prefix}.linear1.bias"], ws)
         self.linear2 = Linear(params[f"{prefix}.linear2.weight"], params[f"{prefix}.linear2.bias"],
-                              grads[f"{prefix}.linear2.weight"], grads[f"{prefix}.linear2.bias"])
+                              grads[f"{prefix}.linear2.weight"], grads[f"{prefix}.linear2.bias"], ws)
         self.activation = activation
         self.dropout = Dropout(dropout, stream)
         self.ws = ws
@@ -314,10 +317,10 @@ class FeedForward:
         self.hidden = ws.persistent(self, "hidden", (n, self.d_ff))
         out = ws.scratch("ffn.out", (n, self.d_model))     # consumed by the caller at once
         self.x = x
-        _C.gemm(x, self.linear1.weight, self.pre, False, True)
+        _C.gemm(x, self.linear1.weight, self.pre, False, True, bf16=ws.bf16)
         _C.bias_act_forward(self.pre, self.linear1.bias, self.hidden, self.activation)
         self.dropout.forward_(self.hidden)
-        _C.gemm(self.hidden, self.linear2.weight, out, False, True)
+        _C.gemm(self.hidden, self.linear2.weight, out, False, True, bf16=ws.bf16)
         _C.add_bias(out, self.linear2.bias)
         return out
 

@@ -17,6 +17,7 @@ from .config import ModelConfig
 from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, LayerNorm, Linear,
                      Workspace)
 from .params import Parameters
+from .precision import check_precision
 from .serialization import atomic_write_bytes, load_file, save_file
 
 __all__ = ["Seq2SeqTransformer", "Encoder", "Decoder"]
@@ -99,7 +100,7 @@ class Seq2SeqTransformer:
              for i in range(cfg.n_decoder_layers)],
             self._norm("transformer.decoder.norm"))
         self.generator = Linear(P["generator.weight"], P["generator.bias"],
-                                G["generator.weight"], G["generator.bias"])
+                                G["generator.weight"], G["generator.bias"], self.ws)
 
     def _norm(self, name):
         P, G = self.params.data, self.params.grad
@@ -150,22 +151,28 @@ class Seq2SeqTransformer:
         return beam_search(self, src, beam_size=beam_size, max_len=max_len,
                            length_penalty=length_penalty, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
 
-    def forward(self, src, tgt_in, return_attention=False):
+    def forward(self, src, tgt_in, return_attention=False, precision="fp32"):
         """Logits float32 [B, T, tgt_vocab] for src [B, S] and the shifted target tgt_in [B, T]
-        (teacher forcing), in eval mode (no dropout).
+        (teacher forcing), in eval mode (no dropout). precision: "fp32" or "bf16" (every GEMM's
+        operands rounded to bfloat16, as forward_backward's).
 
         With return_attention, returns (logits, attention): attention["encoder"],
         attention["decoder_self"] and attention["cross"] are lists with one float32 array per
         layer, [B, H, S, S], [B, H, T, T] and [B, H, T, S]: the softmax weights of every head
         (rows of padded queries are included; masked keys have weight 0)."""
         _check_bool(return_attention, "return_attention")
+        bf16 = check_precision(precision, ("fp32", "bf16"), "forward (int8 is for decoding)") == "bf16"
         src, tgt_in, _ = self._check_inputs(src, tgt_in)
         B, T = tgt_in.shape
         logits = np.empty((B * T, self.cfg.tgt_vocab_size), dtype=np.float32)
         with self._lock:
             self.stream.training = False
-            h = self._encode_decode(src, tgt_in)
-            self.generator.forward(h, logits)
+            self.ws.bf16 = bf16
+            try:
+                h = self._encode_decode(src, tgt_in)
+                self.generator.forward(h, logits)
+            finally:
+                self.ws.bf16 = False
             if not return_attention:
                 return logits.reshape(B, T, -1)
             attention = {
@@ -175,10 +182,15 @@ class Seq2SeqTransformer:
             }
         return logits.reshape(B, T, -1), attention
 
-    def forward_backward(self, src, tgt_in, tgt_out, label_smoothing=0.1):
+    def forward_backward(self, src, tgt_in, tgt_out, label_smoothing=0.1, precision="fp32"):
         """One training pass (dropout on): ADDS d loss / d params into the gradient buffer and
         returns the loss, F.cross_entropy(logits, tgt_out, ignore_index=pad_id,
-        label_smoothing=label_smoothing), the mean over non-pad targets."""
+        label_smoothing=label_smoothing), the mean over non-pad targets.
+
+        precision "bf16": mixed precision. Every GEMM of the forward and backward pass (the linear
+        maps, Q Kᵀ, P V and their gradients) rounds its operands to bfloat16 and sums in float32;
+        weights, gradients, softmax, layer norm, loss, residuals and dropout stay float32."""
+        bf16 = check_precision(precision, ("fp32", "bf16"), "training (int8 is for decoding)") == "bf16"
         src, tgt_in, tgt_out = self._check_inputs(src, tgt_in, tgt_out)
         label_smoothing = _check_smoothing(label_smoothing)
         B, T = tgt_in.shape
@@ -187,6 +199,7 @@ class Seq2SeqTransformer:
         with self._lock:
             self.stream.training = self.cfg.dropout > 0.0
             self.stream.next_call()
+            self.ws.bf16 = bf16
             try:
                 h = self._encode_decode(src, tgt_in)
                 ws = self.ws
@@ -202,6 +215,7 @@ class Seq2SeqTransformer:
                 self.src_embed.backward(self.encoder.backward(dmemory))
             finally:
                 self.stream.training = False
+                self.ws.bf16 = False
         return loss
 
     def _encode_decode(self, src, tgt_in):
@@ -214,10 +228,11 @@ class Seq2SeqTransformer:
         memory = self.encoder.forward(self.src_embed.forward(src), B, S, src_pad)
         return self.decoder.forward(self.tgt_embed.forward(tgt_in), memory, B, T, S, tgt_pad, src_pad)
 
-    def loss_and_grads(self, src, tgt_in, tgt_out, label_smoothing=0.0):
+    def loss_and_grads(self, src, tgt_in, tgt_out, label_smoothing=0.0, precision="fp32"):
         """zero_grad + forward_backward; returns (loss, {name: gradient copy})."""
+        check_precision(precision, ("fp32", "bf16"), "training (int8 is for decoding)")
         self.zero_grad()
-        loss = self.forward_backward(src, tgt_in, tgt_out, label_smoothing)
+        loss = self.forward_backward(src, tgt_in, tgt_out, label_smoothing, precision)
         return loss, {k: v.copy() for k, v in self.params.grad.items()}
 
     def grads(self):

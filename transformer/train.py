@@ -109,6 +109,7 @@ class Trainer:
     def __init__(self, args, model, optimizer, src_tokenizer, tgt_tokenizer, batches_for_epoch,
                  examples, dev, state=None, task=None, clip=clip_grad_norm, checkpoints=True):
         self.args = args
+        self.precision = getattr(args, "precision", None) or "fp32"
         self.model = model
         self.optimizer = optimizer
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
@@ -183,7 +184,8 @@ class Trainer:
                 src, tgt_in, tgt_out = self.next_batch()
                 started = time.perf_counter()
                 self.model.zero_grad()
-                self.model.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing)
+                self.model.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing,
+                                            precision=self.precision)
                 if self.args.clip_norm > 0:
                     self.clip(self.model, self.args.clip_norm)
                 times.append(time.perf_counter() - started)
@@ -230,7 +232,8 @@ class Trainer:
     def step(self):
         src, tgt_in, tgt_out = self.next_batch()
         self.model.zero_grad()
-        loss = self.model.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing)
+        loss = self.model.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing,
+                                           precision=self.precision)
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"non-finite loss ({loss}) at step {self.state.step + 1}")
         if self.args.clip_norm > 0:
@@ -338,6 +341,9 @@ class Trainer:
             if args.minutes is not None:
                 self.state.schedule["budget_seconds"] = 60.0 * args.minutes
         _log(self.describe_schedule(), stream)
+        if self.precision != "fp32":
+            _log(f"precision: {self.precision} (GEMM operands in bfloat16, float32 sums; weights, optimizer "
+                 "and checkpoints float32)", stream)
         run_start, run_start_step = time.monotonic(), self.state.step
         from tqdm import tqdm
 
@@ -580,6 +586,12 @@ def apply_defaults(args):
         # Pre-LN escapes the early unigram plateau sooner: on the Bible corpus, preset small, 150
         # steps of the budget schedule, dev loss 6.00 against post-LN's 6.28 (same data and seed).
         args.norm_first = True
+    if args.precision is None:   # resume: the interrupted run's precision, unless another is asked for
+        started = args.checkpoint.args.get("precision") if args.checkpoint is not None else None
+        args.precision = started or "fp32"
+    if args.precision == "int8":
+        raise FlagError("--precision int8 is for decoding (translate, evaluate); train takes fp32 or bf16 "
+                        "(bf16: every GEMM's operands in bfloat16, weights and optimizer in float32)")
     if args.minutes is None and args.max_steps is None:
         plan = args.checkpoint.train_state.get("schedule") if args.checkpoint is not None else None
         if plan and "budget_seconds" in plan:        # resume: finish the interrupted run's budget
