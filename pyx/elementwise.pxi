@@ -303,3 +303,26 @@ def dropout_mask(n, p, seed, offset=0):
     with nogil:
         c_dropout_mask(&mv[0], <size_t>mv.shape[0], pf, s, o)
     return mask
+
+
+# ---------------------------------------------------------------------------
+# Fingerprint of an array's memory (csrc/checksum.h).
+
+cdef extern from "checksum.h" nogil:
+    uint64_t c_checksum64 "checksum64"(const void *data, size_t bytes)
+
+
+def checksum(x):
+    """A 64-bit fingerprint (int) of the bytes of a C-contiguous array: any change of a single
+    8-byte word changes it; the same on any thread count. For caches that must see in-place changes."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"x must be a numpy.ndarray, got {type(x).__name__}")
+    if not x.flags.c_contiguous:
+        raise ValueError("x must be C-contiguous")
+    cdef cnp.ndarray arr = <cnp.ndarray>x
+    cdef const void *p = cnp.PyArray_DATA(arr)
+    cdef size_t n = <size_t>x.nbytes
+    cdef uint64_t h
+    with nogil:
+        h = c_checksum64(p, n)
+    return int(h)

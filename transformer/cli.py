@@ -15,6 +15,9 @@ TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "seed": 0, "
                   "batch_tokens": 4096, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,
                   "vocab_size": 8000, "max_sentence_tokens": 128, "dev_fraction": 0.05, "dev_max": 500,
                   "eval_limit": 200}
+DECODE_PRECISION_HELP = ("fp32 (default); bf16: linear maps on bfloat16 operands with float32 sums; int8: "
+                         "linear maps on int8 weights (one scale per output row) and int8 activations "
+                         "(one scale per row), int32 sums")
 BENCH_DEFAULTS = {"config": "tiny,base", "families": "gemm,nn,elementwise,loss"}
 # What each --what reads besides --threads and --json; these flags given to another are refused.
 BENCH_FLAGS = {"kernels": ("families", "against"), "train": ("config", "against"), "profile": ("config",),
@@ -275,7 +278,7 @@ def _translate(args):
               f"model's {model.cfg.max_len} positions: translated in {pieces} pieces", file=sys.stderr)
 
     for line in translate_texts(model, src_tok, tgt_tok, texts, beam=args.beam, max_len=args.max_len,
-                                on_split=warn, no_repeat_ngram=args.no_repeat_ngram):
+                                on_split=warn, no_repeat_ngram=args.no_repeat_ngram, precision=args.precision):
         print(line)
     if args.attention:
         from .plot import plot_cross_attention
@@ -302,7 +305,7 @@ def _evaluate(args):
     split = []
     hyps = translate_texts(model, src_tok, tgt_tok, [s for s, _ in pairs], beam=args.beam,
                            on_split=lambda index, subwords, pieces: split.append(index),
-                           no_repeat_ngram=args.no_repeat_ngram)
+                           no_repeat_ngram=args.no_repeat_ngram, precision=args.precision)
     if split:
         print(f"transformer evaluate: warning: {len(split)} source sentences (the first: pair {split[0] + 1}) "
               f"have more subwords than the model's {model.cfg.max_len} positions: translated in pieces",
@@ -450,6 +453,8 @@ def build_parser():
     translate.add_argument("--max-len", type=_positive_int)
     translate.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N",
                            help="never repeat an n-gram of N tokens in an output (0: off)")
+    translate.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+                           help=DECODE_PRECISION_HELP)
     translate.add_argument("--threads", type=_positive_int)
     translate.add_argument("--attention", metavar="FILE.png", help="draw the cross-attention of the first sentence")
     translate.add_argument("text", nargs="*")
@@ -464,6 +469,8 @@ def build_parser():
     evaluate.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N",
                           help="never repeat an n-gram of N tokens in an output (0: off)")
     evaluate.add_argument("--limit", type=_positive_int, help="use only the first N pairs")
+    evaluate.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+                          help=DECODE_PRECISION_HELP)
     evaluate.add_argument("--threads", type=_positive_int)
     evaluate.set_defaults(func=_evaluate)
 

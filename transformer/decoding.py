@@ -10,17 +10,26 @@ at its length limit, and drop finished sentences from the batch so later steps
 cost less.
 
 Every step multiplies a few rows by every decoder weight, so the weights stream
-from memory each step: each call packs them once as the GEMM kernels read them
-(_C.gemm_pack_b), which makes that stream sequential. The model keeps the call's
-buffers (packed weights, caches: about the decoder's size, plus the caches) for
-the next call, because fresh memory costs a page fault per 4 KiB; the weights are
-packed again every call, so changes to them are always seen.
+from memory each step: they are kept packed as the kernels read them (_C.gemm_pack_b),
+which makes that stream sequential. The model keeps the call's buffers (packed
+weights: about the decoder's size, plus the caches) for the next call, because fresh
+memory costs a page fault per 4 KiB; packed weights are redone whenever the weights
+changed since (prepared.py: a fingerprint per matrix), so changes are always seen.
+
+Precision (per call): "fp32"; "bf16": every linear map's operands rounded to bfloat16
+(float32 sums); "int8": every linear map (encoder, decoder, and the output projection
+unless INT8_GENERATOR says otherwise) on int8 weights quantized per output row and
+activations quantized per row on the fly, and the embedding tables' rows quantized the
+same way (what an int8 file holds). Attention over the caches, layer norm, softmax and
+the residual stream stay float32 in every precision.
 """
 import math
 
 import numpy as np
 
 from . import _C
+from .precision import check_precision
+from .prepared import PreparedWeights
 
 # The length limit when a call passes max_len=None: per sentence, MAX_LEN_A * (its source's
 # non-pad tokens) + MAX_LEN_B, clamped to the model's max_len; fairseq's --max-len-a/--max-len-b
@@ -28,6 +37,9 @@ from . import _C
 # (untrained, or stuck repeating itself) stops at a length that fits its input.
 MAX_LEN_A = 2
 MAX_LEN_B = 10
+
+# The output projection's precision in int8 decoding (measured: see benchmarks/README.md).
+INT8_GENERATOR = "int8"
 
 
 class DecoderCache:
@@ -43,7 +55,7 @@ class DecoderCache:
     """
 
     def __init__(self, model, memory, src_pad, rows_per_sentence, max_steps, keep_attention=False,
-                 workspace=None):
+                 workspace=None, precision="fp32"):
         cfg = model.cfg
         # Big buffers come from `workspace` (a dict one call hands to the next, see
         # _lend_workspace): fresh memory would cost a page fault and a page cleared by the
@@ -58,6 +70,8 @@ class DecoderCache:
             return held[:size].reshape(shape)
 
         weights = model.params.data
+        prepared = _prepared(model, ws)
+        self.precision = precision
         B, S, D = memory.shape
         H = cfg.n_heads
         self.cfg, self.w = cfg, weights
@@ -77,8 +91,13 @@ class DecoderCache:
             w, b = weights[f"{prefix}.in_proj_weight"], weights[f"{prefix}.in_proj_bias"]
             heads = []
             for part in (1, 2):
-                _C.gemm(flat_memory, w[part * D:(part + 1) * D], projected, trans_b=True)
-                _C.add_bias(projected, b[part * D:(part + 1) * D])
+                rows = slice(part * D, (part + 1) * D)
+                if precision == "int8":
+                    packed = prepared.linear("int8", f"{prefix}.in_proj_weight", w, rows)
+                    _C.qgemm_packed(flat_memory, packed, b[rows], projected)
+                else:
+                    _C.gemm(flat_memory, w[rows], projected, trans_b=True, bf16=precision == "bf16")
+                    _C.add_bias(projected, b[rows])
                 # A copy (never a view: `projected` is reused for the values).
                 heads.append(buffer(("memory", layer, part), (B, H, S, self.dh)))
                 np.copyto(heads[-1], projected.reshape(B, S, H, self.dh).transpose(0, 2, 1, 3))
@@ -112,42 +131,48 @@ class DecoderCache:
         self.attention = [] if keep_attention else None
 
         # Each layer's weights looked up once (the step loop runs per token); the matrices the
-        # step multiplies by are packed once per call as the GEMM kernels read them (x @ W^T
-        # for few rows then streams W at memory speed, csrc/gemm.h: gemm_packed). Packing per
-        # call, not per model, means no packed copy can go stale when the weights change.
+        # step multiplies by are kept packed as the kernels read them (x @ W^T for few rows then
+        # streams W at memory speed, csrc/gemm.h: gemm_packed), converted again whenever the
+        # weights changed (prepared.py), so no packed copy is ever stale.
         def norm(name):
             return (weights[f"{name}.weight"], weights[f"{name}.bias"])
 
-        def linear(name, weight=None, bias=None):
-            weight = weights[f"{name}.weight"] if weight is None else weight
-            bias = weights[f"{name}.bias"] if bias is None else bias
-            packed = ws[("packed", name)] = _C.gemm_pack_b(weight, trans_b=True, reuse=ws.get(("packed", name)))
-            return (packed, bias)
+        def linear(name, rows=None, bias=None, precision=precision):
+            full = weights[name]
+            bias = weights[name.replace("_weight", "_bias").replace(".weight", ".bias")] if bias is None else bias
+            return (prepared.linear(precision, name, full, rows), bias if rows is None else bias[rows])
 
         self.layers = []
         for layer in range(cfg.n_decoder_layers):
             p = f"transformer.decoder.layers.{layer}"
             self.layers.append(dict(
                 norm1=norm(f"{p}.norm1"), norm2=norm(f"{p}.norm2"), norm3=norm(f"{p}.norm3"),
-                qkv=linear(f"{p}.self_attn.in_proj", weights[f"{p}.self_attn.in_proj_weight"],
-                           weights[f"{p}.self_attn.in_proj_bias"]),
-                self_out=linear(f"{p}.self_attn.out_proj"),
-                cross_q=linear(f"{p}.multihead_attn.q_proj", weights[f"{p}.multihead_attn.in_proj_weight"][:D],
-                               weights[f"{p}.multihead_attn.in_proj_bias"][:D]),
-                cross_out=linear(f"{p}.multihead_attn.out_proj"),
-                linear1=linear(f"{p}.linear1"), linear2=linear(f"{p}.linear2")))
+                qkv=linear(f"{p}.self_attn.in_proj_weight"),
+                self_out=linear(f"{p}.self_attn.out_proj.weight"),
+                cross_q=linear(f"{p}.multihead_attn.in_proj_weight", slice(0, D)),
+                cross_out=linear(f"{p}.multihead_attn.out_proj.weight"),
+                linear1=linear(f"{p}.linear1.weight"), linear2=linear(f"{p}.linear2.weight")))
         self.final_norm = norm("transformer.decoder.norm")
-        self.generator = linear("generator")
-        self.embed = weights["tgt_embed.weight"]
+        self.generator = linear("generator.weight",
+                                precision=INT8_GENERATOR if precision == "int8" else precision)
+        self.embed = prepared.table(precision, "tgt_embed.weight", weights["tgt_embed.weight"])
         self.embed_scale = math.sqrt(D)
 
     def _layer_norm(self, weight_bias, x, out, n):
         _C.layernorm_forward(x[:n], weight_bias[0], weight_bias[1], out[:n], self.mean[:n], self.rstd[:n])
 
     @staticmethod
-    def _linear(weight_bias, x, out):
-        _C.gemm_packed(x, weight_bias[0], out)
-        _C.add_bias(out, weight_bias[1])
+    def _mul(packed, x, out, bias=None):
+        """out = x @ W^T (+ bias) for a packed W of any precision."""
+        if isinstance(packed, _C.PackedMatrix):
+            _C.gemm_packed(x, packed, out)
+            if bias is not None:
+                _C.add_bias(out, bias)
+        else:
+            _C.qgemm_packed(x, packed, bias, out)
+
+    def _linear(self, weight_bias, x, out):
+        self._mul(weight_bias[0], x, out, weight_bias[1])
 
     def step(self, ids, t):
         """Feed token ids [n] at position t; returns logits [n, V] (a view, valid until the next step)."""
@@ -167,7 +192,7 @@ class DecoderCache:
             _C.attention_cache_store(qkv[:, 2 * D:], self.self_v[layer], t, slot)
             _C.attention_decode(qkv[:, :D], self.self_k[layer], self.self_v[layer], t + 1, ctx, self.scale,
                                 key_rows=origin)
-            _C.gemm_packed(ctx, w["self_out"][0], tmp)
+            self._mul(w["self_out"][0], ctx, tmp)
             self._residual(w["norm1"], x, tmp, w["self_out"][1], n, post)
 
             # Cross-attention over the encoder output.
@@ -178,14 +203,14 @@ class DecoderCache:
                 probs = np.empty((n, self.H, self.S), np.float32)
             _C.attention_decode(query, self.memory_k[layer], self.memory_v[layer], self.S, ctx, self.scale,
                                 self.src_pad, probs, rows=sentence)
-            _C.gemm_packed(ctx, w["cross_out"][0], tmp)
+            self._mul(w["cross_out"][0], ctx, tmp)
             self._residual(w["norm2"], x, tmp, w["cross_out"][1], n, post)
 
             # Position-wise feed-forward (section 3.3).
             source = self._sublayer_input(w["norm3"], x, n)
-            _C.gemm_packed(source, w["linear1"][0], self.ff_pre[:n])
+            self._mul(w["linear1"][0], source, self.ff_pre[:n])
             _C.bias_act_forward(self.ff_pre[:n], w["linear1"][1], self.ff_act[:n], cfg.activation)
-            _C.gemm_packed(self.ff_act[:n], w["linear2"][0], tmp)
+            self._mul(w["linear2"][0], self.ff_act[:n], tmp)
             self._residual(w["norm3"], x, tmp, w["linear2"][1], n, post)
 
         self._layer_norm(self.final_norm, x, h, n)
@@ -231,6 +256,14 @@ def _lend_workspace(model):
 
 def _return_workspace(model, workspace):
     model.__dict__["_decoding_workspace"] = workspace
+
+
+def _prepared(model, workspace):
+    """The PreparedWeights a workspace carries from call to call (prepared.py)."""
+    prepared = workspace.get("prepared")
+    if prepared is None:
+        prepared = workspace["prepared"] = PreparedWeights(model._int8_seed)
+    return prepared
 
 
 def _check_int(value, name):
@@ -287,7 +320,8 @@ def _strip(tokens, eos_id):
     return tokens[:tokens.index(eos_id)] if eos_id in tokens else tokens
 
 
-def greedy_decode(model, src, max_len=None, min_len=0, return_attention=False, no_repeat_ngram=0):
+def greedy_decode(model, src, max_len=None, min_len=0, return_attention=False, no_repeat_ngram=0,
+                  precision="fp32"):
     """Batched greedy decoding. Returns a list of token-id lists (BOS dropped, cut before EOS).
 
     Each sentence stops at its length limit: min(max_len, the model's max_len) for an int max_len,
@@ -298,22 +332,25 @@ def greedy_decode(model, src, max_len=None, min_len=0, return_attention=False, n
     with nothing else left may end before min_len; csrc/beam.h: no_repeat_ngram_ban). The
     hypothesis is the generated tokens: Hugging Face counts the start token too, which bans the
     same tokens, since BOS is never generated again.
-    With return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
+    With return_attention, also each sentence's last-layer cross-attention [steps, H, S].
+    precision: "fp32", "bf16" or "int8" (module docstring)."""
+    precision = check_precision(precision)
     src, limits, min_len, no_repeat_ngram = _check_decode_args(model, src, max_len, min_len, no_repeat_ngram)
     workspace = _lend_workspace(model)
     try:
-        return _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace)
+        return _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace,
+                              precision)
     finally:
         _return_workspace(model, workspace)
 
 
-def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace):
+def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace, precision):
     cfg = model.cfg
     B = src.shape[0]
     steps = int(limits.max())
-    memory = model.encode(src)
+    memory = model._encode(src, precision, _prepared(model, workspace))
     cache = DecoderCache(model, memory, src == cfg.pad_id, 1, steps, keep_attention=return_attention,
-                         workspace=workspace)
+                         workspace=workspace, precision=precision)
     out = np.full((B, steps), cfg.pad_id, dtype=np.int64)     # sentence -> its tokens so far
     lengths = limits.copy()                      # a sentence that never ends stops at its limit
     alive = np.arange(B, dtype=np.int64)         # row -> sentence
@@ -353,7 +390,8 @@ def _length_penalty(length, alpha):
     return ((5.0 + length) / 6.0) ** alpha
 
 
-def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0):
+def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0,
+                precision="fp32"):
     """Batched beam search. Returns the best hypothesis per sentence (token-id lists, BOS dropped,
     cut before EOS), ranked by log-probability / ((5 + length) / 6) ** length_penalty.
 
@@ -364,8 +402,10 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
     plus the token's) are ranked best first, ties by beam then token; csrc/beam.c does the ranking
     and the walk through it, Python only records finished hypotheses. no_repeat_ngram as in
     greedy_decode, applied to each beam's own hypothesis after the log-softmax (the banned tokens'
-    probability is not given to the others, as in Hugging Face's beam search).
+    probability is not given to the others, as in Hugging Face's beam search). precision as in
+    greedy_decode.
     """
+    precision = check_precision(precision)
     if isinstance(beam_size, bool) or not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
         raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) \
@@ -375,18 +415,18 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
     workspace = _lend_workspace(model)
     try:
         return _beam_search(model, src, int(beam_size), limits, float(length_penalty), min_len, no_repeat_ngram,
-                            workspace)
+                            workspace, precision)
     finally:
         _return_workspace(model, workspace)
 
 
-def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace):
+def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace, precision):
     cfg = model.cfg
     eos = cfg.eos_id
     B = src.shape[0]
     max_len = int(limits.max())
-    memory = model.encode(src)
-    cache = DecoderCache(model, memory, src == cfg.pad_id, K, max_len, workspace=workspace)
+    memory = model._encode(src, precision, _prepared(model, workspace))
+    cache = DecoderCache(model, memory, src == cfg.pad_id, K, max_len, workspace=workspace, precision=precision)
 
     sentences = np.arange(B)                      # live sentence slots -> sentence index
     scores = np.full((B, K), -np.inf, dtype=np.float64)

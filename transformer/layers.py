@@ -48,6 +48,7 @@ class Workspace:
         self.key = None
         self.generation = 0   # bumped on every new shape: layers re-make their cached views
         self.bf16 = False     # the call in progress multiplies bf16 operands (precision="bf16")
+        self.int8 = None      # or, for an int8 inference call, its PreparedWeights (prepared.py)
         self._backing = {}
         self._views = {}
 
@@ -143,13 +144,26 @@ class Dropout:
 class Linear:
     """A learned linear map y = x Wᵀ + b (sections 3.2.2 and 3.3; the pre-softmax projection of 3.4)."""
 
-    def __init__(self, weight, bias, dweight, dbias, ws):
+    def __init__(self, weight, bias, dweight, dbias, ws, name, full=None, rows=None):
         self.weight, self.bias, self.dweight, self.dbias = weight, bias, dweight, dbias
         self.ws = ws
+        # weight is parameter `name` (`full`), or its rows `rows` (a slice): int8 calls look the
+        # quantized matrix up by these
+        self.name, self.full, self.rows = name, weight if full is None else full, rows
+
+    def matmul(self, x, out):
+        """out = x Wᵀ (no bias), at the precision of the call in progress."""
+        ws = self.ws
+        if ws.int8 is not None:
+            packed = ws.int8.linear("int8", self.name, self.full, self.rows)
+            _C.qgemm_packed(x, packed, None, out)
+        else:
+            _C.gemm(x, self.weight, out, False, True, bf16=ws.bf16)
+        return out
 
     def forward(self, x, out):
         # x [N, in], out [N, out]
-        _C.gemm(x, self.weight, out, False, True, bf16=self.ws.bf16)
+        self.matmul(x, out)
         _C.add_bias(out, self.bias)
         return out
 
@@ -202,12 +216,14 @@ class MultiHeadAttention:
         self.scale = 1.0 / math.sqrt(self.d_head)
         self.cross = cross
         if cross:
-            self.q_proj = Linear(w[:d], b[:d], dw[:d], db[:d], ws)
-            self.kv_proj = Linear(w[d:], b[d:], dw[d:], db[d:], ws)
+            name = f"{prefix}.in_proj_weight"
+            self.q_proj = Linear(w[:d], b[:d], dw[:d], db[:d], ws, name, w, slice(0, d))
+            self.kv_proj = Linear(w[d:], b[d:], dw[d:], db[d:], ws, name, w, slice(d, 3 * d))
         else:
-            self.qkv_proj = Linear(w, b, dw, db, ws)
+            self.qkv_proj = Linear(w, b, dw, db, ws, f"{prefix}.in_proj_weight")
         self.out_proj = Linear(params[f"{prefix}.out_proj.weight"], params[f"{prefix}.out_proj.bias"],
-                               grads[f"{prefix}.out_proj.weight"], grads[f"{prefix}.out_proj.bias"], ws)
+                               grads[f"{prefix}.out_proj.weight"], grads[f"{prefix}.out_proj.bias"], ws,
+                               f"{prefix}.out_proj.weight")
         self.attn_dropout = Dropout(dropout, stream)
         self.ws = ws
         self._key = None
@@ -301,9 +317,11 @@ class FeedForward:
 
     def __init__(self, params, grads, prefix, activation, dropout, stream, ws):
         self.linear1 = Linear(params[f"{prefix}.linear1.weight"], params[f"{prefix}.linear1.bias"],
-                              grads[f"{prefix}.linear1.weight"], grads[f"{prefix}.linear1.bias"], ws)
+                              grads[f"{prefix}.linear1.weight"], grads[f"{prefix}.linear1.bias"], ws,
+                              f"{prefix}.linear1.weight")
         self.linear2 = Linear(params[f"{prefix}.linear2.weight"], params[f"{prefix}.linear2.bias"],
-                              grads[f"{prefix}.linear2.weight"], grads[f"{prefix}.linear2.bias"], ws)
+                              grads[f"{prefix}.linear2.weight"], grads[f"{prefix}.linear2.bias"], ws,
+                              f"{prefix}.linear2.weight")
         self.activation = activation
         self.dropout = Dropout(dropout, stream)
         self.ws = ws
@@ -317,10 +335,10 @@ class FeedForward:
         self.hidden = ws.persistent(self, "hidden", (n, self.d_ff))
         out = ws.scratch("ffn.out", (n, self.d_model))     # consumed by the caller at once
         self.x = x
-        _C.gemm(x, self.linear1.weight, self.pre, False, True, bf16=ws.bf16)
+        self.linear1.matmul(x, self.pre)
         _C.bias_act_forward(self.pre, self.linear1.bias, self.hidden, self.activation)
         self.dropout.forward_(self.hidden)
-        _C.gemm(self.hidden, self.linear2.weight, out, False, True, bf16=ws.bf16)
+        self.linear2.matmul(self.hidden, out)
         _C.add_bias(out, self.linear2.bias)
         return out
 
@@ -344,11 +362,12 @@ class Embedding:
         self.dropout = Dropout(dropout, stream)
         self.ws = ws
 
-    def forward(self, ids):
-        # ids int64 [B, T] -> [B*T, D]
+    def forward(self, ids, table=None):
+        # ids int64 [B, T] -> [B*T, D]; table: another table to read (int8 inference: dequantized)
         B, T = ids.shape
         out = self.ws.persistent(self, "out", (B * T, self.d_model))
-        _C.embedding_forward(ids, self.table, out.reshape(B, T, self.d_model), self.scale, self.pe, 0)
+        _C.embedding_forward(ids, self.table if table is None else table, out.reshape(B, T, self.d_model),
+                             self.scale, self.pe, 0)
         self.ids = ids
         return self.dropout.forward_(out)
 

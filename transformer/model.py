@@ -18,6 +18,7 @@ from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, Layer
                      Workspace)
 from .params import Parameters
 from .precision import check_precision
+from .prepared import PreparedWeights
 from .serialization import atomic_write_bytes, load_file, save_file
 
 __all__ = ["Seq2SeqTransformer", "Encoder", "Decoder"]
@@ -83,6 +84,7 @@ class Seq2SeqTransformer:
         self.seed = int(seed)
         self.params = Parameters(cfg, self.seed)
         self.ws = Workspace()
+        self._int8_seed = {}      # {name: (q, scale)} from an int8 file (prepared.py)
         self.stream = DropoutStream(self.seed)
         self._lock = threading.Lock()
         P, G, p = self.params.data, self.params.grad, cfg.dropout
@@ -100,7 +102,7 @@ class Seq2SeqTransformer:
              for i in range(cfg.n_decoder_layers)],
             self._norm("transformer.decoder.norm"))
         self.generator = Linear(P["generator.weight"], P["generator.bias"],
-                                G["generator.weight"], G["generator.bias"], self.ws)
+                                G["generator.weight"], G["generator.bias"], self.ws, "generator.weight")
 
     def _norm(self, name):
         P, G = self.params.data, self.params.grad
@@ -121,35 +123,55 @@ class Seq2SeqTransformer:
 
     # ------------------------------------------------------------------ running
 
-    def encode(self, src):
-        """The encoder output (memory) float32 [B, S, d_model] for src [B, S], eval mode (a new array)."""
+    def encode(self, src, precision="fp32"):
+        """The encoder output (memory) float32 [B, S, d_model] for src [B, S], eval mode (a new array).
+        precision: "fp32", "bf16" (GEMM operands rounded to bfloat16) or "int8" (weights quantized
+        per row, activations per row on the fly, prepared.py)."""
         src = self.check_ids(src, "src", self.cfg.src_vocab_size)
+        return self._encode(src, check_precision(precision), None)
+
+    def _encode(self, src, precision, prepared):
+        """encode, src checked; `prepared`: the PreparedWeights to take int8 matrices from."""
         B, S = src.shape
+        if precision == "int8" and prepared is None:
+            prepared = PreparedWeights(self._int8_seed)
         with self._lock:
             self.stream.training = False
             self.ws.reset((B, S, 0))
-            memory = self.encoder.forward(self.src_embed.forward(src), B, S,
-                                          _padding_mask(src, self.cfg.pad_id))
+            self.ws.bf16 = precision == "bf16"
+            self.ws.int8 = prepared if precision == "int8" else None
+            try:
+                table = None if prepared is None else prepared.table(precision, "src_embed.weight",
+                                                                      self.src_embed.table)
+                memory = self.encoder.forward(self.src_embed.forward(src, table), B, S,
+                                              _padding_mask(src, self.cfg.pad_id))
+            finally:
+                self.ws.bf16, self.ws.int8 = False, None
             return memory.reshape(B, S, -1).copy()
 
-    def greedy_decode(self, src, max_len=None, min_len=0, return_attention=False, no_repeat_ngram=0):
+    def greedy_decode(self, src, max_len=None, min_len=0, return_attention=False, no_repeat_ngram=0,
+                      precision="fp32"):
         """Greedy decoding with a key/value cache: list of token-id lists (BOS dropped, cut at EOS).
         max_len None: each sentence's limit is min(2 * its source length + 10, cfg.max_len);
         no_repeat_ngram N > 0: no n-gram of N tokens twice (decoding.py: greedy_decode).
-        With return_attention, also each sentence's last-layer cross-attention [steps, H, S]."""
+        precision: "fp32", "bf16" or "int8" (decoding.py). With return_attention, also each
+        sentence's last-layer cross-attention [steps, H, S]."""
         from .decoding import greedy_decode
         _check_bool(return_attention, "return_attention")
         return greedy_decode(self, src, max_len=max_len, min_len=min_len,
-                             return_attention=bool(return_attention), no_repeat_ngram=no_repeat_ngram)
+                             return_attention=bool(return_attention), no_repeat_ngram=no_repeat_ngram,
+                             precision=precision)
 
-    def beam_search(self, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0):
-        """Beam search with a key/value cache: the best hypothesis per sentence (max_len and
-        no_repeat_ngram as in greedy_decode)."""
+    def beam_search(self, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0,
+                    precision="fp32"):
+        """Beam search with a key/value cache: the best hypothesis per sentence (max_len,
+        no_repeat_ngram and precision as in greedy_decode)."""
         from .decoding import beam_search
         if isinstance(length_penalty, np.floating):     # np.float32(0.6) is a number too
             length_penalty = float(length_penalty)
         return beam_search(self, src, beam_size=beam_size, max_len=max_len,
-                           length_penalty=length_penalty, min_len=min_len, no_repeat_ngram=no_repeat_ngram)
+                           length_penalty=length_penalty, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+                           precision=precision)
 
     def forward(self, src, tgt_in, return_attention=False, precision="fp32"):
         """Logits float32 [B, T, tgt_vocab] for src [B, S] and the shifted target tgt_in [B, T]

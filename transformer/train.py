@@ -466,7 +466,7 @@ def split_to_fit(ids, limit, tokenizer=None):
 
 
 def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=None, batch_size=64,
-                    on_split=None, no_repeat_ngram=0):
+                    on_split=None, no_repeat_ngram=0, precision="fp32"):
     """Translate a list of strings, batching sentences of similar length; results in input order.
 
     An empty or blank text translates to "". A text of more subwords than the model has positions
@@ -488,9 +488,11 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=
         src = collate([(encoded[i], [], []) for i in chunk], range(len(chunk)), cfg.pad_id)[0]
         # max_len None: the model's own limit per sentence, relative to its source length
         if beam > 1:
-            hyps = model.beam_search(src, beam_size=beam, max_len=max_len, no_repeat_ngram=no_repeat_ngram)
+            hyps = model.beam_search(src, beam_size=beam, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
+                                     precision=precision)
         else:
-            hyps = model.greedy_decode(src, max_len=max_len, no_repeat_ngram=no_repeat_ngram)
+            hyps = model.greedy_decode(src, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
+                                       precision=precision)
         for i, hyp in zip(chunk, hyps):
             results[i] = tgt_tokenizer.decode(hyp)
     joined = [[] for _ in texts]
