@@ -1,10 +1,16 @@
-"""An independent float64 oracle for bf16 mixed-precision training (tests only).
+"""An independent float64 oracle for reduced precision (tests only).
 
-The network of DESIGN.md written out functionally in torch, float64 throughout, except that every
-GEMM of the forward and of the backward pass rounds its two operands to bfloat16 first, as the
-engine's precision="bf16" does (the same products: linear maps, Q Kᵀ, P V, and in backward
-dX = dY W, dW = dYᵀ X, dQ = dS K, dK = dSᵀ Q, dP = dC Vᵀ, dV = Pᵀ dC). With rounding=False it is
-the plain float64 network (the fp32 engine's oracle).
+The network of DESIGN.md written out functionally in torch, float64 throughout, except where the
+engine's precision rounds:
+
+- loss(..., rounding=True): every GEMM of the forward and of the backward pass rounds its two
+  operands to bfloat16 first, as forward_backward(precision="bf16") does (the same products:
+  linear maps, Q Kᵀ, P V, and in backward dX = dY W, dW = dYᵀ X, dQ = dS K, dK = dSᵀ Q,
+  dP = dC Vᵀ, dV = Pᵀ dC). With rounding=False it is the plain float64 network.
+- logits(..., linear="bf16" | "int8" | None): inference, where only the linear maps are reduced
+  (decoding's precision): bf16 operands, or int8 (csrc/qgemm.h: weights and activations quantized
+  per row with float32 arithmetic, integer products summed exactly, dequantized as the kernel
+  does); attention products, softmax, layer norm and residuals float64.
 """
 import math
 
@@ -29,20 +35,73 @@ def make(torch, rounding=True, dtype=None):
     return MatMul.apply
 
 
+def quantize_rows(torch, x):
+    """(q as float64, scale float32 as float64) per row, as csrc/qgemm.h: amax in float32,
+    inv = 127 / amax in float32, q = rint(x * inv) (float32 product, ties to even), scale = amax / 127."""
+    x32 = x.detach().to(torch.float32)
+    amax = x32.abs().amax(dim=-1, keepdim=True)
+    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    inv = torch.tensor(127.0, dtype=torch.float32) / safe
+    q = torch.round(x32 * inv).clamp(-127, 127)
+    q = torch.where(amax > 0, q, torch.zeros_like(q))
+    scale = torch.where(amax > 0, amax / torch.tensor(127.0, dtype=torch.float32), torch.zeros_like(amax))
+    return q.to(torch.float64), scale.to(torch.float64)
+
+
+def int8_linear(torch, x, w, b):
+    """x @ w^T + b as the int8 kernel computes it: exact integer sums, then
+    float32((float)acc * float32(xs * ws) + b) with one rounding (fmaf)."""
+    qx, xs = quantize_rows(torch, x)
+    qw, ws = quantize_rows(torch, w)
+    acc = qx @ qw.transpose(-1, -2)                       # exact: integers below 2^53
+    s = (xs.to(torch.float32) * ws.transpose(-1, -2).to(torch.float32)).to(torch.float64)
+    acc32 = acc.to(torch.float32).to(torch.float64)        # (float)acc
+    out = acc32 * s + b.detach().to(torch.float32).to(torch.float64)
+    return out.to(torch.float32).to(torch.float64)
+
+
+def logits(torch, cfg, params, pe, src, tgt_in, linear=None, tables=None):
+    """Logits float64 [B, T, V] in eval mode, linear maps reduced as `linear` says (module doc).
+    tables: {name: float32 table} to read instead of the embedding parameters (int8: dequantized)."""
+    params = dict(params)
+    params.update(tables or {})
+    rounding = linear == "bf16"
+    with torch.no_grad():
+        out, _ = _network(torch, cfg, params, pe, src, tgt_in, rounding=False, linear_rounding=rounding,
+                          int8=linear == "int8", dtype=torch.float64, grad=False)
+    return out
+
+
 def loss(torch, cfg, params, pe, src, tgt_in, tgt_out, label_smoothing, rounding=True, dtype=None):
     """(loss, {name: float64 leaf tensor}) for float32 numpy params; call loss.backward()."""
     F = torch.nn.functional
-    dtype = dtype or torch.float64
+    out, P = _network(torch, cfg, params, pe, src, tgt_in, rounding, rounding, False, dtype or torch.float64, True)
+    tgt_out = torch.tensor(np.asarray(tgt_out), dtype=torch.long)
+    value = F.cross_entropy(out.reshape(-1, out.shape[-1]), tgt_out.reshape(-1),
+                            ignore_index=cfg.pad_id, label_smoothing=label_smoothing)
+    return value, P
+
+
+def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int8, dtype, grad):
+    """(logits, leaves): `rounding` rounds the attention products to bf16, `linear_rounding` the
+    linear maps; `int8` makes the linear maps int8 (csrc/qgemm.h)."""
+    F = torch.nn.functional
     mm = make(torch, rounding, dtype)
-    P = {k: torch.tensor(v, dtype=dtype, requires_grad=True) for k, v in params.items()}
+    lm = make(torch, linear_rounding, dtype)
+    P = {k: torch.tensor(v, dtype=dtype, requires_grad=grad) for k, v in params.items()}
     D, H = cfg.d_model, cfg.n_heads
     dh = D // H
     pe = torch.tensor(pe, dtype=dtype)
-    src, tgt_in, tgt_out = (torch.tensor(np.asarray(x), dtype=torch.long) for x in (src, tgt_in, tgt_out))
+    src, tgt_in = (torch.tensor(np.asarray(x), dtype=torch.long) for x in (src, tgt_in))
     act = F.relu if cfg.activation == "relu" else F.gelu
 
+    def project(x, w, b):
+        if int8:
+            return int8_linear(torch, x, w, b)
+        return lm(x, w.t()) + b
+
     def linear(x, name):
-        return mm(x, P[f"{name}.weight"].t()) + P[f"{name}.bias"]
+        return project(x, P[f"{name}.weight"], P[f"{name}.bias"])
 
     def norm(x, name):
         return F.layer_norm(x, (D,), P[f"{name}.weight"], P[f"{name}.bias"], 1e-5)
@@ -52,9 +111,13 @@ def loss(torch, cfg, params, pe, src, tgt_in, tgt_out, label_smoothing, rounding
 
     def attention(x, mem, name, key_pad, causal):
         w, b = P[f"{name}.in_proj_weight"], P[f"{name}.in_proj_bias"]
-        q = mm(x, w[:D].t()) + b[:D]
-        k = mm(mem, w[D:2 * D].t()) + b[D:2 * D]
-        v = mm(mem, w[2 * D:].t()) + b[2 * D:]
+        if x is mem:   # self-attention: one fused projection, as the engine does (same rows)
+            qkv = project(x, w, b)
+            q, k, v = qkv[..., :D], qkv[..., D:2 * D], qkv[..., 2 * D:]
+        else:
+            q = project(x, w[:D], b[:D])
+            k = project(mem, w[D:2 * D], b[D:2 * D])
+            v = project(mem, w[2 * D:], b[2 * D:])
         scores = mm(heads(q), heads(k).transpose(-1, -2)) / math.sqrt(dh)
         hide = key_pad[:, None, None, :]
         if causal:
@@ -92,7 +155,4 @@ def loss(torch, cfg, params, pe, src, tgt_in, tgt_out, label_smoothing, rounding
             y = norm(y + attention(y, mem, f"{n}.multihead_attn", src_pad, False), f"{n}.norm2")
             y = norm(y + ff(y, n), f"{n}.norm3")
     y = norm(y, "transformer.decoder.norm")
-    logits = linear(y, "generator")
-    out = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt_out.reshape(-1),
-                          ignore_index=cfg.pad_id, label_smoothing=label_smoothing)
-    return out, P
+    return linear(y, "generator"), P

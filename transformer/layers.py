@@ -47,7 +47,8 @@ class Workspace:
     def __init__(self):
         self.key = None
         self.generation = 0   # bumped on every new shape: layers re-make their cached views
-        self.bf16 = False     # the call in progress multiplies bf16 operands (precision="bf16")
+        self.bf16 = False     # the call in progress: linear maps on bf16 operands (precision="bf16")
+        self.bf16_attention = False   # and the attention products too (training, forward)
         self.int8 = None      # or, for an int8 inference call, its PreparedWeights (prepared.py)
         self._backing = {}
         self._views = {}
@@ -278,7 +279,7 @@ class MultiHeadAttention:
             self.kv_proj.forward(memory, self.kv)
         else:
             self.qkv_proj.forward(x, self.qkv)
-        probs, bf16 = self.probs, self.ws.bf16
+        probs, bf16 = self.probs, self.ws.bf16_attention
         _C.gemm(self.q4, self.k4, probs, False, True, bf16=bf16)            # Q Kᵀ
         _C.softmax_forward(probs, probs, self.scale, causal, key_padding_mask)  # softmax(QKᵀ/sqrt(dk))
         if self.attn_dropout.active:
@@ -294,7 +295,7 @@ class MultiHeadAttention:
         # dout [B*Tq, D] (read before dx is written, so dx may be dout); dx [B*Tq, D];
         # dmemory [B*Tk, D] receives (or, accumulate_memory, adds) the gradient of memory (cross)
         self.out_proj.backward(dout, self.ctx, self.dctx)
-        dprobs, bf16 = self.dprobs, self.ws.bf16
+        dprobs, bf16 = self.dprobs, self.ws.bf16_attention
         _C.gemm(self.dctx4, self.v4, dprobs, False, True, bf16=bf16)         # dP = dC Vᵀ
         _C.gemm(self.probs_d, self.dctx4, self.dv4, True, False, bf16=bf16)  # dV = Pᵀ dC
         if self.attn_dropout.active:

@@ -18,7 +18,7 @@ from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, Layer
                      Workspace)
 from .params import Parameters
 from .precision import check_precision
-from .prepared import PreparedWeights
+from .prepared import PreparedWeights, dequantize, quantize
 from .serialization import atomic_write_bytes, load_file, save_file
 
 __all__ = ["Seq2SeqTransformer", "Encoder", "Decoder"]
@@ -67,6 +67,24 @@ class Decoder:
         for i, layer in enumerate(reversed(self.layers)):
             d = layer.backward(d, dmemory, accumulate_memory=i > 0)
         return d
+
+
+def _split_int8(sd):
+    """In place: every int8 matrix of `sd` (with its "<name>.scale") replaced by its dequantized
+    float32 values; returns {name: (q, scale)}. ValueError for a matrix without a valid scale."""
+    seeds = {}
+    for name in [k for k, v in sd.items() if v.dtype == np.int8]:
+        q, scale = sd[name], sd.pop(f"{name}.scale", None)
+        if q.ndim != 2:
+            raise ValueError(f"int8 tensor {name!r} must be 2-D, got shape {q.shape}")
+        if scale is None or scale.dtype != np.float32 or scale.shape != (q.shape[0],):
+            raise ValueError(f"int8 tensor {name!r} needs a float32 {name + '.scale'!r} of shape "
+                             f"({q.shape[0]},), got {None if scale is None else (scale.dtype, scale.shape)}")
+        if not (np.isfinite(scale).all() and (scale >= 0).all()):
+            raise ValueError(f"{name + '.scale'!r} must hold finite scales >= 0")
+        seeds[name] = (np.ascontiguousarray(q), np.ascontiguousarray(scale))
+        sd[name] = dequantize(q, scale)
+    return seeds       # a stray ".scale" stays in sd: load_state_dict names it as unexpected
 
 
 class Seq2SeqTransformer:
@@ -125,8 +143,9 @@ class Seq2SeqTransformer:
 
     def encode(self, src, precision="fp32"):
         """The encoder output (memory) float32 [B, S, d_model] for src [B, S], eval mode (a new array).
-        precision: "fp32", "bf16" (GEMM operands rounded to bfloat16) or "int8" (weights quantized
-        per row, activations per row on the fly, prepared.py)."""
+        precision: "fp32", "bf16" (the linear maps' operands rounded to bfloat16) or "int8" (their
+        weights quantized per row, activations per row on the fly, prepared.py); attention float32,
+        as in decoding."""
         src = self.check_ids(src, "src", self.cfg.src_vocab_size)
         return self._encode(src, check_precision(precision), None)
 
@@ -175,26 +194,35 @@ class Seq2SeqTransformer:
 
     def forward(self, src, tgt_in, return_attention=False, precision="fp32"):
         """Logits float32 [B, T, tgt_vocab] for src [B, S] and the shifted target tgt_in [B, T]
-        (teacher forcing), in eval mode (no dropout). precision: "fp32" or "bf16" (every GEMM's
-        operands rounded to bfloat16, as forward_backward's).
+        (teacher forcing), in eval mode (no dropout). precision: "fp32", "bf16" or "int8", as in
+        decoding (decoding.py: the linear maps reduced, attention float32), so these are the
+        logits that greedy_decode(precision=...) computes step by step.
 
         With return_attention, returns (logits, attention): attention["encoder"],
         attention["decoder_self"] and attention["cross"] are lists with one float32 array per
         layer, [B, H, S, S], [B, H, T, T] and [B, H, T, S]: the softmax weights of every head
         (rows of padded queries are included; masked keys have weight 0)."""
+        from .decoding import INT8_GENERATOR
         _check_bool(return_attention, "return_attention")
-        bf16 = check_precision(precision, ("fp32", "bf16"), "forward (int8 is for decoding)") == "bf16"
+        precision = check_precision(precision)
         src, tgt_in, _ = self._check_inputs(src, tgt_in)
         B, T = tgt_in.shape
         logits = np.empty((B * T, self.cfg.tgt_vocab_size), dtype=np.float32)
+        prepared = PreparedWeights(self._int8_seed) if precision == "int8" else None
         with self._lock:
             self.stream.training = False
-            self.ws.bf16 = bf16
+            self.ws.bf16 = precision == "bf16"
+            self.ws.int8 = prepared
             try:
-                h = self._encode_decode(src, tgt_in)
+                tables = None if prepared is None else tuple(
+                    prepared.table(precision, name, self.params.data[name])
+                    for name in ("src_embed.weight", "tgt_embed.weight"))
+                h = self._encode_decode(src, tgt_in, tables)
+                if prepared is not None and INT8_GENERATOR != "int8":
+                    self.ws.int8, self.ws.bf16 = None, INT8_GENERATOR == "bf16"
                 self.generator.forward(h, logits)
             finally:
-                self.ws.bf16 = False
+                self.ws.bf16, self.ws.int8 = False, None
             if not return_attention:
                 return logits.reshape(B, T, -1)
             attention = {
@@ -221,7 +249,7 @@ class Seq2SeqTransformer:
         with self._lock:
             self.stream.training = self.cfg.dropout > 0.0
             self.stream.next_call()
-            self.ws.bf16 = bf16
+            self.ws.bf16 = self.ws.bf16_attention = bf16
             try:
                 h = self._encode_decode(src, tgt_in)
                 ws = self.ws
@@ -237,18 +265,20 @@ class Seq2SeqTransformer:
                 self.src_embed.backward(self.encoder.backward(dmemory))
             finally:
                 self.stream.training = False
-                self.ws.bf16 = False
+                self.ws.bf16 = self.ws.bf16_attention = False
         return loss
 
-    def _encode_decode(self, src, tgt_in):
+    def _encode_decode(self, src, tgt_in, tables=None):
+        """tables: (source, target) embedding tables to read instead of the parameters, or None."""
         B, S = src.shape
         T = tgt_in.shape[1]
         self.ws.reset((B, S, T))
         pad = self.cfg.pad_id
         src_pad = _padding_mask(src, pad)
         tgt_pad = _padding_mask(tgt_in, pad)
-        memory = self.encoder.forward(self.src_embed.forward(src), B, S, src_pad)
-        return self.decoder.forward(self.tgt_embed.forward(tgt_in), memory, B, T, S, tgt_pad, src_pad)
+        src_table, tgt_table = tables or (None, None)
+        memory = self.encoder.forward(self.src_embed.forward(src, src_table), B, S, src_pad)
+        return self.decoder.forward(self.tgt_embed.forward(tgt_in, tgt_table), memory, B, T, S, tgt_pad, src_pad)
 
     def loss_and_grads(self, src, tgt_in, tgt_out, label_smoothing=0.0, precision="fp32"):
         """zero_grad + forward_backward; returns (loss, {name: gradient copy})."""
@@ -304,15 +334,37 @@ class Seq2SeqTransformer:
             for k, v in sd.items():
                 np.copyto(data[k], v, casting="unsafe")
 
-    def save(self, path):
-        """Write the directory `path`: config.json and model.safetensors (atomic writes, no pickle)."""
+    def int8_matrices(self):
+        """Names of the matrices an int8 model stores quantized: every linear map's weight and the
+        embedding tables (the output projection too unless decoding.INT8_GENERATOR keeps it wider)."""
+        from .decoding import INT8_GENERATOR
+        names = [k for k, v in self.params.data.items() if v.ndim == 2]
+        return [k for k in names if k != "generator.weight" or INT8_GENERATOR == "int8"]
+
+    def save(self, path, precision="fp32"):
+        """Write the directory `path`: config.json and model.safetensors (atomic writes, no pickle).
+
+        precision "int8": the matrices of int8_matrices() are stored quantized (int8, one float32
+        scale per row under "<name>.scale": a quarter of their float32 size), as int8 decoding
+        uses them; load() gives a model whose float32 weights are their dequantized values and
+        whose int8 decoding uses the stored integers as they are (nothing quantized again)."""
+        precision = check_precision(precision, ("fp32", "int8"), "saving (bf16 models are saved as fp32)")
         path = _path(path)
         os.makedirs(path, exist_ok=True)
         atomic_write_bytes(os.path.join(path, CONFIG_FILE),
                            (json.dumps(self.cfg.to_dict(), indent=2, sort_keys=True) + "\n").encode())
         with self._lock:
-            save_file(self.params.data, os.path.join(path, WEIGHTS_FILE),
-                      metadata={"format": "transformer.Seq2SeqTransformer"})
+            tensors = dict(self.params.data)
+            if precision == "int8":
+                for name in self.int8_matrices():
+                    seed = self._int8_seed.get(name)
+                    if seed is not None and np.array_equal(dequantize(*seed), tensors[name]):
+                        q, scale = seed
+                    else:
+                        q, scale = quantize(tensors[name])
+                    tensors[name], tensors[f"{name}.scale"] = q, scale
+            save_file(tensors, os.path.join(path, WEIGHTS_FILE),
+                      metadata={"format": "transformer.Seq2SeqTransformer", "precision": precision})
 
     @classmethod
     def load(cls, path):
@@ -330,12 +382,15 @@ class Seq2SeqTransformer:
             cfg = ModelConfig.from_dict(raw)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{cfg_path}: invalid config ({exc})") from None
-        sd = load_file(os.path.join(path, WEIGHTS_FILE))
+        weights = os.path.join(path, WEIGHTS_FILE)
+        sd = load_file(weights)
         model = cls(cfg)
         try:
+            seeds = _split_int8(sd)
             model.load_state_dict(sd)
         except (TypeError, ValueError) as exc:
-            raise ValueError(f"{os.path.join(path, WEIGHTS_FILE)}: {exc}") from None
+            raise ValueError(f"{weights}: {exc}") from None
+        model._int8_seed.update(seeds)
         return model
 
     # ------------------------------------------------------------------ input checks

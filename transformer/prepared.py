@@ -62,7 +62,7 @@ class PreparedWeights:
         fingerprint, isa, held, fresh = self._held(key, w)
         if fresh:
             return held[2]
-        reuse = held[2] if held is not None else None
+        reuse = held[2] if held is not None and held[1] == isa else None   # same layout: refill it
         if precision == "int8":
             q, scale = self._quantized(name, w, rows)
             converted = _C.qgemm_pack(q, scale, reuse=reuse)

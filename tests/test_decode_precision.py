@@ -1,0 +1,218 @@
+"""Reduced-precision inference: forward / greedy_decode / beam_search / encode with precision
+"bf16" or "int8", int8 model files, and weights converted once per weights version.
+
+Oracle: tests/bf16_oracle.py `logits`, the network in float64 with only the linear maps reduced
+(bf16 operands; or int8 weights and activations quantized per row by the kernel's float32 rule,
+exact integer sums, the kernel's dequantization), embedding tables dequantized for int8. The
+engine computes the same roundings on float32 intermediates, so its logits are near the oracle's
+(a value on a rounding boundary can land on the other side: rare, and diluted in a sum); the fp32
+engine's logits are far from them, so these comparisons see whether the reduction happened.
+"""
+import os
+
+import numpy as np
+import pytest
+
+import transformer as T
+from transformer import _C, decoding, prepared
+
+from conftest import num_threads
+
+torch = pytest.importorskip("torch")
+import bf16_oracle  # noqa: E402
+
+REDUCED = ("bf16", "int8")
+
+
+def make_model(norm_first=True, seed=0):
+    cfg = T.ModelConfig(src_vocab_size=53, tgt_vocab_size=59, d_model=64, n_heads=4, d_ff=96,
+                        n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, norm_first=norm_first, max_len=32)
+    return T.Seq2SeqTransformer(cfg, seed=seed)
+
+
+def inputs(cfg, seed=0, B=3, S=7, Tt=6):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(3, cfg.src_vocab_size, (B, S))
+    tin = rng.integers(3, cfg.tgt_vocab_size, (B, Tt))
+    tin[:, 0] = cfg.bos_id
+    src[1, S - 2:] = cfg.pad_id
+    tin[2, Tt - 2:] = cfg.pad_id
+    return src, tin
+
+
+def oracle_logits(model, src, tin, precision):
+    tables = None
+    if precision == "int8":
+        tables = {name: prepared.dequantize(*prepared.quantize(model.params.data[name]))
+                  for name in ("src_embed.weight", "tgt_embed.weight")}
+    linear = None if precision == "fp32" else precision
+    return bf16_oracle.logits(torch, model.cfg, model.state_dict(), model.pe, src, tin, linear, tables).numpy()
+
+
+def nonpad(x, tin, pad):
+    return x[tin != pad]
+
+
+@pytest.mark.parametrize("norm_first", [True, False])
+@pytest.mark.parametrize("precision", REDUCED)
+def test_logits_match_the_oracle_that_reduces_the_same_linear_maps(isa, precision, norm_first):
+    model = make_model(norm_first, seed=1)
+    src, tin = inputs(model.cfg, seed=2)
+    got = nonpad(model.forward(src, tin, precision=precision).astype(np.float64), tin, model.cfg.pad_id)
+    want = nonpad(oracle_logits(model, src, tin, precision), tin, model.cfg.pad_id)
+    fp32 = nonpad(model.forward(src, tin).astype(np.float64), tin, model.cfg.pad_id)
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max() / scale
+    err32 = np.abs(fp32 - want).max() / scale
+    assert err <= 2e-4, f"{precision}: max error {err:.3g} of the logits' scale"
+    assert err32 >= 10 * err, f"the fp32 logits are as close ({err32:.3g}): the test would not see a missed reduction"
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_reduced_logits_stay_close_to_fp32(precision):
+    model = make_model(seed=3)
+    src, tin = inputs(model.cfg, seed=4)
+    got, fp32 = model.forward(src, tin, precision=precision), model.forward(src, tin)
+    assert not np.array_equal(got, fp32)
+    assert np.abs(got - fp32).max() <= 0.05 * np.abs(fp32).max()
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_greedy_decoding_follows_the_forward_logits_of_its_precision(precision):
+    """The key/value-cached step loop and the full forward pass use the same reduced linear maps:
+    each greedy token is the argmax of forward(prefix, precision) (or a near-tie of it)."""
+    model = make_model(seed=5)
+    cfg = model.cfg
+    src, _ = inputs(cfg, seed=6)
+    hyps = model.greedy_decode(src, max_len=8, precision=precision)
+    for b, hyp in enumerate(hyps):
+        prefix = [cfg.bos_id]
+        for token in hyp + ([cfg.eos_id] if len(hyp) < 8 else []):
+            logits = model.forward(src[b:b + 1], np.array([prefix]), precision=precision)[0, -1].astype(np.float64)
+            logits[[cfg.pad_id, cfg.bos_id]] = -np.inf
+            assert logits[token] >= logits.max() - 1e-4 * np.abs(logits[np.isfinite(logits)]).max(), \
+                f"sentence {b}, step {len(prefix)}: token {token} is not the argmax {logits.argmax()}"
+            prefix.append(token)
+
+
+@pytest.mark.parametrize("precision", REDUCED)
+def test_decoding_bits_do_not_depend_on_thread_count(precision, restore_threads):
+    model = make_model(seed=7)
+    src, tin = inputs(model.cfg, seed=8, B=5)
+    results = []
+    for n in (1, 2, 3):
+        with num_threads(n):
+            results.append((model.forward(src, tin, precision=precision),
+                            model.greedy_decode(src, max_len=8, precision=precision),
+                            model.beam_search(src, beam_size=3, max_len=8, precision=precision)))
+    for logits, greedy, beam in results[1:]:
+        assert np.array_equal(logits.view(np.uint32), results[0][0].view(np.uint32))
+        assert greedy == results[0][1] and beam == results[0][2]
+
+
+def test_weights_are_converted_once_per_weights_version(monkeypatch):
+    model = make_model(seed=9)
+    src, _ = inputs(model.cfg, seed=10)
+    quantized = []
+    real = prepared.quantize
+    monkeypatch.setattr(prepared, "quantize", lambda w: quantized.append(w.shape) or real(w))
+    first = model.greedy_decode(src, max_len=6, precision="int8")
+    n_first = len(quantized)
+    assert n_first > 0
+    assert model.greedy_decode(src, max_len=6, precision="int8") == first
+    assert model.beam_search(src, beam_size=2, max_len=6, precision="int8") is not None
+    assert len(quantized) == n_first            # nothing quantized again: the weights did not change
+    model.params.data["transformer.decoder.layers.1.linear2.weight"][0, 0] += 0.5   # in place
+    model.greedy_decode(src, max_len=6, precision="int8")
+    assert quantized[n_first:] == [model.params.data["transformer.decoder.layers.1.linear2.weight"].shape]
+
+
+@pytest.mark.parametrize("precision", ("fp32",) + REDUCED)
+def test_decoding_sees_weights_changed_in_place_in_every_precision(precision):
+    model = make_model(seed=11)
+    src, _ = inputs(model.cfg, seed=12)
+    before = model.greedy_decode(src, max_len=8, precision=precision), \
+        model.beam_search(src, beam_size=3, max_len=8, precision=precision)
+    rng = np.random.default_rng(13)
+    for name, w in model.params.data.items():
+        w += rng.normal(0, 0.3, w.shape).astype(np.float32)     # encoder and embeddings too
+    fresh = make_model(seed=14)
+    fresh.load_state_dict(model.state_dict())
+    after = model.greedy_decode(src, max_len=8, precision=precision), \
+        model.beam_search(src, beam_size=3, max_len=8, precision=precision)
+    assert after == (fresh.greedy_decode(src, max_len=8, precision=precision),
+                     fresh.beam_search(src, beam_size=3, max_len=8, precision=precision))
+    assert after != before
+
+
+def test_int8_file_is_a_quarter_and_loads_without_quantizing_again(tmp_path, monkeypatch):
+    model = make_model(seed=15)
+    src, tin = inputs(model.cfg, seed=16)
+    model.save(tmp_path / "fp32")
+    model.save(tmp_path / "int8", precision="int8")
+    matrices = sum(model.params.data[k].size for k in model.int8_matrices())
+    others = model.num_parameters() - matrices
+    size32 = os.path.getsize(tmp_path / "fp32" / "model.safetensors")
+    size8 = os.path.getsize(tmp_path / "int8" / "model.safetensors")
+    rows = sum(model.params.data[k].shape[0] for k in model.int8_matrices())
+    assert size8 - size32 == pytest.approx(-3 * matrices + 4 * rows, abs=4096)   # headers differ a little
+    assert size8 < 0.3 * size32 + 4 * others
+
+    want = (model.forward(src, tin, precision="int8"), model.greedy_decode(src, max_len=8, precision="int8"),
+            model.beam_search(src, beam_size=3, max_len=8, precision="int8"))
+    monkeypatch.setattr(prepared, "quantize", lambda w: pytest.fail("quantized a loaded int8 matrix again"))
+    loaded = T.Seq2SeqTransformer.load(tmp_path / "int8")
+    got = (loaded.forward(src, tin, precision="int8"), loaded.greedy_decode(src, max_len=8, precision="int8"),
+           loaded.beam_search(src, beam_size=3, max_len=8, precision="int8"))
+    assert np.array_equal(got[0], want[0]) and got[1:] == want[1:]
+    # its float32 weights are the dequantized matrices: fp32 decoding works, and saving int8
+    # again writes the same integers
+    assert isinstance(loaded.greedy_decode(src, max_len=4), list)
+    loaded.save(tmp_path / "again", precision="int8")
+    assert (tmp_path / "again" / "model.safetensors").read_bytes() == (tmp_path / "int8" / "model.safetensors").read_bytes()
+
+
+def test_damaged_int8_files_are_refused(tmp_path):
+    from transformer.serialization import load_file, save_file
+    model = make_model(seed=17)
+    model.save(tmp_path / "int8", precision="int8")
+    path = tmp_path / "int8" / "model.safetensors"
+    good = load_file(str(path))
+    name = "transformer.decoder.layers.0.linear1.weight"
+    cases = {
+        "no scale": {k: v for k, v in good.items() if k != f"{name}.scale"},
+        "scale of the wrong shape": {**good, f"{name}.scale": good[f"{name}.scale"][:-1]},
+        "negative scale": {**good, f"{name}.scale": -good[f"{name}.scale"]},
+        "nan scale": {**good, f"{name}.scale": np.full_like(good[f"{name}.scale"], np.nan)},
+        "stray scale": {**good, "generator.bias.scale": np.ones(3, np.float32)},
+    }
+    for what, tensors in cases.items():
+        save_file(tensors, str(path))
+        with pytest.raises(ValueError, match="model.safetensors"):
+            T.Seq2SeqTransformer.load(tmp_path / "int8")
+        assert what
+
+
+def test_unknown_or_unsupported_precision_is_refused():
+    model = make_model(seed=18)
+    src, tin = inputs(model.cfg, seed=19)
+    for bad in ("fp16", "INT8", None, 8):
+        for call in (lambda p: model.greedy_decode(src, precision=p), lambda p: model.beam_search(src, precision=p),
+                     lambda p: model.encode(src, precision=p), lambda p: model.forward(src, tin, precision=p),
+                     lambda p: model.save("/nonexistent/never", precision=p)):
+            with pytest.raises(ValueError, match="precision must be one of 'fp32', 'bf16', 'int8'"):
+                call(bad)
+    with pytest.raises(ValueError, match="precision='bf16' is not available for saving"):
+        model.save("/nonexistent/never", precision="bf16")
+
+
+def test_int8_output_projection_setting_is_honoured(monkeypatch):
+    """decoding.INT8_GENERATOR keeps the output projection wider when asked: its logits then come
+    from that precision's product."""
+    model = make_model(seed=20)
+    src, tin = inputs(model.cfg, seed=21)
+    int8 = model.forward(src, tin, precision="int8")
+    monkeypatch.setattr(decoding, "INT8_GENERATOR", "fp32")
+    wide = model.forward(src, tin, precision="int8")
+    assert not np.array_equal(wide, int8)
+    assert "generator.weight" not in model.int8_matrices()
