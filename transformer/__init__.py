@@ -20,13 +20,14 @@ def get_num_threads():
 
 
 def build_info():
-    """What was built and what is in use: compiler, OpenMP, SIMD level, threads."""
+    """What was built and what is in use: compiler, OpenMP, SIMD level, int8 kernel, threads."""
     return {
         "version": __version__,
         "compiler": _C.compiler(),
         "openmp": _C.openmp_version(),
         "isa": _C.isa(),
         "best_isa": _C.best_isa(),
+        "int8": _C.int8_path(),
         "threads": _C.get_num_threads(),
         "cpu_count": _os.cpu_count(),
     }

@@ -14,7 +14,7 @@ import numpy as np
 from . import _C
 from .precision import check_precision
 
-__all__ = ["matmul", "softmax", "layer_norm", "positional_encoding"]
+__all__ = ["matmul", "softmax", "layer_norm", "positional_encoding", "quantize_int8", "int8_linear"]
 
 
 def _input(x, name):
@@ -172,6 +172,48 @@ def positional_encoding(max_len, d_model):
     out = np.empty((max_len, d_model), dtype=np.float32)
     _C.positional_encoding(out)
     return out
+
+
+def quantize_int8(w):
+    """Symmetric int8 weights, one scale per output row: (q int8 [N, K], scale float32 [N]) with
+    w ~= q * scale[:, None]. w: a float32 [N, K] Linear weight (y = x @ w.T + b), finite.
+    q and scale are what an int8 model saves (a quarter of w's size); see csrc/qgemm.h."""
+    w = _input(w, "w")
+    if w.ndim != 2:
+        raise ValueError(f"w must be 2-D [N, K], got shape {w.shape}")
+    return _C.qgemm_quantize(np.ascontiguousarray(w))
+
+
+def int8_linear(x, q, scale, bias=None):
+    """x @ (q * scale[:, None]).T + bias with int8 arithmetic: each row of x quantized on the fly
+    (its own scale), int32 sums, float32 result [..., N]. x: float32 [M, K] or [B, T, K]; q, scale
+    from quantize_int8; bias: None or float32 [N]. Packs q on every call: for the same weights
+    many times, pack once with _C.qgemm_pack and call _C.qgemm_packed."""
+    x = _input(x, "x")
+    if x.ndim not in (2, 3):
+        raise ValueError(f"x must be 2-D [M, K] or 3-D [B, T, K], got shape {x.shape}")
+    if not isinstance(q, np.ndarray):
+        raise TypeError(f"q must be a numpy.ndarray, got {type(q).__name__}")
+    if q.dtype != np.int8:
+        raise TypeError(f"q must have dtype int8, got {q.dtype}")
+    if q.ndim != 2:
+        raise ValueError(f"q must be 2-D [N, K], got shape {q.shape}")
+    scale = _input(scale, "scale")
+    n, k = q.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x must have {k} features in its last axis (q is {q.shape}), got shape {x.shape}")
+    if scale.shape != (n,):
+        raise ValueError(f"scale must have shape ({n},), got {scale.shape}")
+    if bias is not None:
+        bias = _input(bias, "bias")
+        if bias.shape != (n,):
+            raise ValueError(f"bias must have shape ({n},), got {bias.shape}")
+        bias = np.ascontiguousarray(bias)
+    packed = _C.qgemm_pack(np.ascontiguousarray(q), np.ascontiguousarray(scale))
+    rows = x.reshape(-1, k) if x.size else np.zeros((int(np.prod(x.shape[:-1])), k), np.float32)
+    out = np.empty((rows.shape[0], n), dtype=np.float32)
+    _C.qgemm_packed(np.ascontiguousarray(rows), packed, bias, out)
+    return out.reshape(x.shape[:-1] + (n,))
 
 
 def _count(value, name, minimum):
