@@ -40,11 +40,12 @@ def quantize_rows(torch, x):
     inv = 127 / amax in float32, q = rint(x * inv) (float32 product, ties to even), scale = amax / 127."""
     x32 = x.detach().to(torch.float32)
     amax = x32.abs().amax(dim=-1, keepdim=True)
-    safe = torch.where(amax > 0, amax, torch.ones_like(amax))
+    tiny = amax < 2.0 ** -120     # csrc/qgemm.h: QGEMM_TINY, zeros and scale 0
+    safe = torch.where(tiny, torch.ones_like(amax), amax)
     inv = torch.tensor(127.0, dtype=torch.float32) / safe
     q = torch.round(x32 * inv).clamp(-127, 127)
-    q = torch.where(amax > 0, q, torch.zeros_like(q))
-    scale = torch.where(amax > 0, amax / torch.tensor(127.0, dtype=torch.float32), torch.zeros_like(amax))
+    q = torch.where(tiny, torch.zeros_like(q), q)
+    scale = torch.where(tiny, torch.zeros_like(amax), amax / torch.tensor(127.0, dtype=torch.float32))
     return q.to(torch.float64), scale.to(torch.float64)
 
 

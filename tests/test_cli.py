@@ -1,5 +1,6 @@
 """The command line talks to people: an expected failure is one line naming the flag, a flag that
 would be silently ignored is refused, blank lines stay blank and over-long lines are split."""
+import json
 import os
 import shutil
 import subprocess
@@ -220,3 +221,31 @@ def test_resume_accepts_the_checkpoints_own_settings(run, tmp_path):
     shutil.copytree(run["out"], copy)
     done = run_cli("train", "--resume", copy, *SMALL, "--batch-size", "4", "--seed", "0", "--max-steps", "3")
     assert done.returncode == 0, done.stderr
+
+
+# -- precision -----------------------------------------------------------------------------------------
+
+def test_quantize_writes_an_int8_model_that_translates_and_evaluates_in_int8(run):
+    int8 = str(run["root"] / "int8")
+    done = run_cli("quantize", "--model", run["out"], "--out", int8)
+    assert done.returncode == 0, done.stderr
+    assert os.path.getsize(os.path.join(int8, "model.safetensors")) < \
+        0.5 * os.path.getsize(os.path.join(run["out"], "model.safetensors"))
+    texts = "abc\nhello world\n"
+    by_default = run_cli("translate", "--model", int8, "--beam", "1", stdin=texts)
+    assert by_default.returncode == 0, by_default.stderr
+    # an int8 model decodes in int8 unless told otherwise: the same as asking for it on the original
+    asked = run_cli("translate", "--model", run["out"], "--beam", "1", "--precision", "int8", stdin=texts)
+    assert by_default.stdout == asked.stdout
+    done = run_cli("evaluate", "--model", int8, "--data", run["data"], "--src-col", "eng", "--tgt-col", "fake")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["precision"] == "int8"
+    done = run_cli("evaluate", "--model", run["out"], "--data", run["data"], "--src-col", "eng",
+                   "--tgt-col", "fake", "--precision", "bf16", "--beam", "2")
+    assert done.returncode == 0 and json.loads(done.stdout)["precision"] == "bf16"
+
+
+def test_an_unknown_precision_names_the_choices(run):
+    done = run_cli("translate", "--model", run["out"], "--precision", "fp8", "hi")
+    assert done.returncode == 2
+    assert "--precision" in done.stderr and "'fp32', 'bf16', 'int8'" in done.stderr

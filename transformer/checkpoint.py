@@ -108,9 +108,10 @@ def load_checkpoint(directory):
     return Checkpoint(model, optimizer, train_state, args, src_tokenizer, tgt_tokenizer)
 
 
-def save_inference_files(directory, model, src_tokenizer, tgt_tokenizer):
-    """config.json + model.safetensors + the tokenizers: what `translate --model DIR` loads."""
-    model.save(directory)
+def save_inference_files(directory, model, src_tokenizer, tgt_tokenizer, precision="fp32"):
+    """config.json + model.safetensors + the tokenizers: what `translate --model DIR` loads.
+    precision "int8": the weight matrices stored quantized (Seq2SeqTransformer.save)."""
+    model.save(directory, precision=precision)
     src_tokenizer.save(os.path.join(directory, SRC_TOKENIZER_FILE))
     tgt_tokenizer.save(os.path.join(directory, TGT_TOKENIZER_FILE))
 

@@ -15,9 +15,9 @@ TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "seed": 0, "
                   "batch_tokens": 4096, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,
                   "vocab_size": 8000, "max_sentence_tokens": 128, "dev_fraction": 0.05, "dev_max": 500,
                   "eval_limit": 200}
-DECODE_PRECISION_HELP = ("fp32 (default); bf16: linear maps on bfloat16 operands with float32 sums; int8: "
-                         "linear maps on int8 weights (one scale per output row) and int8 activations "
-                         "(one scale per row), int32 sums")
+DECODE_PRECISION_HELP = ("fp32 (default; int8 for a model written by `transformer quantize`); bf16: linear "
+                         "maps on bfloat16 operands with float32 sums; int8: linear maps on int8 weights (one "
+                         "scale per output row) and int8 activations (one scale per row), int32 sums")
 BENCH_DEFAULTS = {"config": "tiny,base", "families": "gemm,nn,elementwise,loss"}
 # What each --what reads besides --threads and --json; these flags given to another are refused.
 BENCH_FLAGS = {"kernels": ("families", "against"), "train": ("config", "against"), "profile": ("config",),
@@ -278,7 +278,8 @@ def _translate(args):
               f"model's {model.cfg.max_len} positions: translated in {pieces} pieces", file=sys.stderr)
 
     for line in translate_texts(model, src_tok, tgt_tok, texts, beam=args.beam, max_len=args.max_len,
-                                on_split=warn, no_repeat_ngram=args.no_repeat_ngram, precision=args.precision):
+                                on_split=warn, no_repeat_ngram=args.no_repeat_ngram,
+                                precision=args.precision or model.stored_precision):
         print(line)
     if args.attention:
         from .plot import plot_cross_attention
@@ -303,15 +304,16 @@ def _evaluate(args):
         pairs, report = read_pairs(args.data, args.src_col, args.tgt_col, max_pairs=args.limit)
     print(report.summary(), file=sys.stderr)
     split = []
+    precision = args.precision or model.stored_precision
     hyps = translate_texts(model, src_tok, tgt_tok, [s for s, _ in pairs], beam=args.beam,
                            on_split=lambda index, subwords, pieces: split.append(index),
-                           no_repeat_ngram=args.no_repeat_ngram, precision=args.precision)
+                           no_repeat_ngram=args.no_repeat_ngram, precision=precision)
     if split:
         print(f"transformer evaluate: warning: {len(split)} source sentences (the first: pair {split[0] + 1}) "
               f"have more subwords than the model's {model.cfg.max_len} positions: translated in pieces",
               file=sys.stderr)
     scores = score_translations(hyps, [t for _, t in pairs])
-    print(json.dumps({"pairs": len(pairs), "beam": args.beam,
+    print(json.dumps({"pairs": len(pairs), "beam": args.beam, "precision": precision,
                       **{k: round(v, 2) for k, v in scores.items()}}))
     return 0
 
@@ -324,6 +326,17 @@ def _average(args):
     with blame("--out", args.out):
         save_inference_files(args.out, model, src_tok, tgt_tok)
     print(f"averaged {len(args.models)} models into {args.out}", file=sys.stderr)
+    return 0
+
+
+def _quantize(args):
+    from .checkpoint import save_inference_files
+
+    model, src_tok, tgt_tok = _load_model(args.model)
+    with blame("--out", args.out):
+        save_inference_files(args.out, model, src_tok, tgt_tok, precision="int8")
+    print(f"wrote the int8 model {args.out} (its weight matrices quantized per row; translate and "
+          "evaluate decode it in int8 unless given another --precision)", file=sys.stderr)
     return 0
 
 
@@ -453,7 +466,7 @@ def build_parser():
     translate.add_argument("--max-len", type=_positive_int)
     translate.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N",
                            help="never repeat an n-gram of N tokens in an output (0: off)")
-    translate.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+    translate.add_argument("--precision", choices=["fp32", "bf16", "int8"],
                            help=DECODE_PRECISION_HELP)
     translate.add_argument("--threads", type=_positive_int)
     translate.add_argument("--attention", metavar="FILE.png", help="draw the cross-attention of the first sentence")
@@ -469,7 +482,7 @@ def build_parser():
     evaluate.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N",
                           help="never repeat an n-gram of N tokens in an output (0: off)")
     evaluate.add_argument("--limit", type=_positive_int, help="use only the first N pairs")
-    evaluate.add_argument("--precision", choices=["fp32", "bf16", "int8"], default="fp32",
+    evaluate.add_argument("--precision", choices=["fp32", "bf16", "int8"],
                           help=DECODE_PRECISION_HELP)
     evaluate.add_argument("--threads", type=_positive_int)
     evaluate.set_defaults(func=_evaluate)
@@ -479,6 +492,10 @@ def build_parser():
     average.add_argument("--out", required=True, metavar="DIR", help="where to write the averaged model")
     average.set_defaults(func=_average)
 
+    quantize = sub.add_parser("quantize", help="write an int8 copy of a model (a quarter of the weights' size)")
+    quantize.add_argument("--model", required=True, metavar="DIR")
+    quantize.add_argument("--out", required=True, metavar="DIR", help="where to write the int8 model")
+    quantize.set_defaults(func=_quantize)
     info = sub.add_parser("info", help="print build_info(): compiler, OpenMP, SIMD level, threads")
     info.set_defaults(func=_info)
     for command in sub.choices.values():         # --debug before or after the command

@@ -103,6 +103,7 @@ class Seq2SeqTransformer:
         self.params = Parameters(cfg, self.seed)
         self.ws = Workspace()
         self._int8_seed = {}      # {name: (q, scale)} from an int8 file (prepared.py)
+        self.stored_precision = "fp32"   # "int8" for a model loaded from an int8 file
         self.stream = DropoutStream(self.seed)
         self._lock = threading.Lock()
         P, G, p = self.params.data, self.params.grad, cfg.dropout
@@ -391,6 +392,7 @@ class Seq2SeqTransformer:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"{weights}: {exc}") from None
         model._int8_seed.update(seeds)
+        model.stored_precision = "int8" if seeds else "fp32"
         return model
 
     # ------------------------------------------------------------------ input checks
