@@ -30,6 +30,15 @@ def test_build_info_reports_compiler_openmp_isa_and_threads():
     assert info["openmp"] >= 201107, "built without OpenMP"
     assert info["isa"] in ("generic", "avx2", "avx512")
     assert info["threads"] == T.get_num_threads()
+    assert info["bf16"].startswith(info["isa"] + " ")
+    assert info["int8"].split()[0] == {"generic": "generic", "avx2": "avx2", "avx512": "avx2"}[info["isa"]]
+
+
+def test_build_info_names_the_reduced_precision_paths_of_the_forced_level():
+    proc = run_python("import transformer as T; i = T.build_info(); print(i['bf16'], '|', i['int8'])",
+                      TRANSFORMER_ISA="generic")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "generic (bf16-rounded operands, fp32 FMA) | generic (C, int32)"
 
 
 def test_set_num_threads_changes_the_team_size():

@@ -20,13 +20,17 @@ def get_num_threads():
 
 
 def build_info():
-    """What was built and what is in use: compiler, OpenMP, SIMD level, int8 kernel, threads."""
+    """What was built and what is in use: compiler, OpenMP, SIMD level, bf16 and int8 kernels, threads.
+
+    bf16: GEMM operands rounded to bfloat16 while packing, multiplied by the fp32 FMA kernels of
+    the SIMD level (exact products, fp32 sums); no vdpbf16ps kernel yet."""
     return {
         "version": __version__,
         "compiler": _C.compiler(),
         "openmp": _C.openmp_version(),
         "isa": _C.isa(),
         "best_isa": _C.best_isa(),
+        "bf16": f"{_C.isa()} (bf16-rounded operands, fp32 FMA)",
         "int8": _C.int8_path(),
         "threads": _C.get_num_threads(),
         "cpu_count": _os.cpu_count(),
