@@ -43,11 +43,15 @@ class TorchEngine:
         for p in self.net.parameters():
             p.grad = None
 
-    def forward_backward(self, src, tgt_in, tgt_out, label_smoothing=0.1):
+    def forward_backward(self, src, tgt_in, tgt_out, label_smoothing=0.1, precision="fp32"):
+        """precision "bf16": PyTorch's mixed precision, torch.autocast("cpu", torch.bfloat16)."""
+        import torch
+
         from ..torch_compat import torch_loss
 
         self.net.train()
-        loss = torch_loss(self.net, src, tgt_in, tgt_out, label_smoothing)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            loss = torch_loss(self.net, src, tgt_in, tgt_out, label_smoothing)
         loss.backward()
         self._synced = False
         return float(loss.item())
