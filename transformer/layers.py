@@ -152,21 +152,21 @@ class Linear:
         # quantized matrix up by these
         self.name, self.full, self.rows = name, weight if full is None else full, rows
 
-    def matmul(self, x, out):
-        """out = x Wᵀ (no bias), at the precision of the call in progress."""
+    def matmul(self, x, out, bias=False):
+        """out = x Wᵀ (+ b when bias), at the precision of the call in progress."""
         ws = self.ws
-        if ws.int8 is not None:
+        if ws.int8 is not None:   # the bias fused into the dequantization, as decoding's steps do
             packed = ws.int8.linear("int8", self.name, self.full, self.rows)
-            _C.qgemm_packed(x, packed, None, out)
+            _C.qgemm_packed(x, packed, self.bias if bias else None, out)
         else:
             _C.gemm(x, self.weight, out, False, True, bf16=ws.bf16)
+            if bias:
+                _C.add_bias(out, self.bias)
         return out
 
     def forward(self, x, out):
         # x [N, in], out [N, out]
-        self.matmul(x, out)
-        _C.add_bias(out, self.bias)
-        return out
+        return self.matmul(x, out, bias=True)
 
     def backward(self, dout, x, dx=None, accumulate=False):
         # dout [N, out], x [N, in] (the forward input), dx [N, in] or None
