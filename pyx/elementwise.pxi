@@ -326,3 +326,24 @@ def checksum(x):
     with nogil:
         h = c_checksum64(p, n)
     return int(h)
+
+
+# ---------------------------------------------------------------------------
+# Instruction ceilings of one core (csrc/peak.h), for the benchmarks' "fraction of peak".
+
+cdef extern from "peak.h" nogil:
+    double c_peak_fma_gflops "peak_fma_gflops"(int isa, double seconds)
+    double c_peak_int8_gops "peak_int8_gops"(int isa, double seconds)
+
+
+def peak_per_core(double seconds=0.2):
+    """{"fp32_fma_gflops": ..., "int8_gops": ...}: this core's ceilings at the SIMD level in use,
+    measured now on the calling thread (pure FMA / vpmaddwd loops, independent chains)."""
+    if not seconds > 0:
+        raise ValueError(f"seconds must be > 0, got {seconds}")
+    cdef int level = tf_isa()
+    cdef double f, i
+    with nogil:
+        f = c_peak_fma_gflops(level, seconds)
+        i = c_peak_int8_gops(level, seconds)
+    return {"fp32_fma_gflops": f, "int8_gops": i, "isa": tf_isa_name(level).decode()}

@@ -1,0 +1,123 @@
+/* peak_fma_gflops, peak_int8_gops (peak.h). */
+#include "peak.h"
+#include "cpu.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PEAK_X86 1
+#endif
+
+#define CHAINS 16      /* AVX-512 and plain C; AVX2 has 16 registers: 12 chains + 2 operands */
+#define CHAINS_YMM 12
+#define ROUNDS 4096L   /* iterations between clock reads */
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Each kernel runs `rounds` iterations of CHAINS independent operations and returns a value that
+ * depends on all of them (so nothing is optimised away). */
+
+static float fma_generic(long rounds)   /* a multiply and an add, as the plain C GEMM compiles */
+{
+    float acc[CHAINS], a = 0.999999f, b = 1e-7f;
+    for (int c = 0; c < CHAINS; c++) acc[c] = (float)c;
+    for (long r = 0; r < rounds; r++)
+        for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * a + b;
+    float s = 0.0f;
+    for (int c = 0; c < CHAINS; c++) s += acc[c];
+    return s;
+}
+
+static int32_t madd_generic(long rounds)
+{
+    int32_t acc[CHAINS];
+    volatile int32_t seed = 3;
+    int32_t a = seed, b = seed + 1;
+    for (int c = 0; c < CHAINS; c++) acc[c] = c;
+    for (long r = 0; r < rounds; r++)
+        for (int c = 0; c < CHAINS; c++) acc[c] = acc[c] * a + b;   /* a recurrence: not foldable */
+    int32_t s = 0;
+    for (int c = 0; c < CHAINS; c++) s ^= acc[c];
+    return s;
+}
+
+#ifdef PEAK_X86
+__attribute__((target("avx2,fma"))) static float fma_avx2(long rounds)
+{
+    __m256 acc[CHAINS_YMM], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
+    for (int c = 0; c < CHAINS_YMM; c++) acc[c] = _mm256_set1_ps((float)c);
+    for (long r = 0; r < rounds; r++)
+#pragma GCC unroll 12
+        for (int c = 0; c < CHAINS_YMM; c++) acc[c] = _mm256_fmadd_ps(acc[c], a, b);
+    __m256 s = acc[0];
+    for (int c = 1; c < CHAINS_YMM; c++) s = _mm256_add_ps(s, acc[c]);
+    return _mm256_cvtss_f32(s);
+}
+
+__attribute__((target("avx512f"))) static float fma_avx512(long rounds)
+{
+    __m512 acc[CHAINS], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (long r = 0; r < rounds; r++)
+#pragma GCC unroll 16
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+    __m512 s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+    return _mm512_reduce_add_ps(s);
+}
+
+/* vpmaddwd + vpaddd: what the AVX2 int8 kernel issues per 16 products (csrc/qgemm.c). */
+__attribute__((target("avx2"))) static int32_t madd_avx2(long rounds)
+{
+    /* the products of a chain's own (changing) values, so the madd cannot be hoisted */
+    __m256i acc[CHAINS_YMM], b = _mm256_set1_epi16(-5);
+    for (int c = 0; c < CHAINS_YMM; c++) acc[c] = _mm256_set1_epi32(c);
+    for (long r = 0; r < rounds; r++)
+#pragma GCC unroll 12
+        for (int c = 0; c < CHAINS_YMM; c++) acc[c] = _mm256_add_epi32(acc[c], _mm256_madd_epi16(acc[c], b));
+    __m256i s = acc[0];
+    for (int c = 1; c < CHAINS_YMM; c++) s = _mm256_xor_si256(s, acc[c]);
+    return _mm256_extract_epi32(s, 0);
+}
+#endif
+
+volatile float peak_sink_f;
+volatile int32_t peak_sink_i;
+
+static double measure(int kind, int isa, double seconds, double *ops_per_round)
+{
+    long rounds = 0;
+    double start = now(), elapsed;
+    do {
+#ifdef PEAK_X86
+        if (kind == 0 && isa == TF_ISA_AVX512) { peak_sink_f = fma_avx512(ROUNDS); *ops_per_round = CHAINS * 32.0; }
+        else if (kind == 0 && isa == TF_ISA_AVX2) { peak_sink_f = fma_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 16.0; }
+        else if (kind == 1 && isa >= TF_ISA_AVX2) { peak_sink_i = madd_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 32.0; }
+        else
+#endif
+        if (kind == 0) { peak_sink_f = fma_generic(ROUNDS); *ops_per_round = CHAINS * 2.0; }
+        else { peak_sink_i = madd_generic(ROUNDS); *ops_per_round = CHAINS * 2.0; }
+        rounds += ROUNDS;
+        elapsed = now() - start;
+    } while (elapsed < seconds);
+    return (double)rounds * *ops_per_round / elapsed * 1e-9;
+}
+
+double peak_fma_gflops(int isa, double seconds)
+{
+    double per_round;
+    return measure(0, isa, seconds, &per_round);
+}
+
+double peak_int8_gops(int isa, double seconds)
+{
+    double per_round;
+    return measure(1, isa, seconds, &per_round);
+}
