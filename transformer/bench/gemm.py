@@ -298,8 +298,8 @@ def run_precisions(rng, nthreads, precisions, repeats, torch, shapes=PRECISION_S
                    "precision": precision}
             rec.update(measure(rng, m, n, k, repeats, torch, settle))
             figure = rec.get("ours_gflops", rec.get("ours_gops"))
-            rec.update(ours_fp32_peak_gflops=peak["ours_gflops"], fraction_of_ours_fp32_peak=figure / peak["ours_gflops"],
-                       ceiling_kind=PEAK_NOTE)
+            rec.update(ours_fp32_peak_gflops=peak["ours_gflops"],
+                       fraction_of_ours_fp32_peak=figure / peak["ours_gflops"], ceiling_kind=PEAK_NOTE)
             records.append(rec)
     return records
 
