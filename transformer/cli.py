@@ -18,10 +18,11 @@ TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "seed": 0, "
 DECODE_PRECISION_HELP = ("fp32 (default; int8 for a model written by `transformer quantize`); bf16: linear "
                          "maps on bfloat16 operands with float32 sums; int8: linear maps on int8 weights (one "
                          "scale per output row) and int8 activations (one scale per row), int32 sums")
-BENCH_DEFAULTS = {"config": "tiny,base", "families": "gemm,nn,elementwise,loss"}
+BENCH_DEFAULTS = {"config": "tiny,base", "families": "gemm,nn,elementwise,loss", "precision": "fp32"}
 # What each --what reads besides --threads and --json; these flags given to another are refused.
-BENCH_FLAGS = {"kernels": ("families", "against"), "train": ("config", "against"), "profile": ("config",),
-               "decode": ("config", "against"), "masking": (), "all": ("config", "against", "plot")}
+BENCH_FLAGS = {"kernels": ("families", "against", "precision"), "train": ("config", "against", "precision"),
+               "profile": ("config",), "decode": ("config", "against", "precision"), "masking": (),
+               "all": ("config", "against", "plot")}
 
 
 def _threads(text):
@@ -89,7 +90,7 @@ def _check_output(flag, path, needs=None):
 
 def _check_bench_flags(args):
     """A flag the chosen --what would not read is refused, not silently ignored."""
-    for key in ("config", "against", "families", "plot"):
+    for key in ("config", "against", "families", "plot", "precision"):
         if getattr(args, key) is not None and key not in BENCH_FLAGS[args.what]:
             readers = " or ".join(what for what, keys in BENCH_FLAGS.items() if key in keys)
             raise FlagError(f"--{key} does not apply to --what {args.what}, only to --what {readers}")
@@ -98,6 +99,28 @@ def _check_bench_flags(args):
             setattr(args, key, value)
     _check_output("--json", args.json)
     _check_output("--plot", args.plot, needs="matplotlib")
+    _check_bench_precision(args)
+
+
+def _check_bench_precision(args):
+    """--precision: int8 is for inference, not --what train; bf16/int8 kernels rows are GEMM rows;
+    and an engine built without the precision API is refused here, before any work, rather than
+    measured at fp32 under another name."""
+    from .bench.precision import SUPPORTED, missing
+
+    if args.what not in SUPPORTED or args.precision == "fp32":
+        return
+    if args.precision not in SUPPORTED[args.what]:
+        raise FlagError(f"--precision {args.precision} does not apply to --what {args.what}: training runs at "
+                        f"{' or '.join(SUPPORTED[args.what])} ({args.precision} is for inference: --what decode "
+                        f"or kernels)")
+    if args.what == "kernels" and "gemm" not in args.families.split(","):
+        raise FlagError(f"--precision {args.precision} adds GEMM rows to --what kernels: --families must "
+                        f"include gemm, got {args.families!r}")
+    why = missing(args.precision, args.what)
+    if why is not None:
+        with blame("--precision", args.precision):
+            raise ValueError(f"{why}: this engine cannot run {args.what} at {args.precision} yet")
 
 
 def _emit(records, args):
@@ -137,8 +160,9 @@ def _bench(args):
 
         records = []
         if args.what == "train":
-            records = train.run(threads=tuple(args.threads), configs=tuple(configs), against=against)
-        profiles = [train.profile(name, n) for name in configs for n in args.threads]
+            records = train.run(threads=tuple(args.threads), configs=tuple(configs), against=against,
+                                precision=args.precision)
+        profiles = [train.profile(name, n, precision=args.precision) for name in configs for n in args.threads]
         _emit(records + profiles, args)
         for record in profiles:
             print("\n" + train.profile_table(record), file=sys.stderr)
@@ -147,7 +171,8 @@ def _bench(args):
         from .bench import decode
 
         engines = ("ours", "torch", "ctranslate2") if against else ("ours",)
-        _emit(decode.run(threads=tuple(args.threads), configs=tuple(configs), engines=engines), args)
+        _emit(decode.run(threads=tuple(args.threads), configs=tuple(configs), engines=engines,
+                         precision=args.precision), args)
         return 0
     if args.what == "masking":
         from .bench import masking
@@ -162,7 +187,7 @@ def _bench(args):
     unknown = sorted(set(families) - set(kernels.FAMILIES))
     if unknown or not families:
         raise FlagError(f"--families {args.families}: unknown {unknown}; choose from {list(kernels.FAMILIES)}")
-    records = kernels.run(threads=args.threads, families=families, stream=sys.stdout)
+    records = kernels.run(threads=args.threads, families=families, stream=sys.stdout, precision=args.precision)
     if args.json:
         with open(args.json, "w") as f:
             for record in records:
@@ -384,6 +409,10 @@ def build_parser():
                             "when installed)")
     bench.add_argument("--families",
                        help=f"with --what kernels: kernel families to run (default {BENCH_DEFAULTS['families']})")
+    bench.add_argument("--precision", choices=["fp32", "bf16", "int8"],
+                       help="train: fp32 (default) or bf16, ours against torch.autocast bf16 and ours fp32; "
+                            "decode: fp32, bf16 or int8, ours against CTranslate2 at the same compute type "
+                            "and ours fp32; kernels: bf16 or int8 adds GEMM rows at that precision")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON lines to FILE")
     bench.add_argument("--plot", metavar="FILE.png", help="with --what all: draw throughput and efficiency")
     bench.set_defaults(func=_bench)

@@ -9,6 +9,18 @@ after warm-up, each timed decode after a pause that lets the others' idle thread
 median of the repeats is reported (PyTorch, 10-50x slower, is timed once by
 default: see run). Tokens/s counts output tokens (batch x 64),
 also for beam search.
+
+Reduced precision (run(precision="bf16" | "int8")): ours decodes with precision=... and, in the
+same run and interleaved, at fp32, so the ratio of the two is measured on the same machine state;
+CTranslate2 loads the same float32 model with compute_type "bfloat16" or "int8" (it converts the
+weights on load), when this CPU supports it (otherwise the record says why it was skipped).
+PyTorch takes no part there: it has no cached, quantized decoder to compare with, and its fp32
+prefix re-run is in the fp32 records.
+
+CTranslate2 runs at its best setting for the thread count: with n > 1 threads both
+intra_threads=n (one translator, n OpenMP threads per op) and inter_threads=n (n translators of
+one thread each, the batch split in n with max_batch_size) are tried before timing, and the
+faster is kept; the record names it (ctranslate2_layout) with both trial times.
 """
 import json
 import statistics
@@ -92,10 +104,42 @@ def torch_decoder(model):
 
 # -- CTranslate2 ----------------------------------------------------------------------------------
 
-def ctranslate2_translator(model, threads, directory):
-    """A CTranslate2 Translator holding our weights (float32), or None when not installed."""
+# Our precision names -> CTranslate2's compute_type (it quantizes or converts on load).
+CT2_COMPUTE_TYPE = {"fp32": "float32", "bf16": "bfloat16", "int8": "int8"}
+# How CTranslate2 spends n threads: on each op of one translator, or on n translators of one thread.
+CT2_LAYOUTS = ("intra", "inter")
+
+
+def ctranslate2_compute_type(precision):
+    """(compute_type, None) when CTranslate2 can decode at `precision` on this CPU, otherwise
+    (None, why not): not installed, or the compute type missing from its supported ones here
+    (bfloat16 needs AVX512-BF16 or AMX; int8 needs AVX2 or NEON)."""
     try:
         import ctranslate2
+    except ImportError:
+        return None, "ctranslate2 is not installed (pip install ctranslate2)"
+    compute_type = CT2_COMPUTE_TYPE[precision]
+    supported = sorted(ctranslate2.get_supported_compute_types("cpu"))
+    if compute_type not in supported:
+        return None, (f"CTranslate2 {ctranslate2.__version__} has no compute_type {compute_type!r} on this CPU "
+                      f"(get_supported_compute_types('cpu') = {supported})")
+    return compute_type, None
+
+
+def ctranslate2_translator(model, threads, directory, compute_type="float32", layout="intra"):
+    """A CTranslate2 decoder (decode(src, beam)) holding our weights, or None when not installed.
+    The model is written as float32; compute_type ("float32", "int8", "bfloat16") is applied by
+    CTranslate2 when it loads it; layout as in ctranslate2_decoder."""
+    vocab = write_ctranslate2_model(model, directory)
+    if vocab is None:
+        return None
+    return ctranslate2_decoder(directory, vocab, threads, compute_type, layout)
+
+
+def write_ctranslate2_model(model, directory):
+    """Our weights as a float32 CTranslate2 model in `directory`; returns its source vocabulary
+    (token strings by id), or None when ctranslate2 is not installed."""
+    try:
         from ctranslate2.specs import common_spec, transformer_spec
     except ImportError:
         return None
@@ -155,27 +199,80 @@ def ctranslate2_translator(model, threads, directory):
     spec.validate()
     spec.optimize(quantization="float32")
     spec.save(directory)
-    translator = ctranslate2.Translator(directory, device="cpu", compute_type="float32",
-                                        inter_threads=1, intra_threads=threads)
+    return src_vocab
+
+
+def ctranslate2_decoder(directory, src_vocab, threads, compute_type="float32", layout="intra"):
+    """decode(src, beam) by a CTranslate2 Translator loaded from `directory` at `compute_type`.
+    layout "intra": intra_threads=threads, inter_threads=1, the whole batch at once; "inter":
+    intra_threads=1, inter_threads=threads, the batch split into `threads` parts (max_batch_size)
+    that its translators decode in parallel. decode.layout says which, with the batch it split."""
+    import ctranslate2
+
+    if layout not in CT2_LAYOUTS:
+        raise ValueError(f"layout must be one of {CT2_LAYOUTS}, got {layout!r}")
+    intra, inter = (threads, 1) if layout == "intra" else (1, threads)
+    translator = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
+                                        inter_threads=inter, intra_threads=intra)
 
     def decode(src, beam):
         tokens = [[src_vocab[i] for i in row] for row in src.tolist()]
+        per_translator = -(-len(tokens) // inter)
+        decode.layout = {"intra_threads": intra, "inter_threads": inter, "max_batch_size": per_translator}
         return translator.translate_batch(tokens, beam_size=beam, max_decoding_length=STEPS,
-                                          min_decoding_length=STEPS, max_batch_size=len(tokens))
+                                          min_decoding_length=STEPS, max_batch_size=per_translator)
+
+    decode.layout = {"intra_threads": intra, "inter_threads": inter}
+    return decode
+
+
+def fastest_layout(decoders, src, beam, trials=2, settle_s=0.0):
+    """(name, {name: seconds}) of the fastest of `decoders` ({name: decode(src, beam)}): each is
+    warmed up once, then timed `trials` times, alternating; the minimum of each is compared."""
+    times = {name: [] for name in decoders}
+    for decode in decoders.values():
+        decode(src, beam)
+    for _ in range(trials):
+        for name, decode in decoders.items():
+            if settle_s:
+                time.sleep(settle_s)
+            start = time.perf_counter()
+            decode(src, beam)
+            times[name].append(time.perf_counter() - start)
+    best = {name: min(t) for name, t in times.items()}
+    return min(best, key=best.get), best
+
+
+def ours_decoder(model, precision="fp32"):
+    """decode(src, beam) by our greedy (beam 1) or beam search, exactly STEPS tokens, at
+    `precision` (left out at fp32, so an engine without the argument still runs it)."""
+    options = {} if precision == "fp32" else {"precision": precision}
+
+    def decode(src, beam):
+        if beam == 1:
+            return model.greedy_decode(src, max_len=STEPS, min_len=STEPS, **options)
+        return model.beam_search(src, beam, max_len=STEPS, min_len=STEPS, **options)
 
     return decode
 
 
 def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours", "torch", "ctranslate2"),
-        torch_repeats=1):
+        torch_repeats=1, precision="fp32"):
     """PyTorch re-runs the whole prefix every step (10-50x slower than the others): it is warmed up
     on a 4-step decode and timed `torch_repeats` times (in the first rounds), which keeps the
     default run to a few minutes; ours and CTranslate2 alternate for every repeat. Without
-    "torch" in engines, PyTorch is not needed."""
+    "torch" in engines, PyTorch is not needed.
+
+    precision "bf16" or "int8": ours at that precision ("ours_*"), ours at fp32 ("ours_fp32_*")
+    and CTranslate2 at the matching compute type, interleaved; PyTorch is left out (see the module
+    docstring); `ratio` is then ours / CTranslate2 in tokens/s. An engine without precision= is
+    refused before any work (RuntimeError); nothing falls back to fp32."""
     import transformer as T
 
+    from .precision import require
+    require(precision, "decode")
     torch = None
-    if "torch" in engines:
+    if "torch" in engines and precision == "fp32":
         import torch
 
     records = []
@@ -187,15 +284,24 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
             if torch is not None:
                 torch.set_num_threads(n)
             with tempfile.TemporaryDirectory() as directory:
-                deciders = {"ours": lambda s, b: (model.greedy_decode(s, max_len=STEPS, min_len=STEPS) if b == 1
-                                                  else model.beam_search(s, b, max_len=STEPS, min_len=STEPS))}
-                if "torch" in engines:
+                deciders = {"ours": ours_decoder(model, precision)}     # timed in this order
+                if precision != "fp32":
+                    deciders["ours_fp32"] = ours_decoder(model)
+                if torch is not None:
                     deciders["torch"] = torch_decoder(model)
+                ct2_layouts, ct2_skipped, compute_type = {}, None, None
                 if "ctranslate2" in engines:
-                    ct2 = ctranslate2_translator(model, n, directory)
-                    if ct2 is not None:
-                        deciders["ctranslate2"] = ct2
+                    compute_type, ct2_skipped = ctranslate2_compute_type(precision)
+                    if compute_type is not None:
+                        vocab = write_ctranslate2_model(model, directory)
+                        ct2_layouts = {layout: ctranslate2_decoder(directory, vocab, n, compute_type, layout)
+                                       for layout in (CT2_LAYOUTS if n > 1 else CT2_LAYOUTS[:1])}
                 for beam in beams:
+                    ct2_trials = None
+                    if ct2_layouts:
+                        layout, ct2_trials = fastest_layout(ct2_layouts, src, beam,
+                                                            settle_s=SETTLE_S if n > 1 else 0.0)
+                        deciders["ctranslate2"] = ct2_layouts[layout]
                     times = {engine: [] for engine in deciders}
                     for engine, decide in deciders.items():     # warm-up
                         if engine == "torch":
@@ -211,22 +317,41 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
                             start = time.perf_counter()
                             decide(src, beam)
                             times[engine].append(time.perf_counter() - start)
-                    tokens = src.shape[0] * STEPS
-                    median = {e: statistics.median(t) for e, t in times.items()}
-                    record = {"kernel": f"decode {'greedy' if beam == 1 else f'beam {beam}'}",
-                              "config": name, "shape": f"{name} B={src.shape[0]} S={src.shape[1]}",
-                              "threads": n, "ours_per_s": tokens / median["ours"],
-                              "ours_s": median["ours"], "ours_spread_s": [min(times["ours"]), max(times["ours"])],
-                              "repeats": len(times["ours"])}
-                    for engine in deciders:
-                        if engine != "ours":
-                            record[f"{engine}_per_s"] = tokens / median[engine]
-                            record[f"vs_{engine}"] = median[engine] / median["ours"]
-                            record[f"{engine}_spread_s"] = [min(times[engine]), max(times[engine])]
-                    record["ratio"] = record.get("vs_torch")
+                    record = _record(name, src, n, beam, precision, times)
+                    if ct2_trials is not None:
+                        record.update(ctranslate2_compute_type=compute_type,
+                                      ctranslate2_layout=dict(deciders["ctranslate2"].layout),
+                                      ctranslate2_layout_trials_s=ct2_trials)
+                    elif ct2_skipped is not None:
+                        record["ctranslate2_skipped"] = ct2_skipped
+                    record["ratio"] = record.get("vs_torch" if precision == "fp32" else "vs_ctranslate2")
                     records.append(record)
                     print(json.dumps(record), file=sys.stderr, flush=True)
+                deciders.pop("ctranslate2", None)
+                ct2_layouts.clear()          # the translators let go of their threads and weights
     return records
+
+
+def _record(name, src, threads, beam, precision, times):
+    """The record of one (config, threads, beam) from {engine: [seconds]}: ours_* (at
+    `precision`), then for every other engine E: E_per_s, E_s, E_spread_s and vs_E (E's time /
+    ours: ours' tokens/s over E's)."""
+    tokens = src.shape[0] * STEPS
+    median = {e: statistics.median(t) for e, t in times.items()}
+    kernel = f"decode {'greedy' if beam == 1 else f'beam {beam}'}"
+    if precision != "fp32":
+        kernel += f" {precision}"
+    record = {"kernel": kernel, "config": name, "shape": f"{name} B={src.shape[0]} S={src.shape[1]}",
+              "threads": threads, "precision": precision, "beam": beam, "ours_per_s": tokens / median["ours"],
+              "ours_s": median["ours"], "ours_spread_s": [min(times["ours"]), max(times["ours"])],
+              "repeats": len(times["ours"])}
+    for engine in times:
+        if engine != "ours":
+            record[f"{engine}_per_s"] = tokens / median[engine]
+            record[f"{engine}_s"] = median[engine]
+            record[f"vs_{engine}"] = median[engine] / median["ours"]
+            record[f"{engine}_spread_s"] = [min(times[engine]), max(times[engine])]
+    return record
 
 
 if __name__ == "__main__":
@@ -239,8 +364,10 @@ if __name__ == "__main__":
     parser.add_argument("--engines", default="ours,torch,ctranslate2",
                         help="ours is always run; torch and ctranslate2 are the references")
     parser.add_argument("--torch-repeats", type=int, default=1)
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "int8"],
+                        help="bf16/int8: ours at that precision and at fp32, CTranslate2 at the same")
     args = parser.parse_args()
     for record in run(threads=[int(t) for t in args.threads.split(",")], configs=args.configs.split(","),
                       beams=[int(b) for b in args.beams.split(",")], engines=args.engines.split(","),
-                      torch_repeats=args.torch_repeats):
+                      torch_repeats=args.torch_repeats, precision=args.precision):
         print(json.dumps(record))

@@ -33,8 +33,9 @@ def cpu_model():
     return name
 
 
-def run(threads=(1, 2), families=FAMILIES, stream=None):
-    """Run the family benchmarks; yields and optionally prints each record as a JSON line."""
+def run(threads=(1, 2), families=FAMILIES, stream=None, precision="fp32"):
+    """Run the family benchmarks; yields and optionally prints each record as a JSON line.
+    precision "bf16" or "int8" adds the GEMM family's rows at that precision (gemm.run_precisions)."""
     import transformer as T
 
     header = {"record": "header", "cpu": cpu_model(), "build": T.build_info(),
@@ -44,7 +45,8 @@ def run(threads=(1, 2), families=FAMILIES, stream=None):
         print(json.dumps(header), file=stream, flush=True)
     for family in families:
         module = importlib.import_module(f"transformer.bench.{family}")
-        for record in module.run(threads=tuple(threads)):
+        kwargs = {"precisions": (precision,)} if family == "gemm" and precision != "fp32" else {}
+        for record in module.run(threads=tuple(threads), **kwargs):
             record = {"family": family, **record}
             records.append(record)
             if stream:
@@ -59,7 +61,8 @@ def summary_table(records):
         if r.get("record") == "header":
             continue
         figure = ""
-        for key, unit in (("ours_gflops", "GF/s"), ("ours_gbps", "GB/s"), ("ours_per_s", "/s")):
+        for key, unit in (("ours_gflops", "GF/s"), ("ours_gops", "GOP/s"), ("ours_gbps", "GB/s"),
+                          ("ours_per_s", "/s")):
             if key in r:
                 figure = f"{r[key]:.1f} {unit}"
                 break

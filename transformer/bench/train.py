@@ -43,21 +43,30 @@ def _batch(name, seed=0):
 
 
 class _Ours:
-    def __init__(self, name):
+    """Our training step at `precision` ("fp32" or "bf16": every GEMM on bf16 operands, fp32
+    master weights, gradients and Adam; DESIGN.md "Reduced precision")."""
+
+    def __init__(self, name, precision="fp32"):
         import transformer as T
         self.model = T.Seq2SeqTransformer(_config(name), seed=0)
         self.opt = T.Adam(self.model, lr=1e-4)
         self.batch = _batch(name)
+        # fp32 calls leave the argument out, so an engine without precision= still runs them
+        self.options = {} if precision == "fp32" else {"precision": precision}
 
     def step(self):
         self.model.zero_grad()
-        loss = self.model.forward_backward(*self.batch, label_smoothing=LABEL_SMOOTHING)
+        loss = self.model.forward_backward(*self.batch, label_smoothing=LABEL_SMOOTHING, **self.options)
         self.opt.step()
         return loss
 
 
 class _Torch:
-    def __init__(self, name):
+    """The reference network's training step; precision "bf16": forward and loss under
+    torch.autocast("cpu", dtype=torch.bfloat16), the usual PyTorch mixed precision (fp32 master
+    weights and Adam; backward replays autocast's casts)."""
+
+    def __init__(self, name, precision="fp32"):
         import torch
         from transformer.torch_compat import build_torch_model
         self.torch = torch
@@ -65,10 +74,12 @@ class _Torch:
         self.model.train()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
         self.batch = [torch.from_numpy(x) for x in _batch(name)]
+        self.autocast = precision == "bf16"
 
     def step(self):
         self.opt.zero_grad(set_to_none=True)
-        loss = self.model.loss(*self.batch, label_smoothing=LABEL_SMOOTHING)
+        with self.torch.autocast("cpu", dtype=self.torch.bfloat16, enabled=self.autocast):
+            loss = self.model.loss(*self.batch, label_smoothing=LABEL_SMOOTHING)
         loss.backward()
         self.opt.step()
         return loss.item()
@@ -109,11 +120,21 @@ def custom_config(text):
     return "custom"
 
 
-def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True, against="torch"):
+def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True, against="torch",
+        precision="fp32"):
     """One dict per (config, threads): step times (median), target tokens/s and the ratio
     (torch time / our time: > 1 means we are faster); then one memory dict per config.
-    against=None measures ours alone (no PyTorch needed)."""
+    against=None measures ours alone (no PyTorch needed).
+
+    precision="bf16": ours with precision="bf16" against PyTorch's torch.autocast bf16 step of the
+    same network, and against ours at fp32, all three interleaved in the same run; the `ours_*`
+    and `ref_*` figures are then the bf16 ones (see _record). int8 is refused (ValueError: training
+    is fp32 or bf16), and so is bf16 on an engine without precision= (RuntimeError), before any
+    work: nothing falls back to fp32."""
     import transformer as T
+
+    from .precision import require
+    require(precision, "train")
     torch = None
     if against == "torch":
         import torch
@@ -123,43 +144,35 @@ def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True, aga
     try:
         for name in configs:
             c = CONFIGS[name]
-            ours = _Ours(name)
-            ref = _Torch(name) if torch else None
-            tokens = c["batch"] * c["length"]
+            engines = {"ours": _Ours(name, precision)}        # label -> engine, timed in this order
+            if torch:
+                engines["ref"] = _Torch(name, precision)
+            if precision != "fp32":
+                engines["ours_fp32"] = _Ours(name)
             n_rep = repeats or c["repeats"]
             for n in threads:
                 T.set_num_threads(n)
-                steps = [ours.step]
                 if torch:
                     torch.set_num_threads(n)
-                    steps.append(ref.step)
-                for step in steps:                # warm-up: buffers, packing, thread teams
+                for engine in engines.values():   # warm-up: buffers, packing, thread teams
                     for _ in range(2 if name == "tiny" else 1):
-                        step()
-                times = [[] for _ in steps]
+                        engine.step()
+                times = {label: [] for label in engines}
                 for _ in range(n_rep):            # interleaved: ours, torch, ours, torch, ...
-                    for step, t in zip(steps, times):
-                        t.append(_timed(step))
-                o = statistics.median(times[0])
-                record = {"bench": "train_step", "kernel": f"train_step {name}", "config": name,
-                          "threads": n, "shape": f"B{c['batch']} S{c['length']} T{c['length']} V{c['vocab']}",
-                          "ours_s": o, "ours_spread_s": [min(times[0]), max(times[0])],
-                          "ours_tokens_per_s": tokens / o, "ours_per_s": tokens / o, "repeats": n_rep}
-                if torch:
-                    r = statistics.median(times[1])
-                    record.update({"ref_s": r, "ref_spread_s": [min(times[1]), max(times[1])],
-                                   "ratio": r / o, "ref_tokens_per_s": tokens / r})
-                records.append(record)
-            del ours, ref
+                    for label, engine in engines.items():
+                        times[label].append(_timed(engine.step))
+                records.append(_record(name, n, times, precision))
+            del engines
         if memory:
             for name in configs:
                 if name != "base" and len(configs) > 1:
                     continue
-                ours_kb = _peak_rss(name, "ours")
-                record = {"bench": "train_step_peak_rss", "kernel": f"train_step {name} peak RSS",
-                          "config": name, "ours_mb": ours_kb / 1024}
+                label = name if precision == "fp32" else f"{precision} {name}"
+                ours_kb = _peak_rss(name, "ours", precision)
+                record = {"bench": "train_step_peak_rss", "kernel": f"train_step {label} peak RSS",
+                          "config": name, "precision": precision, "ours_mb": ours_kb / 1024}
                 if torch:
-                    ref_kb = _peak_rss(name, "torch")
+                    ref_kb = _peak_rss(name, "torch", precision)
                     record.update({"ref_mb": ref_kb / 1024, "ratio": ref_kb / ours_kb})
                 records.append(record)
     finally:
@@ -169,14 +182,52 @@ def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True, aga
     return records
 
 
-def _peak_rss(name, engine):
-    """Peak resident set (KiB) of a fresh process running three training steps of `engine`.
+def _record(name, threads, times, precision):
+    """The record of one (config, threads) from {label: [seconds per step]}: "ours" (at
+    `precision`), "ref" (PyTorch at the same precision, when measured) and, below fp32, "ours_fp32".
+
+    fp32 keeps the record of issue 3 (ours_*, ref_*, ratio = torch time / ours). bf16 adds the
+    same figures under names that say what ran: ours_bf16_tokens_per_s,
+    torch_autocast_bf16_tokens_per_s, ours_fp32_tokens_per_s, and the ratios of tokens/s
+    ours_bf16_vs_torch_autocast_bf16 (= ratio) and ours_bf16_vs_ours_fp32."""
+    c = CONFIGS[name]
+    tokens = c["batch"] * c["length"]
+    median = {label: statistics.median(t) for label, t in times.items()}
+    spread = {label: [min(t), max(t)] for label, t in times.items()}
+    o = median["ours"]
+    kernel = f"train_step {name}" if precision == "fp32" else f"train_step {precision} {name}"
+    record = {"bench": "train_step", "kernel": kernel, "config": name, "threads": threads,
+              "precision": precision,
+              "shape": f"B{c['batch']} S{c['length']} T{c['length']} V{c['vocab']}",
+              "ours_s": o, "ours_spread_s": spread["ours"],
+              "ours_tokens_per_s": tokens / o, "ours_per_s": tokens / o, "repeats": len(times["ours"])}
+    if "ref" in median:
+        r = median["ref"]
+        record.update({"ref_s": r, "ref_spread_s": spread["ref"], "ratio": r / o, "ref_tokens_per_s": tokens / r})
+    if precision == "fp32":
+        return record
+    f = median["ours_fp32"]
+    record.update({f"ours_{precision}_tokens_per_s": tokens / o,
+                   "ours_fp32_s": f, "ours_fp32_spread_s": spread["ours_fp32"], "ours_fp32_tokens_per_s": tokens / f,
+                   f"ours_{precision}_vs_ours_fp32": f / o})
+    if "ref" in median:
+        record.update({"reference": "torch.autocast('cpu', dtype=torch.bfloat16), fp32 master weights",
+                       f"torch_autocast_{precision}_tokens_per_s": tokens / median["ref"],
+                       f"ours_{precision}_vs_torch_autocast_{precision}": median["ref"] / o})
+    return record
+
+
+def _peak_rss(name, engine, precision="fp32"):
+    """Peak resident set (KiB) of a fresh process running three training steps of `engine` at
+    `precision`.
 
     Read from /proc/self/status VmHWM, the high-water mark of the child's own address space:
     ru_maxrss would not do here, since Linux carries the parent's high-water mark across
     fork + exec into the child's ru_maxrss (the parent holds both models when this runs)."""
-    code = ("import resource, sys; from transformer.bench.train import _Ours, _Torch, _vm_hwm_kib; "
-            f"e = (_Ours if {engine!r} == 'ours' else _Torch)({name!r}); "
+    # the config travels with the code: a custom one (--config KEY=INT,...) exists only here
+    code = ("import resource, sys; from transformer.bench.train import CONFIGS, _Ours, _Torch, _vm_hwm_kib; "
+            f"CONFIGS[{name!r}] = {CONFIGS[name]!r}; "
+            f"e = (_Ours if {engine!r} == 'ours' else _Torch)({name!r}, {precision!r}); "
             "[e.step() for _ in range(3)]; "
             "print(_vm_hwm_kib() or resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
     env = dict(os.environ)
@@ -216,9 +267,9 @@ PROFILE_ORDER = ("GEMM", "attention softmax", "layer norm", "element-wise", "emb
                  "optimizer", "other kernels", "Python overhead")
 
 
-def profile(name="tiny", threads=1, steps=10):
-    """Where one training step's time goes: {group: seconds per step} over the groups of
-    PROFILE_ORDER, plus the step time and the kernel calls per step.
+def profile(name="tiny", threads=1, steps=10, precision="fp32"):
+    """Where one training step's time goes, at `precision` (fp32 or bf16): {group: seconds per
+    step} over the groups of PROFILE_ORDER, plus the step time and the kernel calls per step.
 
     Every function of transformer._C is wrapped by a timer while `steps` steps run; "Python
     overhead" is the step time not spent inside a kernel call (the layers' bookkeeping, numpy
@@ -228,6 +279,9 @@ def profile(name="tiny", threads=1, steps=10):
 
     import transformer as T
     from transformer import _C
+
+    from .precision import require
+    require(precision, "train")
     totals, calls = collections.Counter(), collections.Counter()
     clock = time.perf_counter
     skip = {"set_num_threads", "get_num_threads", "set_isa", "get_isa", "best_isa"}
@@ -257,7 +311,7 @@ def profile(name="tiny", threads=1, steps=10):
     for fn, f in originals.items():
         setattr(_C, fn, timed(f, PROFILE_GROUPS.get(fn, "other kernels")))
     try:
-        ours = _Ours(name)
+        ours = _Ours(name, precision)
         ours.step(), ours.step()
         totals.clear(), calls.clear()
         t0 = clock()
@@ -271,13 +325,14 @@ def profile(name="tiny", threads=1, steps=10):
     n_calls = sum(calls.values()) / steps
     groups = {g: totals[g] / steps for g in PROFILE_ORDER if g in totals}
     groups["Python overhead"] = max(total - sum(groups.values()) - n_calls * per_call, 0.0)
-    return {"bench": "train_step_profile", "config": name, "threads": threads,
+    return {"bench": "train_step_profile", "config": name, "threads": threads, "precision": precision,
             "step_s": total - n_calls * per_call, "kernel_calls_per_step": n_calls, "groups_s": groups}
 
 
 def profile_table(record):
     step = record["step_s"]
-    lines = [f"Profile of one training step, {record['config']} config, {record['threads']} thread(s): "
+    lines = [f"Profile of one {record.get('precision', 'fp32')} training step, {record['config']} config, "
+             f"{record['threads']} thread(s): "
              f"{step * 1e3:.2f} ms, {record['kernel_calls_per_step']:.0f} kernel calls",
              f"  {'part':<18} {'ms/step':>9} {'share':>7}"]
     for group in PROFILE_ORDER:
