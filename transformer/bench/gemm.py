@@ -17,10 +17,12 @@ model's linear maps (x @ W^T: PRECISION_SHAPES), ours at bf16 (ops.matmul precis
 against torch.matmul on bfloat16 tensors, and ours at int8 (quantize_int8 weights, activations
 quantized per row in the call) against torch._int_mm on int8 tensors (the bare int8 x int8 ->
 int32 product) and against torch's dynamically quantized Linear (activations quantized in the
-call, like ours), with ours at fp32 on the same shape in the same loop. There is no instruction
-ceiling here (the package has no pure-FMA loop); what the rows are read against is ours at fp32
-on a large square product measured in the same run (`ours_fp32_peak_gflops`, PEAK_SHAPE), and
-each row says so.
+call, like ours), with ours at fp32 on the same shape in the same loop. Each row carries the
+instruction ceiling measured in the same run (_C.peak_per_core: a pure loop of the instruction
+the kernel issues, per core, times the thread count): `fraction_of_ceiling` is the row's figure
+over it (bf16: the fp32 FMA ceiling, since the bf16 fallback multiplies rounded operands with
+the fp32 FMAs; int8: the vpmaddwd + vpaddd ceiling on AVX2). Beside it, ours at fp32 on a large
+square product (`ours_fp32_peak_gflops`, PEAK_SHAPE).
 
     python -m transformer.bench.gemm                      # JSON lines
     python -m transformer.bench.gemm --threads 1,2 --large-only --schedules auto,shared
@@ -50,8 +52,9 @@ PRECISION_SHAPES = [(2048, 512, 512), (2048, 2048, 512), (2048, 512, 2048), (102
                     (16, 8000, 512), (16, 512, 512)]
 # The large square product whose fp32 figure the reduced-precision rows are read against.
 PEAK_SHAPE = (2048, 2048, 2048)
-PEAK_NOTE = ("measured: ours at fp32 on a large square product in this run, not an instruction "
-             "(FMA) ceiling: the package has no pure-FMA loop to measure one")
+PEAK_NOTE = "ours at fp32 on a large square product in this run"
+CEILING_NOTE = {"bf16": "fp32 FMA loop (the bf16 fallback multiplies with fp32 FMAs), per core x threads",
+                "int8": "the int8 kernel's instruction loop (AVX2: vpmaddwd + vpaddd), per core x threads"}
 
 
 def _openblas_threads_setter():
@@ -165,7 +168,7 @@ def _fp32_peak(rng, shape, repeats):
     (t,) = _time_interleaved([lambda: _C.gemm(a, b, out, False, False)], repeats)
     return {"kernel": "gemm NN fp32 peak (ours)", "shape": "x".join(map(str, shape)), "precision": "fp32",
             "ours_s": t, "ours_spread_s": _time_interleaved.spreads[0],
-            "ours_gflops": 2.0 * m * n * k / t / 1e9, "ceiling_kind": PEAK_NOTE}
+            "ours_gflops": 2.0 * m * n * k / t / 1e9, "peak_kind": PEAK_NOTE}
 
 
 def _measure_bf16(rng, m, n, k, repeats, torch, settle):
@@ -288,8 +291,13 @@ def _measure_int8(rng, m, n, k, repeats, torch, settle):
 def run_precisions(rng, nthreads, precisions, repeats, torch, shapes=PRECISION_SHAPES, peak_shape=PEAK_SHAPE):
     """At the current thread count: the fp32 peak record, then one record per (precision, shape)
     of x @ W^T, each with fraction_of_ours_fp32_peak (its GFLOP/s or GOP/s over the peak's)."""
+    from transformer import _C
+
     settle = SETTLE_S if nthreads > 1 else 0.0
     peak = _fp32_peak(rng, peak_shape, repeats)
+    per_core = _C.peak_per_core(0.3)
+    ceilings = {"bf16": per_core["fp32_fma_gflops"] * nthreads, "int8": per_core["int8_gops"] * nthreads}
+    peak.update(fp32_fma_ceiling_gflops=ceilings["bf16"], fraction_of_ceiling=peak["ours_gflops"] / ceilings["bf16"])
     records = [{**peak, "threads": nthreads}]
     for precision in precisions:
         measure = {"bf16": _measure_bf16, "int8": _measure_int8}[precision]
@@ -299,7 +307,9 @@ def run_precisions(rng, nthreads, precisions, repeats, torch, shapes=PRECISION_S
             rec.update(measure(rng, m, n, k, repeats, torch, settle))
             figure = rec.get("ours_gflops", rec.get("ours_gops"))
             rec.update(ours_fp32_peak_gflops=peak["ours_gflops"],
-                       fraction_of_ours_fp32_peak=figure / peak["ours_gflops"], ceiling_kind=PEAK_NOTE)
+                       fraction_of_ours_fp32_peak=figure / peak["ours_gflops"], peak_kind=PEAK_NOTE,
+                       ceiling=ceilings[precision], fraction_of_ceiling=figure / ceilings[precision],
+                       ceiling_kind=CEILING_NOTE[precision], isa=per_core["isa"])
             records.append(rec)
     return records
 
