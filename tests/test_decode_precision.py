@@ -216,3 +216,19 @@ def test_int8_output_projection_setting_is_honoured(monkeypatch):
     wide = model.forward(src, tin, precision="int8")
     assert not np.array_equal(wide, int8)
     assert "generator.weight" not in model.int8_matrices()
+
+
+def test_a_change_of_instruction_set_repacks_the_kept_weights():
+    """Weights kept packed for the AVX2 kernels are packed again after set_isa("generic"): decoding
+    still works, and int8, whose bits do not depend on the instruction set, gives the same output."""
+    model = make_model(seed=22)
+    src, _ = inputs(model.cfg, seed=23)
+    best = _C.best_isa()
+    try:
+        want = {p: model.greedy_decode(src, max_len=8, precision=p) for p in ("fp32", "bf16", "int8")}
+        _C.set_isa("generic")
+        got = {p: model.greedy_decode(src, max_len=8, precision=p) for p in ("fp32", "bf16", "int8")}
+    finally:
+        _C.set_isa(best)
+    assert got["int8"] == want["int8"]
+    assert all(isinstance(got[p], list) and len(got[p]) == len(src) for p in got)
