@@ -61,31 +61,35 @@ def int8_linear(torch, x, w, b):
     return out.to(torch.float32).to(torch.float64)
 
 
-def logits(torch, cfg, params, pe, src, tgt_in, linear=None, tables=None):
-    """Logits float64 [B, T, V] in eval mode, linear maps reduced as `linear` says (module doc).
+def logits(torch, cfg, params, pe, src, tgt_in, linear=None, tables=None, generator=None):
+    """Logits float64 [B, T, V] in eval mode, linear maps reduced as `linear` says (module doc), the
+    output projection as `generator` says (None: as the others; "fp32": not reduced).
     tables: {name: float32 table} to read instead of the embedding parameters (int8: dequantized)."""
     params = dict(params)
     params.update(tables or {})
     rounding = linear == "bf16"
+    generator = linear if generator is None else (None if generator == "fp32" else generator)
     with torch.no_grad():
         out, _ = _network(torch, cfg, params, pe, src, tgt_in, rounding=False, linear_rounding=rounding,
-                          int8=linear == "int8", dtype=torch.float64, grad=False)
+                          int8=linear == "int8", dtype=torch.float64, grad=False, generator=generator)
     return out
 
 
 def loss(torch, cfg, params, pe, src, tgt_in, tgt_out, label_smoothing, rounding=True, dtype=None):
     """(loss, {name: float64 leaf tensor}) for float32 numpy params; call loss.backward()."""
     F = torch.nn.functional
-    out, P = _network(torch, cfg, params, pe, src, tgt_in, rounding, rounding, False, dtype or torch.float64, True)
+    out, P = _network(torch, cfg, params, pe, src, tgt_in, rounding, rounding, False, dtype or torch.float64, True,
+                      "bf16" if rounding else None)
     tgt_out = torch.tensor(np.asarray(tgt_out), dtype=torch.long)
     value = F.cross_entropy(out.reshape(-1, out.shape[-1]), tgt_out.reshape(-1),
                             ignore_index=cfg.pad_id, label_smoothing=label_smoothing)
     return value, P
 
 
-def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int8, dtype, grad):
+def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int8, dtype, grad, generator):
     """(logits, leaves): `rounding` rounds the attention products to bf16, `linear_rounding` the
-    linear maps; `int8` makes the linear maps int8 (csrc/qgemm.h)."""
+    linear maps; `int8` makes the linear maps int8 (csrc/qgemm.h); the output projection is
+    `generator` ("bf16", "int8" or None: not reduced)."""
     F = torch.nn.functional
     mm = make(torch, rounding, dtype)
     lm = make(torch, linear_rounding, dtype)
@@ -156,4 +160,7 @@ def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int
             y = norm(y + attention(y, mem, f"{n}.multihead_attn", src_pad, False), f"{n}.norm2")
             y = norm(y + ff(y, n), f"{n}.norm3")
     y = norm(y, "transformer.decoder.norm")
-    return linear(y, "generator"), P
+    w, b = P["generator.weight"], P["generator.bias"]
+    if generator == "int8":
+        return int8_linear(torch, y, w, b), P
+    return make(torch, generator == "bf16", dtype)(y, w.t()) + b, P

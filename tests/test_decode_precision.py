@@ -46,7 +46,9 @@ def oracle_logits(model, src, tin, precision):
         tables = {name: prepared.dequantize(*prepared.quantize(model.params.data[name]))
                   for name in ("src_embed.weight", "tgt_embed.weight")}
     linear = None if precision == "fp32" else precision
-    return bf16_oracle.logits(torch, model.cfg, model.state_dict(), model.pe, src, tin, linear, tables).numpy()
+    generator = decoding.INT8_GENERATOR if precision == "int8" else None
+    return bf16_oracle.logits(torch, model.cfg, model.state_dict(), model.pe, src, tin, linear, tables,
+                              generator).numpy()
 
 
 def nonpad(x, tin, pad):
@@ -207,15 +209,17 @@ def test_unknown_or_unsupported_precision_is_refused():
 
 
 def test_int8_output_projection_setting_is_honoured(monkeypatch):
-    """decoding.INT8_GENERATOR keeps the output projection wider when asked: its logits then come
-    from that precision's product."""
+    """decoding.INT8_GENERATOR (float32 by default) sets the output projection's precision in
+    int8 decoding: its logits come from that product, and an int8 file stores it so."""
     model = make_model(seed=20)
     src, tin = inputs(model.cfg, seed=21)
-    int8 = model.forward(src, tin, precision="int8")
-    monkeypatch.setattr(decoding, "INT8_GENERATOR", "fp32")
+    assert decoding.INT8_GENERATOR == "fp32" and "generator.weight" not in model.int8_matrices()
     wide = model.forward(src, tin, precision="int8")
-    assert not np.array_equal(wide, int8)
-    assert "generator.weight" not in model.int8_matrices()
+    monkeypatch.setattr(decoding, "INT8_GENERATOR", "int8")
+    narrow = model.forward(src, tin, precision="int8")
+    assert not np.array_equal(wide, narrow)
+    assert "generator.weight" in model.int8_matrices()
+    assert isinstance(model.greedy_decode(src, max_len=4, precision="int8"), list)
 
 
 def test_a_change_of_instruction_set_repacks_the_kept_weights():
@@ -232,3 +236,12 @@ def test_a_change_of_instruction_set_repacks_the_kept_weights():
         _C.set_isa(best)
     assert got["int8"] == want["int8"]
     assert all(isinstance(got[p], list) and len(got[p]) == len(src) for p in got)
+
+
+def test_int8_logits_with_an_int8_projection_match_the_oracle(monkeypatch):
+    monkeypatch.setattr(decoding, "INT8_GENERATOR", "int8")
+    model = make_model(seed=24)
+    src, tin = inputs(model.cfg, seed=25)
+    got = nonpad(model.forward(src, tin, precision="int8").astype(np.float64), tin, model.cfg.pad_id)
+    want = nonpad(oracle_logits(model, src, tin, "int8"), tin, model.cfg.pad_id)
+    assert np.abs(got - want).max() <= 5e-6 * np.abs(want).max()

@@ -38,8 +38,12 @@ from .prepared import PreparedWeights
 MAX_LEN_A = 2
 MAX_LEN_B = 10
 
-# The output projection's precision in int8 decoding (measured: see benchmarks/README.md).
-INT8_GENERATOR = "int8"
+# The output projection's precision in int8 decoding. Measured on a Bible model (small, 1800 steps,
+# 500 held-out sentences, Zen 3): int8 / bf16 / fp32 projection give greedy BLEU 2.60 / 2.61 / 2.63
+# (fp32 decoding 2.64) with 62% / 69% / 68% of sentences identical to fp32's, beam 4 3.66 / 3.61 /
+# 3.70 (fp32 3.67) with 58% / 67% / 67%; base greedy decoding is ~5% faster with an int8 projection.
+# The projection picks the word, so it stays float32 (an int8 file stores it so).
+INT8_GENERATOR = "fp32"
 
 
 class DecoderCache:
