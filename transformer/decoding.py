@@ -46,45 +46,31 @@ MAX_LEN_B = 10
 INT8_GENERATOR = "fp32"
 
 
-class DecoderCache:
-    """Everything one decoding call needs: weights as views, caches, step buffers.
+def _buffers(ws):
+    """buffer(key, shape): a float32 view of `ws`'s array for `key`, grown on demand (contents are
+    never carried over from one call to the next)."""
+    def buffer(key, shape):
+        size = math.prod(shape)
+        held = ws.get(key)
+        if held is None or held.size < size:
+            held = ws[key] = np.empty(size, np.float32)
+        return held[:size].reshape(shape)
+    return buffer
 
-    `rows` decoder rows share `B` encoder outputs (rows_per_sentence = beam size).
 
-    Nothing in the caches moves while decoding. A live row reads its sentence's encoder
-    keys/values through `sentence` (cross-attention is stored once per sentence, not once per
-    beam), writes its step-t key/value to cache row `slot` (each live row owns one), and reads its
-    own history through `origin[row, j]`, the cache row that computed step j of its hypothesis.
-    Beam search and finished sentences then only permute these small integer tables.
-    """
+class StepWeights:
+    """What every step of a call reads and nothing writes: each decoder layer's weights (the
+    matrices packed, rounded or quantized for the call's precision, prepared.py), and the
+    cross-attention keys and values of every sentence, [B, H, S, dh] per layer. Made once per call;
+    a decoding loop reads the rows of its sentences."""
 
-    def __init__(self, model, memory, src_pad, rows_per_sentence, max_steps, keep_attention=False,
-                 workspace=None, precision="fp32"):
+    def __init__(self, model, memory, precision, prepared, buffer):
         cfg = model.cfg
-        # Big buffers come from `workspace` (a dict one call hands to the next, see
-        # _lend_workspace): fresh memory would cost a page fault and a page cleared by the
-        # kernel per 4 KiB, ~15% of a base model's decoding time. Contents are never carried over.
-        ws = {} if workspace is None else workspace
-
-        def buffer(key, shape):
-            size = math.prod(shape)
-            held = ws.get(key)
-            if held is None or held.size < size:
-                held = ws[key] = np.empty(size, np.float32)
-            return held[:size].reshape(shape)
-
         weights = model.params.data
-        prepared = _prepared(model, ws)
-        self.precision = precision
         B, S, D = memory.shape
         H = cfg.n_heads
-        self.cfg, self.w = cfg, weights
-        self.D, self.H, self.dh, self.S = D, H, D // H, S
-        self.scale = 1.0 / math.sqrt(self.dh)
-        self.N = B * rows_per_sentence
-        self.Tmax = max_steps
-        self.pe = model.positional_table(max_steps)
-        N = self.N
+        dh = D // H
+        self.S = S
 
         # Cross-attention keys and values: once per sentence, [B, H, S, dh].
         self.memory_k, self.memory_v = [], []
@@ -103,36 +89,10 @@ class DecoderCache:
                     _C.gemm(flat_memory, w[rows], projected, trans_b=True, bf16=precision == "bf16")
                     _C.add_bias(projected, b[rows])
                 # A copy (never a view: `projected` is reused for the values).
-                heads.append(buffer(("memory", layer, part), (B, H, S, self.dh)))
-                np.copyto(heads[-1], projected.reshape(B, S, H, self.dh).transpose(0, 2, 1, 3))
+                heads.append(buffer(("memory", layer, part), (B, H, S, dh)))
+                np.copyto(heads[-1], projected.reshape(B, S, H, dh).transpose(0, 2, 1, 3))
             self.memory_k.append(heads[0])
             self.memory_v.append(heads[1])
-        self.src_pad = np.ascontiguousarray(src_pad, dtype=np.bool_)
-
-        # Self-attention caches: row r's key/value of step j at [r, :, j]; step j is written
-        # before any query reads it, so nothing older than the call is ever read.
-        shape = (N, H, max_steps, self.dh)
-        self.self_k = [buffer(("self_k", layer), shape) for layer in range(cfg.n_decoder_layers)]
-        self.self_v = [buffer(("self_v", layer), shape) for layer in range(cfg.n_decoder_layers)]
-        self.slot = np.arange(N, dtype=np.int64)                            # live row -> cache row
-        self.sentence = np.arange(N, dtype=np.int64) // rows_per_sentence   # live row -> sentence
-        self.origin = np.zeros((N, max_steps), np.int64)                    # (row, step) -> cache row
-        self._origin_spare = np.zeros_like(self.origin)
-
-        f32 = np.float32
-        self.x = np.empty((N, D), f32)
-        self.h = np.empty((N, D), f32)
-        self.tmp = np.empty((N, D), f32)
-        self.ctx = np.empty((N, D), f32)
-        self.query = np.empty((N, D), f32)
-        self.qkv = np.empty((N, 3 * D), f32)
-        self.ff_pre = np.empty((N, cfg.d_ff), f32)
-        self.ff_act = np.empty((N, cfg.d_ff), f32)
-        self.logits = np.empty((N, cfg.tgt_vocab_size), f32)
-        self.mean = np.empty(N, f32)
-        self.rstd = np.empty(N, f32)
-        self.keep_attention = keep_attention
-        self.attention = [] if keep_attention else None
 
         # Each layer's weights looked up once (the step loop runs per token); the matrices the
         # step multiplies by are kept packed as the kernels read them (x @ W^T for few rows then
@@ -160,7 +120,68 @@ class DecoderCache:
         self.generator = linear("generator.weight",
                                 precision=INT8_GENERATOR if precision == "int8" else precision)
         self.embed = prepared.table(precision, "tgt_embed.weight", weights["tgt_embed.weight"])
+
+
+class DecoderCache:
+    """Everything one decoding loop needs: the call's StepWeights, caches, step buffers.
+
+    The loop decodes sentences `sentences` (a slice of the call's batch); `rows_per_sentence`
+    decoder rows (the beam size) share each sentence's encoder output.
+
+    Nothing in the caches moves while decoding. A live row reads its sentence's encoder
+    keys/values through `sentence` (cross-attention is stored once per sentence, not once per
+    beam), writes its step-t key/value to cache row `slot` (each live row owns one), and reads its
+    own history through `origin[row, j]`, the cache row that computed step j of its hypothesis.
+    Beam search and finished sentences then only permute these small integer tables.
+    """
+
+    def __init__(self, model, shared, sentences, src_pad, rows_per_sentence, max_steps, keep_attention=False,
+                 workspace=None):
+        cfg = model.cfg
+        # Big buffers come from `workspace` (a dict one call hands to the next, see
+        # _lend_workspace): fresh memory would cost a page fault and a page cleared by the
+        # kernel per 4 KiB, ~15% of a base model's decoding time. Contents are never carried over.
+        buffer = _buffers({} if workspace is None else workspace)
+        B = sentences.stop - sentences.start
+        D, H = cfg.d_model, cfg.n_heads
+        self.cfg = cfg
+        self.D, self.H, self.dh, self.S = D, H, D // H, shared.S
+        self.scale = 1.0 / math.sqrt(self.dh)
+        self.N = B * rows_per_sentence
+        self.Tmax = max_steps
+        self.pe = model.positional_table(max_steps)
+        N = self.N
+        self.memory_k = [k[sentences] for k in shared.memory_k]
+        self.memory_v = [v[sentences] for v in shared.memory_v]
+        self.layers, self.final_norm, self.generator, self.embed = \
+            shared.layers, shared.final_norm, shared.generator, shared.embed
         self.embed_scale = math.sqrt(D)
+        self.src_pad = np.ascontiguousarray(src_pad, dtype=np.bool_)
+
+        # Self-attention caches: row r's key/value of step j at [r, :, j]; step j is written
+        # before any query reads it, so nothing older than the call is ever read.
+        shape = (N, H, max_steps, self.dh)
+        self.self_k = [buffer(("self_k", layer), shape) for layer in range(cfg.n_decoder_layers)]
+        self.self_v = [buffer(("self_v", layer), shape) for layer in range(cfg.n_decoder_layers)]
+        self.slot = np.arange(N, dtype=np.int64)                            # live row -> cache row
+        self.sentence = np.arange(N, dtype=np.int64) // rows_per_sentence   # live row -> sentence
+        self.origin = np.zeros((N, max_steps), np.int64)                    # (row, step) -> cache row
+        self._origin_spare = np.zeros_like(self.origin)
+
+        f32 = np.float32
+        self.x = np.empty((N, D), f32)
+        self.h = np.empty((N, D), f32)
+        self.tmp = np.empty((N, D), f32)
+        self.ctx = np.empty((N, D), f32)
+        self.query = np.empty((N, D), f32)
+        self.qkv = np.empty((N, 3 * D), f32)
+        self.ff_pre = np.empty((N, cfg.d_ff), f32)
+        self.ff_act = np.empty((N, cfg.d_ff), f32)
+        self.logits = np.empty((N, cfg.tgt_vocab_size), f32)
+        self.mean = np.empty(N, f32)
+        self.rstd = np.empty(N, f32)
+        self.keep_attention = keep_attention
+        self.attention = [] if keep_attention else None
 
     def _layer_norm(self, weight_bias, x, out, n):
         _C.layernorm_forward(x[:n], weight_bias[0], weight_bias[1], out[:n], self.mean[:n], self.rstd[:n])
@@ -350,11 +371,23 @@ def greedy_decode(model, src, max_len=None, min_len=0, return_attention=False, n
 
 def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace, precision):
     cfg = model.cfg
-    B = src.shape[0]
+    prepared = _prepared(model, workspace)
+    memory = model._encode(src, precision, prepared)
+    shared = StepWeights(model, memory, precision, prepared, _buffers(workspace))
+    src_pad = src == cfg.pad_id
+
+    hyps, attention = _greedy_loop(model, shared, slice(0, src.shape[0]), src_pad, limits, min_len,
+                                   no_repeat_ngram, return_attention, workspace)
+    return (hyps, attention) if return_attention else hyps
+
+
+def _greedy_loop(model, shared, sentences, src_pad, limits, min_len, no_repeat_ngram, return_attention, workspace):
+    """Greedy decoding of the call's sentences `sentences` (a slice): (hyps, attention or None)."""
+    cfg = model.cfg
+    B = len(limits)
     steps = int(limits.max())
-    memory = model._encode(src, precision, _prepared(model, workspace))
-    cache = DecoderCache(model, memory, src == cfg.pad_id, 1, steps, keep_attention=return_attention,
-                         workspace=workspace, precision=precision)
+    cache = DecoderCache(model, shared, sentences, src_pad, 1, steps, keep_attention=return_attention,
+                         workspace=workspace)
     out = np.full((B, steps), cfg.pad_id, dtype=np.int64)     # sentence -> its tokens so far
     lengths = limits.copy()                      # a sentence that never ends stops at its limit
     alive = np.arange(B, dtype=np.int64)         # row -> sentence
@@ -383,10 +416,10 @@ def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attentio
                 break
             cache.reorder(keep, t, keep)
     hyps = [out[b, :lengths[b]].tolist() for b in range(B)]
-    if return_attention:
-        return hyps, [np.stack(a[:len(h) + 1]) if a else np.zeros((0, cfg.n_heads, src.shape[1]), np.float32)
-                      for a, h in zip(attention, hyps)]
-    return hyps
+    if not return_attention:
+        return hyps, None
+    return hyps, [np.stack(a[:len(h) + 1]) if a else np.zeros((0, cfg.n_heads, shared.S), np.float32)
+                  for a, h in zip(attention, hyps)]
 
 
 def _length_penalty(length, alpha):
@@ -425,12 +458,22 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
 
 
 def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace, precision):
+    prepared = _prepared(model, workspace)
+    memory = model._encode(src, precision, prepared)
+    shared = StepWeights(model, memory, precision, prepared, _buffers(workspace))
+    src_pad = src == model.cfg.pad_id
+
+    return _beam_loop(model, shared, slice(0, src.shape[0]), src_pad, K, limits, length_penalty, min_len,
+                      no_repeat_ngram, workspace)
+
+
+def _beam_loop(model, shared, part, src_pad, K, limits, length_penalty, min_len, no_repeat_ngram, workspace):
+    """Beam search of the call's sentences `part` (a slice): the best hypothesis of each."""
     cfg = model.cfg
     eos = cfg.eos_id
-    B = src.shape[0]
+    B = len(limits)
     max_len = int(limits.max())
-    memory = model._encode(src, precision, _prepared(model, workspace))
-    cache = DecoderCache(model, memory, src == cfg.pad_id, K, max_len, workspace=workspace, precision=precision)
+    cache = DecoderCache(model, shared, part, src_pad, K, max_len, workspace=workspace)
 
     sentences = np.arange(B)                      # live sentence slots -> sentence index
     scores = np.full((B, K), -np.inf, dtype=np.float64)
