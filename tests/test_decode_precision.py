@@ -208,6 +208,13 @@ def test_unknown_or_unsupported_precision_is_refused():
         model.save("/nonexistent/never", precision="bf16")
 
 
+def test_a_non_finite_weight_cannot_be_saved_as_int8(tmp_path):
+    model = make_model(seed=26)
+    model.params.data["transformer.encoder.layers.0.linear1.weight"][3, 4] = np.inf
+    with pytest.raises(ValueError, match="cannot save 'transformer.encoder.layers.0.linear1.weight' as int8"):
+        model.save(tmp_path / "m", precision="int8")
+
+
 def test_int8_output_projection_setting_is_honoured(monkeypatch):
     """decoding.INT8_GENERATOR (float32 by default) sets the output projection's precision in
     int8 decoding: its logits come from that product, and an int8 file stores it so."""

@@ -362,7 +362,10 @@ class Seq2SeqTransformer:
                     if seed is not None and np.array_equal(dequantize(*seed), tensors[name]):
                         q, scale = seed
                     else:
-                        q, scale = quantize(tensors[name])
+                        try:
+                            q, scale = quantize(tensors[name])
+                        except ValueError as exc:
+                            raise ValueError(f"cannot save {name!r} as int8: {exc}") from None
                     tensors[name], tensors[f"{name}.scale"] = q, scale
             save_file(tensors, os.path.join(path, WEIGHTS_FILE),
                       metadata={"format": "transformer.Seq2SeqTransformer", "precision": precision})
