@@ -17,8 +17,8 @@ memory costs a page fault per 4 KiB; packed weights are redone whenever the weig
 changed since (prepared.py: a fingerprint per matrix), so changes are always seen.
 
 Precision (per call): "fp32"; "bf16": every linear map's operands rounded to bfloat16
-(float32 sums); "int8": every linear map (encoder, decoder, and the output projection
-unless INT8_GENERATOR says otherwise) on int8 weights quantized per output row and
+(float32 sums); "int8": every linear map of the encoder and decoder (the output projection
+at INT8_GENERATOR's precision, float32 by default) on int8 weights quantized per output row and
 activations quantized per row on the fly, and the embedding tables' rows quantized the
 same way (what an int8 file holds). Attention over the caches, layer norm, softmax and
 the residual stream stay float32 in every precision.
