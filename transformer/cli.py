@@ -521,7 +521,7 @@ def build_parser():
     average.add_argument("--out", required=True, metavar="DIR", help="where to write the averaged model")
     average.set_defaults(func=_average)
 
-    quantize = sub.add_parser("quantize", help="write an int8 copy of a model (a quarter of the weights' size)")
+    quantize = sub.add_parser("quantize", help="write an int8 copy of a model (its weight matrices at a quarter of their size)")
     quantize.add_argument("--model", required=True, metavar="DIR")
     quantize.add_argument("--out", required=True, metavar="DIR", help="where to write the int8 model")
     quantize.set_defaults(func=_quantize)
