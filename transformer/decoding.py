@@ -61,8 +61,7 @@ def _buffers(ws):
 class StepWeights:
     """What every step of a call reads and nothing writes: each decoder layer's weights (the
     matrices packed, rounded or quantized for the call's precision, prepared.py), and the
-    cross-attention keys and values of every sentence, [B, H, S, dh] per layer. Made once per call;
-    a decoding loop reads the rows of its sentences."""
+    cross-attention keys and values of every sentence, [B, H, S, dh] per layer. Made once per call."""
 
     def __init__(self, model, memory, precision, prepared, buffer):
         cfg = model.cfg
@@ -125,8 +124,7 @@ class StepWeights:
 class DecoderCache:
     """Everything one decoding loop needs: the call's StepWeights, caches, step buffers.
 
-    The loop decodes sentences `sentences` (a slice of the call's batch); `rows_per_sentence`
-    decoder rows (the beam size) share each sentence's encoder output.
+    `rows_per_sentence` decoder rows (the beam size) share each sentence's encoder output.
 
     Nothing in the caches moves while decoding. A live row reads its sentence's encoder
     keys/values through `sentence` (cross-attention is stored once per sentence, not once per
@@ -135,14 +133,14 @@ class DecoderCache:
     Beam search and finished sentences then only permute these small integer tables.
     """
 
-    def __init__(self, model, shared, sentences, src_pad, rows_per_sentence, max_steps, keep_attention=False,
+    def __init__(self, model, shared, src_pad, rows_per_sentence, max_steps, keep_attention=False,
                  workspace=None):
         cfg = model.cfg
         # Big buffers come from `workspace` (a dict one call hands to the next, see
         # _lend_workspace): fresh memory would cost a page fault and a page cleared by the
         # kernel per 4 KiB, ~15% of a base model's decoding time. Contents are never carried over.
         buffer = _buffers({} if workspace is None else workspace)
-        B = sentences.stop - sentences.start
+        B = src_pad.shape[0]
         D, H = cfg.d_model, cfg.n_heads
         self.cfg = cfg
         self.D, self.H, self.dh, self.S = D, H, D // H, shared.S
@@ -151,8 +149,7 @@ class DecoderCache:
         self.Tmax = max_steps
         self.pe = model.positional_table(max_steps)
         N = self.N
-        self.memory_k = [k[sentences] for k in shared.memory_k]
-        self.memory_v = [v[sentences] for v in shared.memory_v]
+        self.memory_k, self.memory_v = shared.memory_k, shared.memory_v
         self.layers, self.final_norm, self.generator, self.embed = \
             shared.layers, shared.final_norm, shared.generator, shared.embed
         self.embed_scale = math.sqrt(D)
@@ -283,6 +280,13 @@ def _return_workspace(model, workspace):
     model.__dict__["_decoding_workspace"] = workspace
 
 
+def _encode_once(model, src, precision, workspace):
+    """The encoder's run and what every step then reads: (StepWeights, source padding mask)."""
+    prepared = _prepared(model, workspace)
+    memory = model._encode(src, precision, prepared)
+    return StepWeights(model, memory, precision, prepared, _buffers(workspace)), src == model.cfg.pad_id
+
+
 def _prepared(model, workspace):
     """The PreparedWeights a workspace carries from call to call (prepared.py)."""
     prepared = workspace.get("prepared")
@@ -371,23 +375,10 @@ def greedy_decode(model, src, max_len=None, min_len=0, return_attention=False, n
 
 def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace, precision):
     cfg = model.cfg
-    prepared = _prepared(model, workspace)
-    memory = model._encode(src, precision, prepared)
-    shared = StepWeights(model, memory, precision, prepared, _buffers(workspace))
-    src_pad = src == cfg.pad_id
-
-    hyps, attention = _greedy_loop(model, shared, slice(0, src.shape[0]), src_pad, limits, min_len,
-                                   no_repeat_ngram, return_attention, workspace)
-    return (hyps, attention) if return_attention else hyps
-
-
-def _greedy_loop(model, shared, sentences, src_pad, limits, min_len, no_repeat_ngram, return_attention, workspace):
-    """Greedy decoding of the call's sentences `sentences` (a slice): (hyps, attention or None)."""
-    cfg = model.cfg
-    B = len(limits)
+    shared, src_pad = _encode_once(model, src, precision, workspace)
+    B = src.shape[0]
     steps = int(limits.max())
-    cache = DecoderCache(model, shared, sentences, src_pad, 1, steps, keep_attention=return_attention,
-                         workspace=workspace)
+    cache = DecoderCache(model, shared, src_pad, 1, steps, keep_attention=return_attention, workspace=workspace)
     out = np.full((B, steps), cfg.pad_id, dtype=np.int64)     # sentence -> its tokens so far
     lengths = limits.copy()                      # a sentence that never ends stops at its limit
     alive = np.arange(B, dtype=np.int64)         # row -> sentence
@@ -417,7 +408,7 @@ def _greedy_loop(model, shared, sentences, src_pad, limits, min_len, no_repeat_n
             cache.reorder(keep, t, keep)
     hyps = [out[b, :lengths[b]].tolist() for b in range(B)]
     if not return_attention:
-        return hyps, None
+        return hyps
     return hyps, [np.stack(a[:len(h) + 1]) if a else np.zeros((0, cfg.n_heads, shared.S), np.float32)
                   for a, h in zip(attention, hyps)]
 
@@ -458,22 +449,12 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
 
 
 def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace, precision):
-    prepared = _prepared(model, workspace)
-    memory = model._encode(src, precision, prepared)
-    shared = StepWeights(model, memory, precision, prepared, _buffers(workspace))
-    src_pad = src == model.cfg.pad_id
-
-    return _beam_loop(model, shared, slice(0, src.shape[0]), src_pad, K, limits, length_penalty, min_len,
-                      no_repeat_ngram, workspace)
-
-
-def _beam_loop(model, shared, part, src_pad, K, limits, length_penalty, min_len, no_repeat_ngram, workspace):
-    """Beam search of the call's sentences `part` (a slice): the best hypothesis of each."""
     cfg = model.cfg
+    shared, src_pad = _encode_once(model, src, precision, workspace)
     eos = cfg.eos_id
-    B = len(limits)
+    B = src.shape[0]
     max_len = int(limits.max())
-    cache = DecoderCache(model, shared, part, src_pad, K, max_len, workspace=workspace)
+    cache = DecoderCache(model, shared, src_pad, K, max_len, workspace=workspace)
 
     sentences = np.arange(B)                      # live sentence slots -> sentence index
     scores = np.full((B, K), -np.inf, dtype=np.float64)
