@@ -562,40 +562,37 @@ static TARGET_AVX512 void dot_avx512(long M, long K, float alpha, const float *A
     }
 }
 
+/* The AVX-512 kernel tables, shared by the fp32 and bf16 descriptions. */
+#define AVX512_KERNELS \
+    {0, kernel_avx512_1, kernel_avx512_2, kernel_avx512_3, kernel_avx512_4, kernel_avx512_5, \
+     kernel_avx512_6, kernel_avx512_7, kernel_avx512_8, kernel_avx512_9, kernel_avx512_10, \
+     kernel_avx512_11, kernel_avx512_12, kernel_avx512_13, kernel_avx512_14}, \
+    {0, kernel_avx512_half_1, kernel_avx512_half_2, kernel_avx512_half_3, kernel_avx512_half_4, \
+     kernel_avx512_half_5, kernel_avx512_half_6, kernel_avx512_half_7, kernel_avx512_half_8, \
+     kernel_avx512_half_9, kernel_avx512_half_10, kernel_avx512_half_11, kernel_avx512_half_12, \
+     kernel_avx512_half_13, kernel_avx512_half_14},
+#define AVX512_STREAM \
+    {0, kernel_avx512_stream_1, kernel_avx512_stream_2, kernel_avx512_stream_3, kernel_avx512_stream_4, \
+     kernel_avx512_stream_5, kernel_avx512_stream_6, kernel_avx512_stream_7, kernel_avx512_stream_8, \
+     kernel_avx512_stream_9, kernel_avx512_stream_10, kernel_avx512_stream_11, kernel_avx512_stream_12, \
+     kernel_avx512_stream_13, kernel_avx512_stream_14}
+
 /* KC = 256: the B micro-panel (256 x 32 floats = 32 KiB) stays in the 48 KiB L1d;
  * MC = 336: the A block (336 x 256 = 336 KiB) stays in the 1 MiB L2;
  * NC = 4096: the B block (up to 8 MiB) stays in the 32 MiB L3. */
 static const gemm_isa isa_avx512 = {
     AVX512_MR, AVX512_NR, 256, 336, 4096,
-    {0, kernel_avx512_1, kernel_avx512_2, kernel_avx512_3, kernel_avx512_4, kernel_avx512_5,
-     kernel_avx512_6, kernel_avx512_7, kernel_avx512_8, kernel_avx512_9, kernel_avx512_10,
-     kernel_avx512_11, kernel_avx512_12, kernel_avx512_13, kernel_avx512_14},
-    {0, kernel_avx512_half_1, kernel_avx512_half_2, kernel_avx512_half_3, kernel_avx512_half_4,
-     kernel_avx512_half_5, kernel_avx512_half_6, kernel_avx512_half_7, kernel_avx512_half_8,
-     kernel_avx512_half_9, kernel_avx512_half_10, kernel_avx512_half_11, kernel_avx512_half_12,
-     kernel_avx512_half_13, kernel_avx512_half_14},
+    AVX512_KERNELS
     pack_a_avx512, pack_b_avx512, dot_avx512,
-    {0, kernel_avx512_stream_1, kernel_avx512_stream_2, kernel_avx512_stream_3, kernel_avx512_stream_4,
-     kernel_avx512_stream_5, kernel_avx512_stream_6, kernel_avx512_stream_7, kernel_avx512_stream_8,
-     kernel_avx512_stream_9, kernel_avx512_stream_10, kernel_avx512_stream_11, kernel_avx512_stream_12,
-     kernel_avx512_stream_13, kernel_avx512_stream_14}, 0};
+    AVX512_STREAM, 0};
 
 BF16_PACKS(avx512, AVX512_MR, AVX512_NR)
 
 static const gemm_isa isa_avx512_bf16 = {
     AVX512_MR, AVX512_NR, 256, 336, 4096,
-    {0, kernel_avx512_1, kernel_avx512_2, kernel_avx512_3, kernel_avx512_4, kernel_avx512_5,
-     kernel_avx512_6, kernel_avx512_7, kernel_avx512_8, kernel_avx512_9, kernel_avx512_10,
-     kernel_avx512_11, kernel_avx512_12, kernel_avx512_13, kernel_avx512_14},
-    {0, kernel_avx512_half_1, kernel_avx512_half_2, kernel_avx512_half_3, kernel_avx512_half_4,
-     kernel_avx512_half_5, kernel_avx512_half_6, kernel_avx512_half_7, kernel_avx512_half_8,
-     kernel_avx512_half_9, kernel_avx512_half_10, kernel_avx512_half_11, kernel_avx512_half_12,
-     kernel_avx512_half_13, kernel_avx512_half_14},
+    AVX512_KERNELS
     pack_a_avx512_bf16, pack_b_avx512_bf16, NULL,
-    {0, kernel_avx512_stream_1, kernel_avx512_stream_2, kernel_avx512_stream_3, kernel_avx512_stream_4,
-     kernel_avx512_stream_5, kernel_avx512_stream_6, kernel_avx512_stream_7, kernel_avx512_stream_8,
-     kernel_avx512_stream_9, kernel_avx512_stream_10, kernel_avx512_stream_11, kernel_avx512_stream_12,
-     kernel_avx512_stream_13, kernel_avx512_stream_14}, 1};
+    AVX512_STREAM, 1};
 #endif
 
 static const gemm_isa *gemm_isa_of(int level, int prec)

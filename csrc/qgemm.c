@@ -82,8 +82,8 @@ static inline int quantize_one(float v, float inv)
     return (int)r;
 }
 
-/* Row v[0, K) into q8 (int8) or q16 (int16), whichever is not NULL; returns the scale. */
-static float quantize_row_c(long K, const float *v, int8_t *q8, int16_t *q16)
+/* The scale of row v[0, K) and its inv (row_rule), scanning the row one element at a time. */
+static float row_scale_c(long K, const float *v, float *inv)
 {
     float amax = 0.0f;
     int has_nan = 0;
@@ -92,7 +92,13 @@ static float quantize_row_c(long K, const float *v, int8_t *q8, int16_t *q16)
         amax = a > amax ? a : amax;
         has_nan |= v[k] != v[k];
     }
-    float inv, scale = row_rule(amax, has_nan, &inv);
+    return row_rule(amax, has_nan, inv);
+}
+
+/* Row v[0, K) into q8 (int8) or q16 (int16), whichever is not NULL; returns the scale. */
+static float quantize_row_c(long K, const float *v, int8_t *q8, int16_t *q16)
+{
+    float inv, scale = row_scale_c(K, v, &inv);
     for (long k = 0; k < K; k++) {
         int q = inv != 0.0f ? quantize_one(v[k], inv) : 0;
         if (q8) q8[k] = (int8_t)q;
@@ -386,14 +392,7 @@ static void qgemm_slow(int isa, long M, long N, long K, const float *X, long ldx
     const long groups = ceil_div(K, L.kg);
     for (long i = 0; i < M; i++) {
         const float *x = X + i * ldx;
-        float amax = 0.0f;
-        int has_nan = 0;
-        for (long k = 0; k < K; k++) {
-            float a = fabsf(x[k]);
-            amax = a > amax ? a : amax;
-            has_nan |= x[k] != x[k];
-        }
-        float inv, xs = row_rule(amax, has_nan, &inv);
+        float inv, xs = row_scale_c(K, x, &inv);
         for (long n = 0; n < N; n++) {
             const int8_t *panel = panels + (n / L.nr) * groups * L.nr * L.kg;
             const long j = n % L.nr;
