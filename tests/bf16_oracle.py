@@ -135,30 +135,22 @@ def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int
     def ff(x, name):
         return linear(act(linear(x, f"{name}.linear1")), f"{name}.linear2")
 
+    def sublayer(x, norm_name, f):   # pre-LN: x + f(norm(x)); post-LN (the paper's): norm(x + f(x))
+        return x + f(norm(x, norm_name)) if cfg.norm_first else norm(x + f(x), norm_name)
+
     src_pad, tgt_pad = src == cfg.pad_id, tgt_in == cfg.pad_id
     x = P["src_embed.weight"][src] * math.sqrt(D) + pe[:src.shape[1]]
     for i in range(cfg.n_encoder_layers):
         n = f"transformer.encoder.layers.{i}"
-        if cfg.norm_first:
-            h = norm(x, f"{n}.norm1")
-            x = x + attention(h, h, f"{n}.self_attn", src_pad, False)
-            x = x + ff(norm(x, f"{n}.norm2"), n)
-        else:
-            x = norm(x + attention(x, x, f"{n}.self_attn", src_pad, False), f"{n}.norm1")
-            x = norm(x + ff(x, n), f"{n}.norm2")
+        x = sublayer(x, f"{n}.norm1", lambda h: attention(h, h, f"{n}.self_attn", src_pad, False))
+        x = sublayer(x, f"{n}.norm2", lambda h: ff(h, n))
     mem = norm(x, "transformer.encoder.norm")
     y = P["tgt_embed.weight"][tgt_in] * math.sqrt(D) + pe[:tgt_in.shape[1]]
     for i in range(cfg.n_decoder_layers):
         n = f"transformer.decoder.layers.{i}"
-        if cfg.norm_first:
-            h = norm(y, f"{n}.norm1")
-            y = y + attention(h, h, f"{n}.self_attn", tgt_pad, True)
-            y = y + attention(norm(y, f"{n}.norm2"), mem, f"{n}.multihead_attn", src_pad, False)
-            y = y + ff(norm(y, f"{n}.norm3"), n)
-        else:
-            y = norm(y + attention(y, y, f"{n}.self_attn", tgt_pad, True), f"{n}.norm1")
-            y = norm(y + attention(y, mem, f"{n}.multihead_attn", src_pad, False), f"{n}.norm2")
-            y = norm(y + ff(y, n), f"{n}.norm3")
+        y = sublayer(y, f"{n}.norm1", lambda h: attention(h, h, f"{n}.self_attn", tgt_pad, True))
+        y = sublayer(y, f"{n}.norm2", lambda h: attention(h, mem, f"{n}.multihead_attn", src_pad, False))
+        y = sublayer(y, f"{n}.norm3", lambda h: ff(h, n))
     y = norm(y, "transformer.decoder.norm")
     w, b = P["generator.weight"], P["generator.bias"]
     if generator == "int8":
