@@ -39,13 +39,13 @@ def evaluate(model_dir, data, src_col, tgt_col, precisions=("fp32", "bf16", "int
     sources, refs = [s for s, _ in dev], [t for _, t in dev]
     records = []
     for beam in beams:
-        outputs = {}
+        outputs, times = {}, {}     # of this search, by precision
         for precision in precisions:
             translate_texts(model, src_tok, tgt_tok, sources[:8], beam=beam, precision=precision)  # warm up
             start = time.perf_counter()
             hyps = translate_texts(model, src_tok, tgt_tok, sources, beam=beam, precision=precision)
             seconds = time.perf_counter() - start
-            outputs[precision] = hyps
+            outputs[precision], times[precision] = hyps, seconds
             record = {"model": model_dir, "precision": precision, "search": "greedy" if beam == 1 else f"beam {beam}",
                       "int8_generator": decoding.INT8_GENERATOR if precision == "int8" else None,
                       "sentences": len(sources), "seconds": round(seconds, 3), "threads": T.get_num_threads(),
@@ -53,9 +53,7 @@ def evaluate(model_dir, data, src_col, tgt_col, precisions=("fp32", "bf16", "int
             if "fp32" in outputs:
                 same = sum(a == b for a, b in zip(hyps, outputs["fp32"]))
                 record["identical_to_fp32"] = round(same / len(hyps), 4)
-                record["time_vs_fp32"] = round(seconds / next(r["seconds"] for r in records
-                                                              if r["precision"] == "fp32" and r["search"] == record["search"]), 3) \
-                    if precision != "fp32" else 1.0
+                record["time_vs_fp32"] = round(seconds / times["fp32"], 3)
             record["samples"] = [{"source": s, "reference": r, "output": h}
                                  for s, r, h in list(zip(sources, refs, hyps))[:samples]]
             records.append(record)
