@@ -59,3 +59,4 @@ from . import ops  # noqa: E402
 from .config import ModelConfig, PRESETS  # noqa: E402
 from .model import Seq2SeqTransformer  # noqa: E402
 from .optim import Adam, budget_lr, noam_lr, clip_grad_norm  # noqa: E402
+from .distributed import DataParallel  # noqa: E402  (mpi4py is imported when one is made)

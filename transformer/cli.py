@@ -252,9 +252,55 @@ def _apply_threads(args):
         T.set_num_threads(args.threads[0] if isinstance(args.threads, list) else args.threads)
 
 
+def _mpi_world():
+    """Under mpirun/mpiexec: (rank, size, local ranks, cores this rank may use); None for a plain
+    process (importing no MPI)."""
+    from .distributed import import_mpi, launched_ranks
+
+    rank, size = launched_ranks()
+    if size == 1:
+        return None
+    try:
+        MPI = import_mpi()
+    except ImportError as exc:
+        raise FlagError(f"started by an MPI launcher with {size} ranks, but {exc}") from None
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != size:
+        raise FlagError(f"the MPI launcher started {size} ranks but mpi4py sees {comm.Get_size()}: mpi4py was "
+                        "built for another MPI than the mpirun used (use the mpirun of the same installation, "
+                        "e.g. the one `pip install \"transformer-cpu[mpi]\"` puts in the virtual environment)")
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
+    return comm.Get_rank(), size, local, sorted(os.sched_getaffinity(0))
+
+
+def _threads_per_rank(args, world):
+    """Ranks x threads must not oversubscribe the cores: the default is this rank's share of the
+    cores it may run on; a --threads that would oversubscribe is refused."""
+    rank, size, local, cores = world
+    total = os.cpu_count() or len(cores)
+    bound = len(cores) < total                  # the launcher pinned this rank to some cores
+    share = len(cores) if bound else max(1, total // local)
+    if args.threads is None:
+        args.threads = share
+        return
+    if args.threads > share:
+        how = (f"this rank is bound to {len(cores)} core{'s' if len(cores) > 1 else ''}" if bound else
+               f"{local} ranks share this machine's {total} cores")
+        raise FlagError(f"--threads {args.threads}: {how}, so {args.threads} threads a rank would oversubscribe "
+                        f"them (at most {share}; or bind each rank to more cores: MPICH `mpiexec -bind-to "
+                        f"core:{args.threads}`, Open MPI `mpirun --map-by slot:PE={args.threads}`)")
+
+
 def _train(args):
     from . import train
 
+    world = _mpi_world()
+    if world is not None:
+        args.world = world[:2]
+        train._SILENT = world[0] != 0
+        if world[0] != 0:
+            args.quiet = True
+        _threads_per_rank(args, world)
     _apply_threads(args)
     with blame("--resume", args.resume):
         if args.resume and not os.path.exists(args.resume):
@@ -368,7 +414,19 @@ def _quantize(args):
 def _info(args):
     import transformer as T
 
-    print(json.dumps(T.build_info(), indent=2))
+    info = T.build_info()
+    world = _mpi_world()
+    if world is not None:           # under mpirun: every rank reports, rank order
+        from .distributed import import_mpi
+
+        rank, size, local, cores = world
+        mine = {"rank": rank, "ranks": size, "ranks_on_this_machine": local, "host": os.uname().nodename,
+                "threads": info.get("threads"), "cores_this_rank_may_use": cores}
+        every = import_mpi().COMM_WORLD.gather(mine, root=0)
+        if rank != 0:
+            return 0
+        info["mpi"] = every
+    print(json.dumps(info, indent=2))
     return 0
 
 
@@ -540,21 +598,56 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except KeyboardInterrupt:
+    except BaseException as exc:
+        if getattr(args, "world", (0, 1))[1] > 1:
+            return _fail_under_mpi(args, exc)
+        return _fail(args, exc)
+
+
+def _fail(args, exc):
+    if isinstance(exc, KeyboardInterrupt):
         if args.debug:
-            raise
+            raise exc
         print(f"transformer {args.command}: error: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:        # the reader went away (`| head`): stop quietly
+    if isinstance(exc, BrokenPipeError):         # the reader went away (`| head`): stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except Exception as exc:
-        told = describe(exc, args)
+    told = describe(exc, args) if isinstance(exc, Exception) else None
+    if told is None or args.debug:
+        raise exc
+    message, status = told
+    print(f"transformer {args.command}: error: {message}", file=sys.stderr)
+    return status
+
+
+def _fail_under_mpi(args, exc):
+    """Under mpirun. A failure every rank saw (ranks that disagree, replicas that diverged) is told
+    once, by rank 0, and every rank exits with it. A rank that fails alone says so and takes the
+    others down with MPI_Abort rather than leave them waiting."""
+    import traceback
+
+    from .distributed import import_mpi
+
+    rank = args.world[0]
+    everywhere = getattr(exc, "everywhere", False)
+    if isinstance(exc, KeyboardInterrupt):
+        told = ("interrupted", 130)
+    elif isinstance(exc, SystemExit):
+        told = (None, exc.code if isinstance(exc.code, int) else 1)
+    else:
+        told = describe(exc, args) if isinstance(exc, Exception) else None
         if told is None or args.debug:
-            raise
-        message, status = told
-        print(f"transformer {args.command}: error: {message}", file=sys.stderr)
-        return status
+            traceback.print_exception(type(exc), exc, exc.__traceback__)
+        if told is None:
+            told = (f"{type(exc).__name__}: {exc}", 1)
+    message, status = told
+    if message and (rank == 0 or not everywhere):
+        where = "" if everywhere or message.startswith("rank ") else f"rank {rank}: "
+        print(f"transformer {args.command}: error: {where}{message}", file=sys.stderr, flush=True)
+    if not everywhere:
+        import_mpi().COMM_WORLD.Abort(status or 1)
+    return status
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ def describe(exc, args):
     """(message, exit status) of an expected failure, or None for a bug."""
     if isinstance(exc, FlagError):
         return str(exc), exc.status
+    if type(exc).__name__ == "DistributedError":       # ranks that cannot go on together (distributed.py)
+        return str(exc), 1
     argument = getattr(exc, "argument", None)          # data.ColumnError: src_col or tgt_col
     if isinstance(argument, str) and hasattr(args, argument):
         flag = "--" + argument.replace("_", "-")

@@ -96,6 +96,7 @@ class DropoutStream:
         self.seed = 0
         self.training = False
         self._sites = 0
+        self.rank = 0          # DataParallel: each rank draws its own masks (rank 0: a plain run's)
 
     def new_site(self):
         offset = self._sites * self.SITE_STRIDE
@@ -106,6 +107,8 @@ class DropoutStream:
         """Advance to the next training call: a fresh seed mixed from (base seed, call counter)."""
         self.calls += 1
         self.seed = _splitmix64(self.base_seed ^ _splitmix64(self.calls))
+        if self.rank:
+            self.seed = _splitmix64(self.seed ^ _splitmix64(0xD1B54A32D192ED03 * self.rank & 0xFFFFFFFFFFFFFFFF))
         return self.seed
 
 

@@ -39,11 +39,16 @@ class Encoder:
             x = layer.forward(x, B, S, src_pad)
         return self.norm.forward(x)
 
-    def backward(self, dmemory):
-        # dmemory [B*S, D], overwritten with the gradient of the encoder input
+    def backward(self, dmemory, ready=None):
+        # dmemory [B*S, D], overwritten with the gradient of the encoder input. ready(prefix), when
+        # given, is told each time the gradients of the parameters named prefix* are complete.
         d = self.norm.backward(dmemory, dmemory)
-        for layer in reversed(self.layers):
-            d = layer.backward(d)
+        if ready is not None:
+            ready("transformer.encoder.norm.")
+        for i in reversed(range(len(self.layers))):
+            d = self.layers[i].backward(d)
+            if ready is not None:
+                ready(f"transformer.encoder.layers.{i}.")
         return d
 
 
@@ -60,12 +65,18 @@ class Decoder:
             y = layer.forward(y, memory, B, T, S, tgt_pad, src_pad, self.causal)
         return self.norm.forward(y)
 
-    def backward(self, dout, dmemory):
+    def backward(self, dout, dmemory, ready=None):
         # dout [B*T, D], overwritten with the gradient of the decoder input; dmemory [B*S, D] is
-        # written with the sum over layers of the gradients of the encoder output
+        # written with the sum over layers of the gradients of the encoder output; ready as in
+        # Encoder.backward
         d = self.norm.backward(dout, dout)
-        for i, layer in enumerate(reversed(self.layers)):
-            d = layer.backward(d, dmemory, accumulate_memory=i > 0)
+        if ready is not None:
+            ready("transformer.decoder.norm.")
+        n = len(self.layers)
+        for i in reversed(range(n)):
+            d = self.layers[i].backward(d, dmemory, accumulate_memory=i < n - 1)
+            if ready is not None:
+                ready(f"transformer.decoder.layers.{i}.")
         return d
 
 
@@ -241,6 +252,12 @@ class Seq2SeqTransformer:
         precision "bf16": mixed precision. Every GEMM of the forward and backward pass (the linear
         maps, Q Kᵀ, P V and their gradients) rounds its operands to bfloat16 and sums in float32;
         weights, gradients, softmax, layer norm, loss, residuals and dropout stay float32."""
+        return self._train_pass(src, tgt_in, tgt_out, label_smoothing, precision)
+
+    def _train_pass(self, src, tgt_in, tgt_out, label_smoothing, precision, grad_scale=1.0, ready=None):
+        """forward_backward, with the gradient scaled by grad_scale (DataParallel: this rank's
+        share of the global target count) and ready(prefix) told as each parameter group's
+        gradient is complete (DataParallel starts its all-reduce there)."""
         bf16 = check_precision(precision, ("fp32", "bf16"), "training (int8 is for decoding)") == "bf16"
         src, tgt_in, tgt_out = self._check_inputs(src, tgt_in, tgt_out)
         label_smoothing = _check_smoothing(label_smoothing)
@@ -251,6 +268,7 @@ class Seq2SeqTransformer:
             self.stream.training = self.cfg.dropout > 0.0
             self.stream.next_call()
             self.ws.bf16 = self.ws.bf16_attention = bf16
+            self.params.grad_is_zero = False
             try:
                 h = self._encode_decode(src, tgt_in)
                 ws = self.ws
@@ -258,12 +276,18 @@ class Seq2SeqTransformer:
                 self.generator.forward(h, logits)
                 # softmax + cross-entropy; the gradient of the mean loss overwrites the logits
                 loss, _ = _C.cross_entropy(logits, tgt_out.reshape(-1), logits, self.cfg.pad_id,
-                                           label_smoothing, 1.0)
+                                           label_smoothing, grad_scale)
                 dh = ws.persistent(self, "dh", (B * T, D))
                 dmemory = ws.persistent(self, "dmemory", (B * S, D))
                 self.generator.backward(logits, h, dh)
-                self.tgt_embed.backward(self.decoder.backward(dh, dmemory))
-                self.src_embed.backward(self.encoder.backward(dmemory))
+                if ready is not None:
+                    ready("generator.")
+                self.tgt_embed.backward(self.decoder.backward(dh, dmemory, ready))
+                if ready is not None:
+                    ready("tgt_embed.")
+                self.src_embed.backward(self.encoder.backward(dmemory, ready))
+                if ready is not None:
+                    ready("src_embed.")
             finally:
                 self.stream.training = False
                 self.ws.bf16 = self.ws.bf16_attention = False

@@ -86,6 +86,9 @@ class Parameters:
             self.grad[name] = self.flat_grad[start:start + size].reshape(shape)
             self.shapes[name] = tuple(shape)
         self.d_model = cfg.d_model
+        # True from zero_grad() until a training pass adds into the gradients (DataParallel then
+        # need not keep what the buffer held); writes through the views do not clear it
+        self.grad_is_zero = True
         self.initialize(seed)
 
     @property
@@ -129,3 +132,4 @@ class Parameters:
 
     def zero_grad(self):
         _C.zero_(self.flat_grad)   # threads share the memset (225 MB for the base model)
+        self.grad_is_zero = True

@@ -64,6 +64,7 @@ class StopFlag:
 
     def __init__(self):
         self.signal = None
+        self.remote = False       # data parallel: the signal came to another rank
         self._previous = {}
 
     def __enter__(self):
@@ -99,15 +100,21 @@ def describe(model):
             f"threads {_C.get_num_threads()} ({_C.isa()})")
 
 
+# Under mpirun, only rank 0 talks: the others set this (see _data_parallel).
+_SILENT = False
+REPLICA_CHECK_EVERY = 200   # data parallel: steps between checks that every rank holds the same weights
+
+
 def _log(message, stream=None):
-    print(message, file=stream or sys.stderr, flush=True)
+    if not _SILENT:
+        print(message, file=stream or sys.stderr, flush=True)
 
 
 class Trainer:
     """Owns the model, optimizer, data stream and checkpoints of one run."""
 
     def __init__(self, args, model, optimizer, src_tokenizer, tgt_tokenizer, batches_for_epoch,
-                 examples, dev, state=None, task=None, clip=clip_grad_norm, checkpoints=True):
+                 examples, dev, state=None, task=None, clip=clip_grad_norm, checkpoints=True, dp=None):
         self.args = args
         self.precision = getattr(args, "precision", None) or "fp32"
         self.model = model
@@ -120,6 +127,8 @@ class Trainer:
         self.task = task
         self.clip = clip                    # (model, max_norm) -> global norm before clipping
         self.checkpoints = checkpoints      # False for the PyTorch comparison runs
+        self.dp = dp                        # a DataParallel under mpirun: this rank trains on its shard
+        self.leader = dp is None or dp.rank == 0   # logs, evaluates and writes checkpoints
         self.model_for_inference = None     # with --average-last: the averaged model, after run()
 
     # -- data ---------------------------------------------------------------------------------
@@ -128,18 +137,31 @@ class Trainer:
         cfg = self.model.cfg
         if self.task is not None:
             rng = np.random.default_rng([self.args.seed, self.state.step])
-            pairs = self.task.sample(rng, self.args.batch_size)
+            pairs = self._shard(self.task.sample(rng, self.args.batch_size))
             examples = [make_example(self.src_tokenizer.encode(s), self.tgt_tokenizer.encode(t),
                                      cfg.bos_id, cfg.eos_id) for s, t in pairs]
-            return collate(examples, range(len(examples)), cfg.pad_id)
+            return collate(examples, range(len(examples)), cfg.pad_id) if examples else (None, None, None)
         batches = self.batches_for_epoch(self.state.epoch)
         if self.state.batch_in_epoch >= len(batches):
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
             batches = self.batches_for_epoch(self.state.epoch)
-        indices = batches[self.state.batch_in_epoch]
+        indices = self._shard(batches[self.state.batch_in_epoch])
         self.state.batch_in_epoch += 1
-        return collate(self.examples, indices, cfg.pad_id)
+        return collate(self.examples, indices, cfg.pad_id) if len(indices) else (None, None, None)
+
+    def _shard(self, items):
+        """Data parallel: this rank's disjoint part of a global batch (every size-th sentence from
+        its rank on; batches are sorted by length, so the parts have similar sizes)."""
+        return items if self.dp is None else items[self.dp.rank::self.dp.size]
+
+    def forward_backward(self, src, tgt_in, tgt_out):
+        """One training pass on the current (part of the) batch; data parallel: the global one."""
+        if self.dp is not None:
+            return self.dp.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing,
+                                            precision=self.precision)
+        return self.model.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing,
+                                           precision=self.precision)
 
     # -- the learning-rate schedule -------------------------------------------------------------
     def plan_schedule(self, budget_seconds=None):
@@ -184,8 +206,7 @@ class Trainer:
                 src, tgt_in, tgt_out = self.next_batch()
                 started = time.perf_counter()
                 self.model.zero_grad()
-                self.model.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing,
-                                            precision=self.precision)
+                self.forward_backward(src, tgt_in, tgt_out)
                 if self.args.clip_norm > 0:
                     self.clip(self.model, self.args.clip_norm)
                 times.append(time.perf_counter() - started)
@@ -195,7 +216,8 @@ class Trainer:
                 stream.calls = calls
             self.model.zero_grad()
         # + the optimizer step and bookkeeping, a few percent of a step
-        return 1.03 * float(np.median(times[1:]))
+        seconds = 1.03 * float(np.median(times[1:]))
+        return seconds if self.dp is None else self.dp.bcast_object(seconds)   # rank 0's clock plans
 
     def replan_total(self, seconds_per_step, seconds_left):
         """At the end of warm-up, a time-bounded plan re-estimates its step count from the steps
@@ -232,8 +254,7 @@ class Trainer:
     def step(self):
         src, tgt_in, tgt_out = self.next_batch()
         self.model.zero_grad()
-        loss = self.model.forward_backward(src, tgt_in, tgt_out, label_smoothing=self.args.label_smoothing,
-                                           precision=self.precision)
+        loss = self.forward_backward(src, tgt_in, tgt_out)
         if not math.isfinite(loss):
             raise NonFiniteLoss(f"non-finite loss ({loss}) at step {self.state.step + 1}")
         if self.args.clip_norm > 0:
@@ -243,7 +264,10 @@ class Trainer:
         self.state.step += 1
         lr = self.learning_rate(self.state.step)
         self.optimizer.step(lr=lr)
-        tokens = int((tgt_out != self.model.cfg.pad_id).sum())
+        if self.dp is not None:
+            tokens = self.dp.last_target_count       # every rank's part
+        else:
+            tokens = int((tgt_out != self.model.cfg.pad_id).sum())
         self.state.tokens += tokens
         return loss, tokens, lr
 
@@ -275,7 +299,7 @@ class Trainer:
 
     # -- checkpoints --------------------------------------------------------------------------
     def save(self):
-        if not self.checkpoints:
+        if not self.checkpoints or not self.leader:
             return
         args = {k: v for k, v in vars(self.args).items() if k not in ("checkpoint", "func")}
         save_checkpoint(self.args.out, self.model, self.optimizer, self.state.__dict__,
@@ -333,7 +357,7 @@ class Trainer:
             log.flush()
 
     def run(self, stream=None):
-        args = self.args
+        args, dp = self.args, self.dp
         deadline = None if args.minutes is None else time.monotonic() + 60.0 * args.minutes
         max_steps = args.max_steps
         if self.state.schedule is None:
@@ -348,19 +372,34 @@ class Trainer:
         from tqdm import tqdm
 
         bar = tqdm(total=max_steps, initial=min(self.state.step, max_steps or 0) if max_steps else 0,
-                   unit="step", dynamic_ncols=True, file=stream or sys.stderr, disable=args.quiet,
+                   unit="step", dynamic_ncols=True, file=stream or sys.stderr, disable=args.quiet or not self.leader,
                    mininterval=0.5)
         last_save = time.monotonic()
         window_tokens, window_start = 0, time.perf_counter()
         status = 0
-        log = open(os.path.join(args.out, LOG_FILE), "a", encoding="utf-8")
-        self._truncate_log(log)
+        if self.leader:
+            log = open(os.path.join(args.out, LOG_FILE), "a", encoding="utf-8")
+            self._truncate_log(log)
+        else:
+            log = open(os.devnull, "w", encoding="utf-8")
         with StopFlag() as stop, log:
             try:
                 while True:
                     if max_steps is not None and self.state.step >= max_steps:
                         break
-                    if deadline is not None and time.monotonic() >= deadline:
+                    save_now = bool(args.save_minutes) and time.monotonic() - last_save >= 60 * args.save_minutes
+                    out_of_time = deadline is not None and time.monotonic() >= deadline
+                    if dp is not None:
+                        # Ranks stop, and rank 0 saves, at the same step: rank 0's clock decides, and a
+                        # signal to any rank stops them all.
+                        out_of_time, save_now, signum = dp.max_flags(
+                            [self.leader and out_of_time, self.leader and save_now, stop.signal or 0])
+                        if signum and stop.signal is None:
+                            stop.signal, stop.remote = signum, True
+                    if stop.signal is not None and dp is not None:
+                        status = self._stopped_by_signal(stop, bar, stream)
+                        break
+                    if out_of_time:
                         break
                     started = time.perf_counter()
                     loss, tokens, lr = self.step()
@@ -371,6 +410,8 @@ class Trainer:
                         now = time.monotonic()
                         per_step = (now - run_start) / max(self.state.step - run_start_step, 1)
                         self.replan_total(per_step, deadline - now)
+                        if dp is not None:            # every rank follows rank 0's plan
+                            self.state.schedule = plan = dp.bcast_object(plan)
                         bar.write(f"step {self.state.step}: {per_step:.2f} s a step so far: about "
                                   f"{plan['total']} steps in the budget; decay to step {plan['total']}")
                     log.flush()
@@ -381,28 +422,33 @@ class Trainer:
                         bar.set_postfix(loss=f"{loss:.3f}", tok_s=f"{window_tokens / elapsed:,.0f}",
                                         lr=f"{lr:.2e}", refresh=False)
                         window_tokens, window_start = 0, time.perf_counter()
+                    if dp is not None and self.state.step % REPLICA_CHECK_EVERY == 0:
+                        dp.check_replicas(self.state.step, self.optimizer)
                     if args.eval_every and self.state.step % args.eval_every == 0:
                         eval_started = time.monotonic()
-                        metrics = self.evaluate(limit=args.eval_limit)
-                        metrics["seconds"] = round(self.state.seconds, 2)
-                        if args.keep_best:
-                            metrics["best"] = self.keep_if_best(metrics)
+                        if self.leader:
+                            metrics = self.evaluate(limit=args.eval_limit)
+                            metrics["seconds"] = round(self.state.seconds, 2)
+                            if args.keep_best:
+                                metrics["best"] = self.keep_if_best(metrics)
+                            bar.write(f"step {self.state.step}: " + json.dumps(_rounded(metrics)))
+                            log.write(json.dumps({"step": self.state.step, **metrics}) + "\n")
+                        if dp is not None:
+                            dp.sync("rank 0's evaluation")
                         if deadline is not None:     # periodic evaluation is not training time
                             deadline += time.monotonic() - eval_started
-                        bar.write(f"step {self.state.step}: " + json.dumps(_rounded(metrics)))
-                        log.write(json.dumps({"step": self.state.step, **metrics}) + "\n")
                     if args.average_last and self.checkpoints and self.state.step % self.snapshot_every() == 0:
-                        save_snapshot(args.out, self.state.step, self.model, keep=args.average_last)
-                    if (args.save_every and self.state.step % args.save_every == 0) or \
-                            (args.save_minutes and time.monotonic() - last_save >= 60 * args.save_minutes):
+                        if self.leader:
+                            save_snapshot(args.out, self.state.step, self.model, keep=args.average_last)
+                        if dp is not None:
+                            dp.sync("rank 0's snapshot")
+                    if (args.save_every and self.state.step % args.save_every == 0) or save_now:
                         self.save()
+                        if dp is not None:
+                            dp.sync("rank 0's checkpoint")
                         last_save = time.monotonic()
-                    if stop.signal is not None:
-                        name = signal.Signals(stop.signal).name
-                        bar.close()
-                        _log(f"{name} received: saving a checkpoint at step {self.state.step} and stopping",
-                             stream)
-                        status = 128 + stop.signal
+                    if stop.signal is not None and dp is None:
+                        status = self._stopped_by_signal(stop, bar, stream)
                         break
             except NonFiniteLoss as exc:
                 bar.close()
@@ -414,9 +460,16 @@ class Trainer:
         self.save()
         if self.checkpoints:
             _log(f"saved checkpoint at step {self.state.step} to {args.out}")
-            if args.average_last and status == 0:
+            if args.average_last and status == 0 and self.leader:
                 self.model_for_inference = self.write_average(stream)
         return status
+
+    def _stopped_by_signal(self, stop, bar, stream):
+        name = signal.Signals(stop.signal).name
+        bar.close()
+        where = " by another rank" if stop.remote else ""
+        _log(f"{name} received{where}: saving a checkpoint at step {self.state.step} and stopping", stream)
+        return 128 + stop.signal
 
 
 def _rounded(metrics):
@@ -613,6 +666,58 @@ def apply_defaults(args):
         raise FlagError("--lr sets the peak of the budget schedule; with --schedule noam use --lr-scale")
 
 
+def _world(args):
+    """(rank, size) of this run: under mpirun with more than one rank, set by the command line."""
+    return getattr(args, "world", None) or (0, 1)
+
+
+def _agree(args, data_fingerprint):
+    """Under mpirun: refuse to start unless every rank has the same settings, data and build."""
+    if _world(args)[1] == 1:
+        return
+    from . import __version__
+    from .distributed import agree, import_mpi
+
+    keys = [k for k in TRAJECTORY_ARGS + SIZE_FLAGS + ("precision", "max_steps", "minutes", "preset",
+                                                      "eval_every", "save_every", "save_minutes", "average_last",
+                                                      "snapshot_every", "keep_best")
+            if k != "data"]
+    description = {_flag(k): getattr(args, k, None) for k in dict.fromkeys(keys)}
+    description.update({"data (fingerprint of the pairs)": data_fingerprint, "transformer version": __version__,
+                        "SIMD level (TRANSFORMER_ISA)": _C.isa(),
+                        "--resume (checkpoint step)": None if args.checkpoint is None else
+                        args.checkpoint.train_state.get("step")})
+    agree(import_mpi().COMM_WORLD, description)
+
+
+def _data_parallel(args, model, optimizer):
+    """Under mpirun with more than one rank: the model wrapped in a DataParallel, with rank 0's
+    weights and optimizer state on every rank. None for one process."""
+    if _world(args)[1] == 1:
+        return None
+    from .distributed import DataParallel
+
+    dp = DataParallel(model)
+    dp.broadcast_parameters()
+    dp.broadcast_optimizer(optimizer)
+    return dp
+
+
+def _describe_world(args, dp):
+    if dp is None:
+        return ""
+    return f"; data parallel over {dp.size} ranks, each on its part of every batch"
+
+
+def _pairs_fingerprint(pairs):
+    import hashlib
+
+    digest = hashlib.sha256()
+    for src, tgt in pairs:
+        digest.update(src.encode("utf-8", "surrogatepass") + b"\t" + tgt.encode("utf-8", "surrogatepass") + b"\n")
+    return digest.hexdigest()[:16]
+
+
 def _resume_or_new(args, make_model, src_tokenizer, tgt_tokenizer):
     if args.checkpoint is not None:
         ckpt = args.checkpoint
@@ -637,14 +742,16 @@ def train_builtin(args):
                                      max_len=task.max_len + 2)
         return Seq2SeqTransformer(cfg, seed=args.seed)
 
+    _agree(args, "built-in task")
     model, optimizer, src_tok, tgt_tok, state = _resume_or_new(args, make_model, task.src_tokenizer,
                                                                task.tgt_tokenizer)
+    dp = _data_parallel(args, model, optimizer)
     rng = np.random.default_rng([args.seed, 10**9])
     dev = task.sample(rng, 500)
-    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, None, None, dev, state, task=task)
-    _log(describe(model))
+    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, None, None, dev, state, task=task, dp=dp)
+    _log(describe(model) + _describe_world(args, dp))
     status = trainer.run()
-    if status:
+    if status or not trainer.leader:
         return status
     hyps = trainer.translate([s for s, _ in dev])
     exact = np.mean([h == t for h, (_, t) in zip(hyps, dev)])
@@ -674,9 +781,22 @@ def train_on_data(args, engine=None, result=None):
     _log(report.summary())
     train_pairs, dev_pairs = split_pairs(pairs, dev_fraction=args.dev_fraction, max_dev=args.dev_max)
     _log(f"split: {len(train_pairs)} training pairs, {len(dev_pairs)} held out for evaluation")
+    _agree(args, _pairs_fingerprint(pairs))
 
     if args.checkpoint is not None:
         src_tok, tgt_tok = args.checkpoint.src_tokenizer, args.checkpoint.tgt_tokenizer
+    elif _world(args)[1] > 1:       # rank 0 learns the vocabularies, the others take them
+        from .distributed import import_mpi
+        from .tokenizer import tokenizer_from_json
+
+        texts = None
+        if _world(args)[0] == 0:
+            src_tok = SubwordTokenizer.train([s for s, _ in train_pairs], vocab_size=args.vocab_size)
+            tgt_tok = SubwordTokenizer.train([t for _, t in train_pairs], vocab_size=args.vocab_size)
+            texts = (src_tok.to_json(), tgt_tok.to_json())
+        texts = import_mpi().COMM_WORLD.bcast(texts, root=0)
+        src_tok, tgt_tok = (tokenizer_from_json(t) for t in texts)
+        _log(f"BPE vocabularies: source {src_tok.vocab_size}, target {tgt_tok.vocab_size}")
     else:
         src_tok = SubwordTokenizer.train([s for s, _ in train_pairs], vocab_size=args.vocab_size)
         tgt_tok = SubwordTokenizer.train([t for _, t in train_pairs], vocab_size=args.vocab_size)
@@ -704,9 +824,10 @@ def train_on_data(args, engine=None, result=None):
         cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)
         return Seq2SeqTransformer(cfg, seed=args.seed)
 
-    clip = clip_grad_norm
+    clip, dp = clip_grad_norm, None
     if engine is None:
         model, optimizer, src_tok, tgt_tok, state = _resume_or_new(args, make_model, src_tok, tgt_tok)
+        dp = _data_parallel(args, model, optimizer)
     else:
         cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)
         (model, optimizer, clip), state = engine(cfg), TrainState()
@@ -719,10 +840,10 @@ def train_on_data(args, engine=None, result=None):
         return cache[epoch]
 
     trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, batches_for_epoch, examples, dev_pairs, state,
-                      clip=clip, checkpoints=engine is None)
-    _log(describe(model))
+                      clip=clip, checkpoints=engine is None, dp=dp)
+    _log(describe(model) + _describe_world(args, dp))
     status = trainer.run()
-    if status:
+    if status or not trainer.leader:
         return status
     metrics = trainer.evaluate()
     averaged = trainer.model_for_inference
