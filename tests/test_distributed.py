@@ -245,3 +245,32 @@ def test_info_under_mpirun_shows_ranks_threads_and_cores():
     info = json.loads(done.stdout)
     assert [r["rank"] for r in info["mpi"]] == [0, 1]
     assert all(r["ranks"] == 2 and r["cores_this_rank_may_use"] for r in info["mpi"])
+
+
+def test_bench_distributed_grid_against_ddp(tmp_path):
+    """`bench --what distributed`: the ranks x threads grid that fits the cores, ours and PyTorch DDP
+    (gloo) on the same global batch, efficiencies against 1x1, the all-reduce wait, a projection."""
+    pytest.importorskip("torch")
+    out = tmp_path / "dist.jsonl"
+    done = subprocess.run([sys.executable, "-m", "transformer", "bench", "--what", "distributed", "--threads", "1,2",
+                           "--config", "d_model=32,n_heads=2,d_ff=64,layers=1,vocab=50,batch=4,length=8",
+                           "--json", str(out)], capture_output=True, text=True, timeout=600, cwd=OUTSIDE, env=ENV)
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    points = [(r["ranks"], r["threads_per_rank"]) for r in records if r["bench"] == "distributed"]
+    cores = os.cpu_count()
+    assert points == [(r, t) for r in (1, 2) for t in (1, 2) if r * t <= cores]
+    two = next(r for r in records if r.get("ranks") == 2)
+    assert two["ours_tokens_per_s"] > 0 and two["torch_tokens_per_s"] > 0
+    assert 0 < two["ours_comm_wait_share"] < 1 and two["ours_buckets_per_step"] >= 1
+    assert two["ours_vs_ddp"] == round(two["ours_tokens_per_s"] / two["torch_tokens_per_s"], 3)
+    projection = records[-1]
+    assert projection["bench"] == "distributed_projection" and projection["rows"]
+    assert "ours/DDP" in done.stderr
+
+
+def test_bench_distributed_refuses_a_plot():
+    done = subprocess.run([sys.executable, "-m", "transformer", "bench", "--what", "distributed", "--plot", "x.png"],
+                          capture_output=True, text=True, timeout=60, cwd=OUTSIDE, env=ENV)
+    assert done.returncode == 2
+    assert "--plot does not apply to --what distributed" in done.stderr

@@ -22,7 +22,7 @@ BENCH_DEFAULTS = {"config": "tiny,base", "families": "gemm,nn,elementwise,loss",
 # What each --what reads besides --threads and --json; these flags given to another are refused.
 BENCH_FLAGS = {"kernels": ("families", "against", "precision"), "train": ("config", "against", "precision"),
                "profile": ("config",), "decode": ("config", "against", "precision"), "masking": (),
-               "all": ("config", "against", "plot")}
+               "all": ("config", "against", "plot"), "distributed": ("config", "against")}
 
 
 def _threads(text):
@@ -94,6 +94,8 @@ def _check_bench_flags(args):
         if getattr(args, key) is not None and key not in BENCH_FLAGS[args.what]:
             readers = " or ".join(what for what, keys in BENCH_FLAGS.items() if key in keys)
             raise FlagError(f"--{key} does not apply to --what {args.what}, only to --what {readers}")
+    if args.what == "distributed" and args.config is None:
+        args.config = "base"            # the figure: the base training step
     for key, value in BENCH_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -173,6 +175,18 @@ def _bench(args):
         engines = ("ours", "torch", "ctranslate2") if against else ("ours",)
         _emit(decode.run(threads=tuple(args.threads), configs=tuple(configs), engines=engines,
                          precision=args.precision), args)
+        return 0
+    if args.what == "distributed":
+        from .bench import distributed
+
+        if _against(args) is None and args.against != "none":
+            raise FlagError("--what distributed compares with PyTorch DDP: it needs torch (or --against none)")
+        records = distributed.run(threads=tuple(args.threads), configs=tuple(configs), against=against,
+                                  stream=sys.stdout)
+        if args.json:
+            with open(args.json, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        print(distributed.table(records), file=sys.stderr)
         return 0
     if args.what == "masking":
         from .bench import masking
@@ -450,12 +464,13 @@ def build_parser():
 
     bench = sub.add_parser("bench", help="benchmark our kernels against numpy/PyTorch")
     bench.add_argument("--what", default="kernels",
-                       choices=["kernels", "train", "profile", "decode", "masking", "all"],
+                       choices=["kernels", "train", "profile", "decode", "masking", "all", "distributed"],
                        help="kernels: every kernel vs PyTorch/numpy; train: a training step (and its "
                             "profile); profile: where a training step's time goes; decode: greedy and "
                             "beam search; masking: parallel masked training vs an autoregressive loop, "
                             "and the leakage without the mask; all: thread scaling of GEMM, training "
-                            "and decoding")
+                            "and decoding; distributed: the training step data-parallel over MPI ranks x "
+                            "threads (every pair of --threads values that fits the cores) against PyTorch DDP")
     bench.add_argument("--threads", type=_threads, default=None,
                        help="e.g. 1,2,4 (default: 1, 2, 4, ... up to the cores present)")
     bench.add_argument("--config",
