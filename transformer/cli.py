@@ -287,13 +287,21 @@ def _mpi_world():
     return comm.Get_rank(), size, local, sorted(os.sched_getaffinity(0))
 
 
+def _rank_share(world):
+    """(bound, threads): whether the launcher pinned this rank to some cores, and the threads it
+    may run without oversubscribing: its cores if pinned, else its share of the machine's."""
+    rank, size, local, cores = world
+    total = os.cpu_count() or len(cores)
+    bound = len(cores) < total
+    return bound, (len(cores) if bound else max(1, total // local))
+
+
 def _threads_per_rank(args, world):
     """Ranks x threads must not oversubscribe the cores: the default is this rank's share of the
     cores it may run on; a --threads that would oversubscribe is refused."""
     rank, size, local, cores = world
+    bound, share = _rank_share(world)
     total = os.cpu_count() or len(cores)
-    bound = len(cores) < total                  # the launcher pinned this rank to some cores
-    share = len(cores) if bound else max(1, total // local)
     if args.threads is None:
         args.threads = share
         return
@@ -434,8 +442,9 @@ def _info(args):
         from .distributed import import_mpi
 
         rank, size, local, cores = world
+        bound, share = _rank_share(world)
         mine = {"rank": rank, "ranks": size, "ranks_on_this_machine": local, "host": os.uname().nodename,
-                "threads": info.get("threads"), "cores_this_rank_may_use": cores}
+                "threads": share, "bound_by_the_launcher": bound, "cores_this_rank_may_use": cores}
         every = import_mpi().COMM_WORLD.gather(mine, root=0)
         if rank != 0:
             return 0

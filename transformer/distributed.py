@@ -93,9 +93,10 @@ class DataParallel:
         self.regions = _parameter_groups(model.params)
         model.stream.rank = self.rank
         self.last_target_count = 0
-        # seconds spent in forward_backward, and waiting on communication inside it (the part of the
-        # all-reduce the backward pass did not hide), summed over calls; reset_stats() clears them
-        self.stats = {"calls": 0, "seconds": 0.0, "wait_seconds": 0.0, "buckets": 0}
+        # Summed over calls (reset_stats() clears them): seconds in forward_backward; of those, the
+        # communication the backward pass did not hide (the pass's end minus the slowest rank's end
+        # of compute), and the time spent waiting for slower ranks (imbalance: noise, uneven parts)
+        self.stats = {"calls": 0, "seconds": 0.0, "wait_seconds": 0.0, "imbalance_seconds": 0.0, "buckets": 0}
 
     # -- one training pass ----------------------------------------------------------------------
     def forward_backward(self, src, tgt_in, tgt_out, label_smoothing=0.1, precision="fp32"):
@@ -107,9 +108,9 @@ class DataParallel:
         if empty:
             from .precision import check_precision
             check_precision(precision, ("fp32", "bf16"), "training (int8 is for decoding)")
-        wait = time.perf_counter()
         total = int(self._allreduce(np.array([local], dtype=np.int64), "the target count")[0])
-        waited = time.perf_counter() - wait
+        computing = time.perf_counter()
+        behind = computing - started          # waiting for the slowest rank to start this pass
         if total == 0:
             raise ValueError("no non-pad target on any rank: every part of the batch is empty")
         flat = model.params.flat_grad
@@ -125,22 +126,26 @@ class DataParallel:
             for prefix in self.regions:           # nothing computed: zeros join the sum
                 buckets.ready(prefix)
             model.params.grad_is_zero = False
-        wait = time.perf_counter()
+        compute = time.perf_counter() - computing
         buckets.finish()
-        loss = float(self._allreduce(np.array([loss * local], dtype=np.float64), "the loss")[0]) / total
-        waited += time.perf_counter() - wait
+        every = np.zeros((self.size, 2), dtype=np.float64)
+        self._wait([self.comm.Iallgather(np.array([loss * local, compute]), every)], "the loss")
+        loss = float(every[:, 0].sum()) / total           # the same order of terms on every rank
         if prior is not None:
             flat += prior
         self.last_target_count = total
+        ended = time.perf_counter()
+        slowest = float(every[:, 1].max())
         self.stats["calls"] += 1
-        self.stats["seconds"] += time.perf_counter() - started
-        self.stats["wait_seconds"] += waited + buckets.waited
+        self.stats["seconds"] += ended - started
+        self.stats["wait_seconds"] += max(0.0, ended - computing - slowest)
+        self.stats["imbalance_seconds"] += behind + slowest - compute
         self.stats["buckets"] += buckets.count
         return loss
 
     def reset_stats(self):
         for key in self.stats:
-            self.stats[key] = 0 if key in ("calls", "buckets") else 0.0
+            self.stats[key] = type(self.stats[key])(0)
 
     # -- replicas -------------------------------------------------------------------------------
     def broadcast_parameters(self):
@@ -238,7 +243,7 @@ class _Buckets:
         self.dp, self.flat = dp, dp.model.params.flat_grad
         self.pending = None      # [lo, hi) of the bucket being filled
         self.requests = []
-        self.count, self.waited = 0, 0.0
+        self.count = 0
 
     def ready(self, prefix):
         lo, hi = self.dp.regions[prefix]
@@ -263,9 +268,7 @@ class _Buckets:
 
     def finish(self):
         self._issue()
-        started = time.perf_counter()
         self.dp._wait(self.requests, "the gradient all-reduce")
-        self.waited = time.perf_counter() - started
 
 
 def _parameter_groups(params):

@@ -459,9 +459,10 @@ class Trainer:
                 bar.close()
         self.save()
         if dp is not None and dp.stats["seconds"] > 0:
-            _log(f"data parallel over {dp.size} ranks: {dp.stats['wait_seconds'] / dp.stats['seconds']:.1%} of "
-                 f"the training passes spent waiting for the gradient all-reduce ({dp.stats['buckets'] // max(dp.stats['calls'], 1)} "
-                 "buckets a step)", stream)
+            st = dp.stats
+            _log(f"data parallel over {dp.size} ranks: of the training passes, {st['wait_seconds'] / st['seconds']:.1%} "
+                 f"waited for the gradient all-reduce (after the backward pass: {st['buckets'] // max(st['calls'], 1)} "
+                 f"buckets a step) and {st['imbalance_seconds'] / st['seconds']:.1%} for slower ranks", stream)
         if self.checkpoints:
             _log(f"saved checkpoint at step {self.state.step} to {args.out}")
             if args.average_last and status == 0 and self.leader:

@@ -73,6 +73,7 @@ def run(threads=(1, 2), configs=("base",), against="torch", steps=None, stream=N
                 record[f"{engine}_step_spread_s"] = got["spread_s"]
                 if "comm_wait_share" in got:
                     record["ours_comm_wait_share"] = got["comm_wait_share"]
+                    record["ours_imbalance_share"] = got["imbalance_share"]
                     record["ours_buckets_per_step"] = got["buckets_per_step"]
                     record["gradient_mb"] = got["gradient_mb"]
                 if (ranks, nthreads) == (1, 1):
@@ -138,13 +139,13 @@ def _gradient_mb(name):
 
 
 def table(records):
-    lines = ["config  ranks x threads  ours tok/s  eff   comm wait  DDP tok/s  eff   ours/DDP"]
+    lines = ["config  ranks x threads  ours tok/s  eff   comm wait  imbalance  DDP tok/s  eff   ours/DDP"]
     for r in records:
         if r.get("bench") != "distributed":
             continue
         lines.append(f"{r['config']:<7} {r['ranks']} x {r['threads_per_rank']:<12} "
                      f"{r['ours_tokens_per_s']:>10,.0f}  {r.get('ours_efficiency', float('nan')):.2f}  "
-                     f"{r.get('ours_comm_wait_share', 0):>8.1%}  "
+                     f"{r.get('ours_comm_wait_share', 0):>8.1%}  {r.get('ours_imbalance_share', 0):>9.1%}  "
                      f"{r.get('torch_tokens_per_s', float('nan')):>9,.0f}  {r.get('torch_efficiency', float('nan')):.2f}  "
                      f"{r.get('ours_vs_ddp', float('nan')):.2f}x")
     return "\n".join(lines)
@@ -185,7 +186,7 @@ def _ours(name, nthreads, size, batch):
     dp = T.DataParallel(model) if size > 1 else None
     if dp is not None:
         dp.broadcast_parameters()
-    counted = {"seconds": 0.0, "wait": 0.0, "buckets": 0, "calls": 0}
+    counted = {"seconds": 0.0, "wait": 0.0, "imbalance": 0.0, "buckets": 0, "calls": 0}
 
     def step(timed):
         model.zero_grad()
@@ -197,6 +198,7 @@ def _ours(name, nthreads, size, batch):
             if timed:
                 counted["seconds"] += dp.stats["seconds"]
                 counted["wait"] += dp.stats["wait_seconds"]
+                counted["imbalance"] += dp.stats["imbalance_seconds"]
                 counted["buckets"] += dp.stats["buckets"]
                 counted["calls"] += 1
         opt.step()
@@ -206,9 +208,10 @@ def _ours(name, nthreads, size, batch):
         if dp is not None and counted["calls"]:
             dp.check_replicas()
             out["comm_wait_share"] = round(counted["wait"] / counted["seconds"], 4)
+            out["imbalance_share"] = round(counted["imbalance"] / counted["seconds"], 4)
             out["buckets_per_step"] = counted["buckets"] // counted["calls"]
         else:
-            out["comm_wait_share"] = 0.0
+            out["comm_wait_share"] = out["imbalance_share"] = 0.0
             out["buckets_per_step"] = 0
         return out
 
