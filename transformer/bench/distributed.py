@@ -28,6 +28,8 @@ WARMUP_STEPS = 1
 # Ring all-reduce projection (benchmarks/README.md): link speeds in Gb/s and node counts.
 LINKS_GBPS = (10, 25, 100)
 NODES = (2, 4, 8, 16, 32, 64)
+NODE_SPEEDUPS = (1, 8)       # the measured node, and one 8x faster (16 cores instead of 2, say)
+LINK_LATENCY_S = 25e-6       # per message and hop: TCP over Ethernet (RDMA is ~10x less)
 
 
 def grid(threads, cores=None):
@@ -104,30 +106,34 @@ def _launch(engine, name, ranks, nthreads, steps):
 
 
 def projection(records, name, stream=None):
-    """Ring all-reduce of the gradient buffer against the measured step time of one node (the
-    record of this config with the most threads in one rank): a ring moves 2 (N-1)/N of the buffer
-    through every link. `hidden` is the share of the step the backward pass takes (about two thirds),
-    which the bucketed all-reduce can overlap; efficiency = step / (step + max(0, comm - hidden)).
-    Nodes beyond the batch's sentences are left out (each needs one sentence at least)."""
+    """Ring all-reduce of the gradient buffer against a node's step time, weak scaling (every node
+    keeps the measured batch; the global batch grows with the nodes): a ring moves 2 (N-1)/N of the
+    buffer through every link, in 2 (N-1) messages per bucket of LINK_LATENCY_S each. The bucketed all-reduce can hide behind the backward pass, about
+    two thirds of the step: efficiency = step / (step + max(0, allreduce - 2/3 step)); without
+    overlap, step / (step + allreduce). Node steps: the measured one (this machine, all its cores in
+    one rank) and, for a bigger node, the same divided by NODE_SPEEDUPS."""
     single = max((r for r in records if r.get("config") == name and r.get("ranks") == 1),
                  key=lambda r: r["threads"])
-    step = single["ours_step_s"]
+    measured = single["ours_step_s"]
     mb = next((r["gradient_mb"] for r in records if r.get("config") == name and "gradient_mb" in r), None)
     if mb is None:
         mb = _gradient_mb(name)
-    hidden = 2.0 / 3.0 * step
+    buckets = next((r["ours_buckets_per_step"] for r in records
+                    if r.get("config") == name and r.get("ours_buckets_per_step")), 16)
     rows = []
-    for gbps in LINKS_GBPS:
-        for nodes in NODES:
-            if nodes > CONFIGS[name]["batch"]:
-                continue
-            comm = 2.0 * (nodes - 1) / nodes * mb * 8e6 / (gbps * 1e9)
-            exposed = max(0.0, comm - hidden)
-            rows.append({"gbps": gbps, "nodes": nodes, "allreduce_s": round(comm, 4),
-                         "efficiency": round(step / (step + exposed), 3),
-                         "efficiency_no_overlap": round(step / (step + comm), 3)})
-    record = {"bench": "distributed_projection", "config": name, "gradient_mb": round(mb, 1),
-              "node_step_s": step, "node_threads": single["threads"], "rows": rows}
+    for speedup in NODE_SPEEDUPS:
+        step = measured / speedup
+        for gbps in LINKS_GBPS:
+            for nodes in NODES:
+                comm = (2.0 * (nodes - 1) / nodes * mb * 8e6 / (gbps * 1e9)
+                        + 2 * (nodes - 1) * buckets * LINK_LATENCY_S)
+                rows.append({"node_speedup": speedup, "node_step_s": round(step, 4), "gbps": gbps, "nodes": nodes,
+                             "allreduce_s": round(comm, 4),
+                             "efficiency": round(step / (step + max(0.0, comm - 2.0 / 3.0 * step)), 3),
+                             "efficiency_no_overlap": round(step / (step + comm), 3)})
+    record = {"bench": "distributed_projection", "config": name, "gradient_mb": round(mb, 1), "buckets": buckets,
+              "link_latency_s": LINK_LATENCY_S,
+              "node_step_s": measured, "node_threads": single["threads"], "rows": rows}
     if stream is not None:
         print(json.dumps(record), file=stream, flush=True)
     return record
