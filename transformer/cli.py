@@ -512,7 +512,9 @@ def build_parser():
     train.add_argument("--d-ff", dest="d_ff", type=_positive_int)
     train.add_argument("--n-encoder-layers", dest="n_encoder_layers", type=_positive_int)
     train.add_argument("--n-decoder-layers", dest="n_decoder_layers", type=_positive_int)
-    train.add_argument("--dropout", type=_fraction, help="default 0.1 (0 for the built-in task)")
+    train.add_argument("--dropout", type=_fraction,
+                       help="default with --data: 0 when the budget sees the training pairs fewer than 3 times, "
+                            "else 0.1; 0 for the built-in task")
     train.add_argument("--activation", choices=["relu", "gelu"])
     train.add_argument("--norm-first", dest="norm_first", action=argparse.BooleanOptionalAction, default=None,
                        help="layer norm before each sublayer (pre-LN; the default with --data) or after it "

@@ -97,6 +97,7 @@ class DropoutStream:
         self.training = False
         self._sites = 0
         self.rank = 0          # DataParallel: each rank draws its own masks (rank 0: a plain run's)
+        self.users = []        # the Dropout sites drawing from this stream
 
     def new_site(self):
         offset = self._sites * self.SITE_STRIDE
@@ -126,6 +127,7 @@ class Dropout:
         self.p = float(p)
         self.stream = stream
         self.offset = stream.new_site()
+        stream.users.append(self)
 
     @property
     def active(self):

@@ -319,6 +319,16 @@ class Seq2SeqTransformer:
     def zero_grad(self):
         self.params.zero_grad()
 
+    def set_dropout(self, p):
+        """Change the dropout probability of every site (and cfg.dropout), e.g. once a training
+        plan knows how often it will see its data."""
+        p = float(p)
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"dropout must be in [0, 1), got {p}")
+        for site in self.stream.users:
+            site.p = p
+        self.cfg = self.cfg.replace(dropout=p)
+
     def num_parameters(self):
         return self.params.count()
 

@@ -39,6 +39,10 @@ WARMUP_SHARE = 0.05
 MIN_WARMUP = 10
 PEAK_LR_FACTOR = 0.016
 FINAL_LR_SHARE = 0.1
+# With --data and no --dropout: a budget that sees the training pairs fewer times than this trains
+# without dropout (regularising data the model has barely seen only slows it down: on the Bible
+# corpus, 954 steps = 1.6 passes, dev BLEU 1.42 without dropout against 0.92 with 0.1), else 0.1.
+DROPOUT_FREE_PASSES = 3.0
 SNAPSHOT_SHARE = 0.025   # --average-last: a snapshot every 2.5% of the planned steps
 PROBE_STEPS = 2          # forward/backward passes timed (not trained on) to estimate the step rate
 
@@ -231,6 +235,20 @@ class Trainer:
         plan["estimated_step_seconds"] = round(seconds_per_step, 4)
         del plan["replan_at"]
 
+    def choose_dropout(self, stream=None):
+        """A new run on data without --dropout: no dropout when the plan sees the training pairs
+        fewer than DROPOUT_FREE_PASSES times, else the model's 0.1 (see DROPOUT_FREE_PASSES)."""
+        plan = self.state.schedule
+        if getattr(self.args, "dropout", 0.0) is not None or self.task is not None or "total" not in plan:
+            return
+        passes = plan["total"] / max(len(self.batches_for_epoch(self.state.epoch)), 1)
+        if passes < DROPOUT_FREE_PASSES:
+            self.model.set_dropout(0.0)
+            _log(f"dropout 0: the plan sees the training pairs {passes:.1f} times (fewer than "
+                 f"{DROPOUT_FREE_PASSES:g}: nothing to regularise yet; --dropout to choose)", stream)
+        else:
+            _log(f"dropout {self.model.cfg.dropout:g}: the plan sees the training pairs {passes:.1f} times", stream)
+
     def learning_rate(self, step):
         plan = self.state.schedule
         if plan["name"] == "noam":
@@ -364,6 +382,7 @@ class Trainer:
             self.plan_schedule(None if args.minutes is None else 60.0 * args.minutes)
             if args.minutes is not None:
                 self.state.schedule["budget_seconds"] = 60.0 * args.minutes
+            self.choose_dropout(stream)
         _log(self.describe_schedule(), stream)
         if self.precision != "fp32":
             _log(f"precision: {self.precision} (GEMM operands in bfloat16, float32 sums; weights, optimizer "

@@ -43,6 +43,17 @@ class TorchEngine:
         for p in self.net.parameters():
             p.grad = None
 
+    def set_dropout(self, p):
+        import torch
+
+        for module in self.net.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = p
+            elif isinstance(module, torch.nn.MultiheadAttention):
+                module.dropout = p
+        self.ours.set_dropout(p)
+        self.cfg = self.ours.cfg
+
     def forward_backward(self, src, tgt_in, tgt_out, label_smoothing=0.1, precision="fp32"):
         """precision "bf16": PyTorch's mixed precision, torch.autocast("cpu", torch.bfloat16)."""
         import torch
