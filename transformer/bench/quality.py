@@ -213,7 +213,7 @@ def main(argv=None):
     samples = [s for s, _ in trainer.dev[:5]] + ["How are you?", "The king went to the city."]
     record = {"engine": engine, "data": os.path.basename(args.data), "preset": args.preset, "cpu": cpu_model(),
               "threads": args.threads, "minutes": args.minutes, "schedule": trainer.state.schedule,
-              "batch_tokens": args.batch_tokens, "vocab": args.vocab_size,
+              "batch_tokens": args.batch_tokens, "vocab": args.vocab_size, "dropout": trainer.model.cfg.dropout,
               "steps": trainer.state.step, "tokens": trainer.state.tokens, "seconds": trainer.state.seconds,
               "dev_loss": report["record"].get("dev_loss"), "dev_pairs": len(trainer.dev),
               "greedy": {k: final.get(k) for k in ("bleu", "chrf")},
