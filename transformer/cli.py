@@ -270,8 +270,9 @@ def _apply_threads(args):
 
 
 def _mpi_world():
-    """Under mpirun/mpiexec: (rank, size, local ranks, cores this rank may use); None for a plain
-    process (importing no MPI)."""
+    """Under mpirun/mpiexec: (rank, size, ranks on this machine, the cores this rank may use, how
+    many ranks on this machine may use exactly those cores); None for a plain process (importing
+    no MPI)."""
     from .distributed import import_mpi, launched_ranks
 
     rank, size = launched_ranks()
@@ -286,31 +287,33 @@ def _mpi_world():
         raise FlagError(f"the MPI launcher started {size} ranks but mpi4py sees {comm.Get_size()}: mpi4py was "
                         "built for another MPI than the mpirun used (use the mpirun of the same installation, "
                         "e.g. the one `pip install \"transformer-cpu[mpi]\"` puts in the virtual environment)")
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED).Get_size()
-    return comm.Get_rank(), size, local, sorted(os.sched_getaffinity(0))
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    cores = sorted(os.sched_getaffinity(0))
+    sharing = sum(other == cores for other in local.allgather(cores))
+    return comm.Get_rank(), size, local.Get_size(), cores, sharing
 
 
 def _rank_share(world):
-    """(bound, threads): whether the launcher pinned this rank to some cores, and the threads it
-    may run without oversubscribing: its cores if pinned, else its share of the machine's."""
-    rank, size, local, cores = world
+    """(bound, threads): whether this rank may run on fewer than all the machine's cores (pinned by
+    the launcher, or a container's limit), and the threads it may run without oversubscribing: its
+    share of the cores it may use, among the ranks here that may use the same ones."""
+    rank, size, local, cores, sharing = world
     total = os.cpu_count() or len(cores)
-    bound = len(cores) < total
-    return bound, (len(cores) if bound else max(1, total // local))
+    return len(cores) < total, max(1, len(cores) // sharing)
 
 
 def _threads_per_rank(args, world):
     """Ranks x threads must not oversubscribe the cores: the default is this rank's share of the
     cores it may run on; a --threads that would oversubscribe is refused."""
-    rank, size, local, cores = world
+    rank, size, local, cores, sharing = world
     bound, share = _rank_share(world)
-    total = os.cpu_count() or len(cores)
     if args.threads is None:
         args.threads = share
         return
     if args.threads > share:
-        how = (f"this rank is bound to {len(cores)} core{'s' if len(cores) > 1 else ''}" if bound else
-               f"{local} ranks share this machine's {total} cores")
+        whose = "the same" if bound else "this machine's"
+        how = (f"this rank is bound to {len(cores)} core{'s' if len(cores) > 1 else ''}" if sharing == 1 else
+               f"{sharing} ranks share {whose} {len(cores)} cores")
         raise FlagError(f"--threads {args.threads}: {how}, so {args.threads} threads a rank would oversubscribe "
                         f"them (at most {share}; or bind each rank to more cores: MPICH `mpiexec -bind-to "
                         f"core:{args.threads}`, Open MPI `mpirun --map-by slot:PE={args.threads}`)")
@@ -444,7 +447,7 @@ def _info(args):
     if world is not None:           # under mpirun: every rank reports, rank order
         from .distributed import import_mpi
 
-        rank, size, local, cores = world
+        rank, size, local, cores, sharing = world
         bound, share = _rank_share(world)
         mine = {"rank": rank, "ranks": size, "ranks_on_this_machine": local, "host": os.uname().nodename,
                 "threads": share, "bound_by_the_launcher": bound, "cores_this_rank_may_use": cores}
