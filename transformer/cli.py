@@ -297,15 +297,14 @@ def _rank_share(world):
     """(bound, threads): whether this rank may run on fewer than all the machine's cores (pinned by
     the launcher, or a container's limit), and the threads it may run without oversubscribing: its
     share of the cores it may use, among the ranks here that may use the same ones."""
-    rank, size, local, cores, sharing = world
-    total = os.cpu_count() or len(cores)
-    return len(cores) < total, max(1, len(cores) // sharing)
+    cores, sharing = world[3], world[4]
+    return len(cores) < (os.cpu_count() or len(cores)), max(1, len(cores) // sharing)
 
 
 def _threads_per_rank(args, world):
     """Ranks x threads must not oversubscribe the cores: the default is this rank's share of the
     cores it may run on; a --threads that would oversubscribe is refused."""
-    rank, size, local, cores, sharing = world
+    cores, sharing = world[3], world[4]
     bound, share = _rank_share(world)
     if args.threads is None:
         args.threads = share
@@ -447,7 +446,7 @@ def _info(args):
     if world is not None:           # under mpirun: every rank reports, rank order
         from .distributed import import_mpi
 
-        rank, size, local, cores, sharing = world
+        rank, size, local, cores, _ = world
         bound, share = _rank_share(world)
         mine = {"rank": rank, "ranks": size, "ranks_on_this_machine": local, "host": os.uname().nodename,
                 "threads": share, "bound_by_the_launcher": bound, "cores_this_rank_may_use": cores}

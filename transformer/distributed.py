@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from . import _C
+from .errors import DistributedError
 
 __all__ = ["DataParallel", "DistributedError", "launched_ranks"]
 
@@ -31,11 +32,6 @@ _LAUNCHER_VARS = (("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"),   # Open MPI
                   ("MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_RANK"))     # MVAPICH2
 INSTALL_HINT = 'pip install "transformer-cpu[mpi]" (mpi4py and the MPICH runtime)'
 LONG_WAIT = 3600.0     # seconds the other ranks wait while rank 0 evaluates or writes a checkpoint
-
-
-class DistributedError(RuntimeError):
-    """Ranks that cannot go on together: one died or hangs, their weights differ, or they were
-    started with different configurations or data."""
 
 
 def launched_ranks():
@@ -275,14 +271,13 @@ def _parameter_groups(params):
     """{prefix: (lo, hi)}: the slice of the flat buffers holding each group the backward pass
     reports (an embedding, the generator, a layer, a final norm), alignment gaps included; the
     slices tile the buffer."""
-    base = params.flat.ctypes.data
     groups = {}
     names = params.names
     for i, name in enumerate(names):
         parts = name.split(".")
         prefix = ".".join(parts[:4] if parts[0] == "transformer" and parts[2] == "layers" else parts[:-1]) + "."
-        start = (params.data[name].ctypes.data - base) // 4
-        end = ((params.data[names[i + 1]].ctypes.data - base) // 4 if i + 1 < len(names) else params.size)
+        start = params.offsets[name]
+        end = params.offsets[names[i + 1]] if i + 1 < len(names) else params.size
         lo, hi = groups.get(prefix, (start, end))
         groups[prefix] = (min(lo, start), max(hi, end))
     spans = sorted(groups.values())

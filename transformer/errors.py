@@ -13,6 +13,12 @@ class FlagError(ValueError):
     status = 2
 
 
+class DistributedError(RuntimeError):
+    """Ranks that cannot go on together (distributed.py): one died or hangs, their weights differ,
+    or they were started with different settings or data. `everywhere`: every rank raised it."""
+    everywhere = False
+
+
 @contextlib.contextmanager
 def blame(flag=None, value=None):
     """An OSError or ValueError raised inside is caused by this flag's value (a missing or damaged
@@ -55,7 +61,7 @@ def describe(exc, args):
     """(message, exit status) of an expected failure, or None for a bug."""
     if isinstance(exc, FlagError):
         return str(exc), exc.status
-    if type(exc).__name__ == "DistributedError":       # ranks that cannot go on together (distributed.py)
+    if isinstance(exc, DistributedError):
         return str(exc), 1
     argument = getattr(exc, "argument", None)          # data.ColumnError: src_col or tgt_col
     if isinstance(argument, str) and hasattr(args, argument):

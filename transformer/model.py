@@ -27,6 +27,10 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
+def _nothing(prefix):
+    """The default `ready` of the backward passes: nobody is waiting for a gradient."""
+
+
 class Encoder:
     """The encoder (section 3.1): a stack of N identical layers, then the final LayerNorm that
     nn.Transformer always has (transformer.encoder.norm)."""
@@ -39,16 +43,14 @@ class Encoder:
             x = layer.forward(x, B, S, src_pad)
         return self.norm.forward(x)
 
-    def backward(self, dmemory, ready=None):
-        # dmemory [B*S, D], overwritten with the gradient of the encoder input. ready(prefix), when
-        # given, is told each time the gradients of the parameters named prefix* are complete.
+    def backward(self, dmemory, ready=_nothing):
+        # dmemory [B*S, D], overwritten with the gradient of the encoder input. ready(prefix) is
+        # told each time the gradients of the parameters named prefix* are complete.
         d = self.norm.backward(dmemory, dmemory)
-        if ready is not None:
-            ready("transformer.encoder.norm.")
+        ready("transformer.encoder.norm.")
         for i in reversed(range(len(self.layers))):
             d = self.layers[i].backward(d)
-            if ready is not None:
-                ready(f"transformer.encoder.layers.{i}.")
+            ready(f"transformer.encoder.layers.{i}.")
         return d
 
 
@@ -65,18 +67,16 @@ class Decoder:
             y = layer.forward(y, memory, B, T, S, tgt_pad, src_pad, self.causal)
         return self.norm.forward(y)
 
-    def backward(self, dout, dmemory, ready=None):
+    def backward(self, dout, dmemory, ready=_nothing):
         # dout [B*T, D], overwritten with the gradient of the decoder input; dmemory [B*S, D] is
         # written with the sum over layers of the gradients of the encoder output; ready as in
         # Encoder.backward
         d = self.norm.backward(dout, dout)
-        if ready is not None:
-            ready("transformer.decoder.norm.")
+        ready("transformer.decoder.norm.")
         n = len(self.layers)
         for i in reversed(range(n)):
             d = self.layers[i].backward(d, dmemory, accumulate_memory=i < n - 1)
-            if ready is not None:
-                ready(f"transformer.decoder.layers.{i}.")
+            ready(f"transformer.decoder.layers.{i}.")
         return d
 
 
@@ -254,7 +254,7 @@ class Seq2SeqTransformer:
         weights, gradients, softmax, layer norm, loss, residuals and dropout stay float32."""
         return self._train_pass(src, tgt_in, tgt_out, label_smoothing, precision)
 
-    def _train_pass(self, src, tgt_in, tgt_out, label_smoothing, precision, grad_scale=1.0, ready=None):
+    def _train_pass(self, src, tgt_in, tgt_out, label_smoothing, precision, grad_scale=1.0, ready=_nothing):
         """forward_backward, with the gradient scaled by grad_scale (DataParallel: this rank's
         share of the global target count) and ready(prefix) told as each parameter group's
         gradient is complete (DataParallel starts its all-reduce there)."""
@@ -280,14 +280,11 @@ class Seq2SeqTransformer:
                 dh = ws.persistent(self, "dh", (B * T, D))
                 dmemory = ws.persistent(self, "dmemory", (B * S, D))
                 self.generator.backward(logits, h, dh)
-                if ready is not None:
-                    ready("generator.")
+                ready("generator.")
                 self.tgt_embed.backward(self.decoder.backward(dh, dmemory, ready))
-                if ready is not None:
-                    ready("tgt_embed.")
+                ready("tgt_embed.")
                 self.src_embed.backward(self.encoder.backward(dmemory, ready))
-                if ready is not None:
-                    ready("src_embed.")
+                ready("src_embed.")
             finally:
                 self.stream.training = False
                 self.ws.bf16 = self.ws.bf16_attention = False

@@ -80,7 +80,9 @@ class Parameters:
         self.flat = _aligned_zeros(total)
         self.flat_grad = _aligned_zeros(total)
         self.data, self.grad, self.shapes = {}, {}, {}
+        self.offsets = {}      # name -> index of its first float in the flat buffers
         for (name, shape, _), start in zip(self.specs, offsets):
+            self.offsets[name] = start
             size = int(np.prod(shape))
             self.data[name] = self.flat[start:start + size].reshape(shape)
             self.grad[name] = self.flat_grad[start:start + size].reshape(shape)

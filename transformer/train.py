@@ -728,7 +728,7 @@ def _data_parallel(args, model, optimizer):
     return dp
 
 
-def _describe_world(args, dp):
+def _describe_world(dp):
     if dp is None:
         return ""
     return f"; data parallel over {dp.size} ranks, each on its part of every batch"
@@ -774,7 +774,7 @@ def train_builtin(args):
     rng = np.random.default_rng([args.seed, 10**9])
     dev = task.sample(rng, 500)
     trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, None, None, dev, state, task=task, dp=dp)
-    _log(describe(model) + _describe_world(args, dp))
+    _log(describe(model) + _describe_world(dp))
     status = trainer.run()
     if status or not trainer.leader:
         return status
@@ -866,7 +866,7 @@ def train_on_data(args, engine=None, result=None):
 
     trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, batches_for_epoch, examples, dev_pairs, state,
                       clip=clip, checkpoints=engine is None, dp=dp)
-    _log(describe(model) + _describe_world(args, dp))
+    _log(describe(model) + _describe_world(dp))
     status = trainer.run()
     if status or not trainer.leader:
         return status

@@ -247,13 +247,9 @@ def _ddp(name, nthreads, rank, size, batch):
 
     def step(timed):
         opt.zero_grad(set_to_none=True)
-        if dist is not None:
-            logits = model(tensors[0], tensors[1])
-            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tensors[2].reshape(-1),
-                                                     ignore_index=module.cfg.pad_id,
-                                                     label_smoothing=LABEL_SMOOTHING)
-        else:
-            loss = module.loss(*tensors, label_smoothing=LABEL_SMOOTHING)
+        logits = model(tensors[0], tensors[1])        # through DDP's forward, whose hooks sync the backward
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tensors[2].reshape(-1),
+                                                 ignore_index=module.cfg.pad_id, label_smoothing=LABEL_SMOOTHING)
         loss.backward()
         opt.step()
 
