@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "simd_math.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -66,9 +67,23 @@ static inline float gelu_grad_scalar(float x)
     return (float)(cdf + xd * pdf);
 }
 
+static inline float silu_scalar(float x)
+{
+    double xd = x;
+    return (float)(xd / (1.0 + exp(-xd)));
+}
+
+static inline float silu_grad_scalar(float x)
+{
+    double xd = x;
+    double s = 1.0 / (1.0 + exp(-xd));
+    return (float)(s * (1.0 + xd * (1.0 - s)));
+}
+
 static inline float act_scalar(float x, int act)
 {
     if (act == TF_ACT_GELU) return gelu_scalar(x);
+    if (act == TF_ACT_SILU) return silu_scalar(x);
     return x < 0.0f ? 0.0f : x;   /* keeps NaN, as torch.relu */
 }
 
@@ -76,6 +91,7 @@ static inline float act_scalar(float x, int act)
 static inline float act_grad_scalar(float x, float dout, int act)
 {
     if (act == TF_ACT_GELU) return dout * gelu_grad_scalar(x);
+    if (act == TF_ACT_SILU) return dout * silu_grad_scalar(x);
     return x <= 0.0f ? 0.0f : dout;   /* NaN passes dout, as torch's threshold_backward */
 }
 
@@ -200,6 +216,8 @@ AVX512_TARGET static inline __m512 act_avx512(__m512 x, int act)
         __m512 ex;
         return _mm512_mul_ps(x, gelu_phi_avx512(x, &ex));
     }
+    if (act == TF_ACT_SILU)   /* x * s(x); exp(-x) is +inf below x = -89: s = 0 */
+        return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), tf_exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
     return _mm512_max_ps(_mm512_setzero_ps(), x);   /* NaN stays NaN */
 }
 
@@ -209,6 +227,8 @@ AVX2_TARGET static inline __m256 act_avx2(__m256 x, int act)
         __m256 ex;
         return _mm256_mul_ps(x, gelu_phi_avx2(x, &ex));
     }
+    if (act == TF_ACT_SILU)
+        return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), tf_exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x))));
     return _mm256_max_ps(_mm256_setzero_ps(), x);
 }
 
@@ -221,6 +241,12 @@ AVX512_TARGET static inline __m512 act_grad_avx512(__m512 x, __m512 g, int act)
         __m512 d = _mm512_fmadd_ps(_mm512_mul_ps(x, ex), _mm512_set1_ps((float)INV_SQRT_2PI), phi);
         return _mm512_mul_ps(g, d);
     }
+    if (act == TF_ACT_SILU) {
+        const __m512 one = _mm512_set1_ps(1.0f);
+        __m512 s = _mm512_div_ps(one, _mm512_add_ps(one, tf_exp_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x))));
+        __m512 d = _mm512_mul_ps(s, _mm512_fmadd_ps(x, _mm512_sub_ps(one, s), one));
+        return _mm512_mul_ps(g, d);
+    }
     __mmask16 pos = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NLE_UQ);   /* !(x <= 0) */
     return _mm512_maskz_mov_ps(pos, g);
 }
@@ -231,6 +257,12 @@ AVX2_TARGET static inline __m256 act_grad_avx2(__m256 x, __m256 g, int act)
         __m256 ex;
         __m256 phi = gelu_phi_avx2(x, &ex);
         __m256 d = _mm256_fmadd_ps(_mm256_mul_ps(x, ex), _mm256_set1_ps((float)INV_SQRT_2PI), phi);
+        return _mm256_mul_ps(g, d);
+    }
+    if (act == TF_ACT_SILU) {
+        const __m256 one = _mm256_set1_ps(1.0f);
+        __m256 s = _mm256_div_ps(one, _mm256_add_ps(one, tf_exp_avx2(_mm256_sub_ps(_mm256_setzero_ps(), x))));
+        __m256 d = _mm256_mul_ps(s, _mm256_fmadd_ps(x, _mm256_sub_ps(one, s), one));
         return _mm256_mul_ps(g, d);
     }
     return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_NLE_UQ), g);
@@ -579,7 +611,7 @@ void bias_act_forward(float *x, const float *bias, float *out, size_t N, size_t 
     else if (tf_isa() >= TF_ISA_AVX2) fn = bias_act_rows_avx2;
 #endif
     const int stream = ((uintptr_t)out & 3) == 0 && 3 * N * D * sizeof(float) > elementwise_stream_bytes();
-    int team = tf_team((long)(N * D), act == TF_ACT_GELU ? GELU_GRAIN : COPY_GRAIN);
+    int team = tf_team((long)(N * D), act != TF_ACT_RELU ? GELU_GRAIN : COPY_GRAIN);
     if (team > (long)N) team = (int)N;
     #pragma omp parallel for schedule(static) num_threads(team)
     for (int t = 0; t < team; t++) {
@@ -684,7 +716,7 @@ void act_backward(const float *dout, const float *pre, float *dx, size_t n, int 
     /* non-temporal stores when dx is only written and the op moves more than the L3 holds */
     const int stream = !accumulate && dx != dout && ((uintptr_t)dx & 3) == 0 &&
                        3 * n * sizeof(float) > elementwise_stream_bytes();
-    const int team = tf_team((long)n, act == TF_ACT_GELU ? GELU_GRAIN : COPY_GRAIN);
+    const int team = tf_team((long)n, act != TF_ACT_RELU ? GELU_GRAIN : COPY_GRAIN);
     #pragma omp parallel for schedule(static) num_threads(team)
     for (int t = 0; t < team; t++) {
         size_t i0, i1;

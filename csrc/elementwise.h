@@ -11,13 +11,17 @@
  * split exactly into two floats, so Phi is accurate to a few ulp *relative* everywhere (also
  * deep in the left tail, where 1 + erf(x) loses all digits); Phi is flushed to 0 below
  * x = -13.2 (Phi < 1.2e-38). The generic path uses libm's double erfc/exp.
+ *
+ * SiLU ("swish", MarianMT's activation) is silu(x) = x * s(x), s(x) = 1 / (1 + exp(-x)), and
+ * silu'(x) = s(x) (1 + x (1 - s(x))); the SIMD paths take exp from simd_math.h (~1 ulp), the
+ * generic path libm's double exp.
  */
 #ifndef TF_ELEMENTWISE_H
 #define TF_ELEMENTWISE_H
 
 #include <stddef.h>
 
-enum { TF_ACT_RELU = 0, TF_ACT_GELU = 1 };
+enum { TF_ACT_RELU = 0, TF_ACT_GELU = 1, TF_ACT_SILU = 2 };
 
 /* out = a + b.  a, b, out: [n]; out may be a or b. */
 void residual_add(const float *a, const float *b, float *out, size_t n);

@@ -34,12 +34,14 @@ cdef extern from "dropout.h" nogil:
 
 cdef int _ew_activation(object activation) except -1:
     if not isinstance(activation, str):
-        raise TypeError(f"activation must be a str ('relu' or 'gelu'), got {type(activation).__name__}")
+        raise TypeError(f"activation must be a str ('relu', 'gelu' or 'silu'), got {type(activation).__name__}")
     if activation == "relu":
         return 0
     if activation == "gelu":
         return 1
-    raise ValueError(f"activation must be 'relu' or 'gelu', got {activation!r}")
+    if activation == "silu":
+        return 2
+    raise ValueError(f"activation must be 'relu', 'gelu' or 'silu', got {activation!r}")
 
 
 cdef inline float *_ew_f(object x):

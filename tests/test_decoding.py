@@ -7,10 +7,15 @@ import pytest
 import transformer as T
 
 
-def make_model(norm_first=False, activation="relu", vocab=40, seed=1, max_len=24, layers=2):
-    cfg = T.ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab + 7, d_model=32, n_heads=4, d_ff=48,
-                        n_encoder_layers=layers, n_decoder_layers=layers, dropout=0.1,
-                        activation=activation, norm_first=norm_first, max_len=max_len)
+# MarianMT's options (ModelConfig): decoding starts from the pad token, one tied matrix
+MARIAN = dict(positions="split", tie_embeddings="all", final_norm=False, bos_id=0)
+
+
+def make_model(norm_first=False, activation="relu", vocab=40, seed=1, max_len=24, layers=2, **options):
+    cfg = T.ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab + (0 if options else 7), d_model=32,
+                        n_heads=4, d_ff=48, n_encoder_layers=layers, n_decoder_layers=layers,
+                        dropout=0.1, **{"activation": activation, "norm_first": norm_first,
+                                        "max_len": max_len, **options})
     return T.Seq2SeqTransformer(cfg, seed=seed)
 
 
@@ -77,9 +82,11 @@ def own_limits(model, src, a=2, b=10):
     return [min(a * int((row != model.cfg.pad_id).sum()) + b, model.cfg.max_len) for row in src]
 
 
-@pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
-def test_cached_greedy_gives_exactly_the_tokens_of_full_recomputation(norm_first, activation):
-    model = make_model(norm_first, activation)
+@pytest.mark.parametrize("norm_first, activation, options", [
+    (False, "relu", {}), (True, "gelu", {}), (False, "silu", MARIAN),
+    (True, "silu", dict(tie_embeddings="target", scale_embedding=False))])
+def test_cached_greedy_gives_exactly_the_tokens_of_full_recomputation(norm_first, activation, options):
+    model = make_model(norm_first, activation, **options)
     src = padded_source(np.random.default_rng(0), 40, [9, 5, 7, 1, 8])
     for min_len in (0, 10):
         got = model.greedy_decode(src, max_len=10, min_len=min_len)
@@ -139,6 +146,16 @@ def test_cached_beam_search_gives_the_hypothesis_of_full_recomputation(norm_firs
     want = [recompute_beam(model, src[row, :max(1, int((src[row] != 0).sum()))], K, 8, length_penalty, min_len)
             for row in range(len(src))]
     print(got, want)
+    assert got == want
+
+
+@pytest.mark.parametrize("K", [1, 3])
+def test_cached_beam_search_with_marian_options_gives_the_hypothesis_of_full_recomputation(K):
+    model = make_model(activation="silu", seed=2, **MARIAN)
+    model.params.data["generator.bias"][model.cfg.eos_id] += 1.0
+    src = padded_source(np.random.default_rng(K), 40, [5, 2, 7, 4])
+    got = model.beam_search(src, beam_size=K, max_len=8, length_penalty=0.6)
+    want = [recompute_beam(model, src[row, :int((src[row] != 0).sum())], K, 8, 0.6) for row in range(len(src))]
     assert got == want
 
 

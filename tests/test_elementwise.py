@@ -6,6 +6,10 @@ References are numpy float64. Tolerances, stated once:
 - GELU forward: within GELU_ULPS ulp of the float64 value (the SIMD erf path is measured at ~5 ulp;
   results below 1e-37 in magnitude are compared absolutely, Phi is flushed to 0 below x = -13.19).
 - GELU backward: |ours - ref| <= 4e-7 + 1e-6 |ref| (the derivative crosses zero at x = -0.75).
+- SiLU forward: within SILU_ULPS ulp of the float64 value (exp, an add and a division); below
+  x = -88.7 exp(-x) overflows and the SIMD result is -0 (|silu(x)| < 3e-37 there: compared
+  absolutely below 1e-35).
+- SiLU backward: |ours - ref| <= 4e-7 + 1e-6 |ref| (the derivative crosses zero at x = -1.28).
 """
 import math
 
@@ -18,6 +22,8 @@ LEVELS = [lv for lv in ("generic", "avx2", "avx512")
           if ["generic", "avx2", "avx512"].index(lv) <= ["generic", "avx2", "avx512"].index(_C.best_isa())]
 GELU_ULPS = 8
 GELU_GRAD_ATOL, GELU_GRAD_RTOL = 4e-7, 1e-6
+SILU_ULPS = 4
+SILU_TINY = 1e-35
 SHAPES = [(1, 1), (3, 7), (2, 15), (2, 16), (3, 17), (2, 31), (2, 32), (2, 33), (3, 63), (2, 64),
           (2, 65), (13, 97), (0, 5), (5, 0)]
 
@@ -40,6 +46,27 @@ def gelu_grad64(x):
     x = np.asarray(x, np.float64)
     cdf = 0.5 * _erfc(-x / math.sqrt(2.0))
     return cdf + x * np.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def silu64(x):
+    x = np.asarray(x, np.float64)
+    with np.errstate(over="ignore"):
+        return x / (1.0 + np.exp(-x))
+
+
+def silu_grad64(x):
+    x = np.asarray(x, np.float64)
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-x))
+    return s * (1.0 + x * (1.0 - s))
+
+
+def act64(act, x):
+    return {"gelu": gelu64, "silu": silu64}[act](x)
+
+
+def act_grad64(act, x):
+    return {"gelu": gelu_grad64, "silu": silu_grad64}[act](x)
 
 
 def assert_ulps(got, want, ulps, tiny=1e-37):
@@ -143,7 +170,7 @@ def test_bias_gelu_forward(isa, shape):
     assert_ulps(out, gelu64(pre), GELU_ULPS)
 
 
-@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_fast_kernels_match_the_naive_c_reference(isa, act, shape):
     x, bias, g = rand(*shape, seed=1, scale=3.0), rand(shape[1], seed=2), rand(*shape, seed=3)
@@ -158,8 +185,8 @@ def test_fast_kernels_match_the_naive_c_reference(isa, act, shape):
     if act == "relu":
         np.testing.assert_array_equal(yf, yr)
         np.testing.assert_array_equal(df, dr)
-    else:   # the reference evaluates GELU in double precision
-        assert_ulps(yf, yr, GELU_ULPS)
+    else:   # the reference evaluates GELU and SiLU in double precision
+        assert_ulps(yf, yr, GELU_ULPS if act == "gelu" else SILU_ULPS)
         assert_close(df, dr.astype(np.float64), GELU_GRAD_ATOL * (1 + np.abs(g)), GELU_GRAD_RTOL)
 
 
@@ -172,7 +199,7 @@ def test_gelu_forward_over_the_whole_range(isa):
     assert_ulps(out, gelu64(x), GELU_ULPS)
 
 
-@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_act_backward_matches_analytic_derivative(isa, act, shape):
     pre, dout = rand(*shape, seed=1, scale=3.0), rand(*shape, seed=2)
@@ -181,10 +208,46 @@ def test_act_backward_matches_analytic_derivative(isa, act, shape):
     if act == "relu":
         np.testing.assert_array_equal(dx, np.where(pre > 0, dout, 0))
     else:
-        assert_close(dx, dout * gelu_grad64(pre), GELU_GRAD_ATOL * np.abs(dout), GELU_GRAD_RTOL)
+        assert_close(dx, dout * act_grad64(act, pre), GELU_GRAD_ATOL * np.abs(dout), GELU_GRAD_RTOL)
 
 
-@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_bias_silu_forward(isa, shape):
+    x, bias = rand(*shape, seed=1, scale=3.0), rand(shape[1], seed=2)
+    pre = x + bias
+    out = np.full(shape, np.nan, np.float32)
+    _C.bias_act_forward(x, bias, out, "silu")
+    np.testing.assert_array_equal(x, pre)
+    assert_ulps(out, silu64(pre), SILU_ULPS)
+
+
+def test_silu_over_the_whole_range(isa):
+    x = np.concatenate([np.linspace(-100, 100, 40001), [0.0, -0.0, 1e-30, -1e-30, 5e-39, 1e30, -1e30]])
+    x = x.astype(np.float32).reshape(1, -1)
+    out, dx = np.empty_like(x), np.empty_like(x)
+    _C.bias_act_forward(x.copy(), np.zeros(x.shape[1], np.float32), out, "silu")
+    assert_ulps(out, silu64(x), SILU_ULPS, tiny=SILU_TINY)
+    _C.act_backward(np.ones_like(x), x, dx, "silu")
+    assert_close(dx, silu_grad64(x), GELU_GRAD_ATOL, GELU_GRAD_RTOL)
+
+
+def test_silu_propagates_nan_and_matches_torch_autograd(isa):
+    torch = pytest.importorskip("torch")
+    x = np.concatenate([np.linspace(-20, 20, 4001), [np.nan]]).astype(np.float32)
+    xt = torch.tensor(x, requires_grad=True)
+    yt = torch.nn.functional.silu(xt)
+    g = np.random.default_rng(1).standard_normal(x.size).astype(np.float32)
+    yt.backward(torch.from_numpy(g))
+    out, pre = np.empty((1, x.size), np.float32), x.reshape(1, -1).copy()
+    _C.bias_act_forward(pre, np.zeros(x.size, np.float32), out, "silu")
+    dx = np.empty_like(out)
+    _C.act_backward(g.reshape(1, -1), pre, dx, "silu")
+    assert np.isnan(out[0, -1]) and np.isnan(dx[0, -1])
+    assert_close(out.ravel()[:-1], yt.detach().numpy()[:-1].astype(np.float64), 1e-6, 1e-6)
+    assert_close(dx.ravel()[:-1], xt.grad.numpy()[:-1].astype(np.float64), 1e-6 * np.abs(g[:-1]) + 1e-7, 1e-6)
+
+
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
 def test_act_backward_accumulates(isa, act):
     pre, dout, dx0 = rand(5, 37, seed=1), rand(5, 37, seed=2), rand(5, 37, seed=3)
     fresh = np.empty_like(dx0)
@@ -194,7 +257,7 @@ def test_act_backward_accumulates(isa, act):
     np.testing.assert_array_equal(dx, dx0 + fresh)
 
 
-@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
 def test_act_backward_in_place_on_dout(isa, act):
     pre, dout = rand(3, 41, seed=1), rand(3, 41, seed=2)
     want = np.empty_like(dout)
@@ -227,7 +290,7 @@ def test_relu_keeps_nan_and_signed_zero_like_torch(isa):
     np.testing.assert_array_equal(out[0, 1:], [0, 0, 0, 3])
 
 
-@pytest.mark.parametrize("act", ["relu", "gelu"])
+@pytest.mark.parametrize("act", ["relu", "gelu", "silu"])
 def test_act_backward_matches_finite_differences_of_forward(isa, act):
     # central differences of our own float32 forward, per element; ReLU away from its kink
     rng = np.random.default_rng(7)

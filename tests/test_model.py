@@ -236,6 +236,48 @@ def test_save_load_round_trip(tmp_path):
     assert np.array_equal(loaded.forward(src, tgt_in), m.forward(src, tgt_in))
 
 
+@pytest.mark.parametrize("tie", ["target", "all"])
+def test_tied_matrices_are_one_tensor_in_memory_and_on_disk(tmp_path, tie):
+    c = cfg(tie_embeddings=tie, src_vocab_size=29, activation="silu", positions="split", final_norm=False)
+    m = T.Seq2SeqTransformer(c, seed=3)
+    sd = m.state_dict()
+    tied = ["generator.weight"] + (["tgt_embed.weight"] if tie == "all" else [])
+    owner = "src_embed.weight" if tie == "all" else "tgt_embed.weight"
+    assert all(name in sd and np.array_equal(sd[name], sd[owner]) for name in tied)
+    assert not any(name.startswith("transformer.encoder.norm") or name.startswith("transformer.decoder.norm")
+                   for name in sd)
+    grads = m.grads()
+    assert all(np.shares_memory(grads[name], grads[owner]) for name in tied)
+    # the parameter count and the flat buffer hold the matrix once
+    assert m.num_parameters() == sum(v.size for k, v in sd.items() if k not in tied)
+    m.save(tmp_path / "m")
+    from transformer.serialization import load_file
+    on_disk = load_file(str(tmp_path / "m" / "model.safetensors"))
+    assert not set(tied) & set(on_disk)
+    loaded = T.Seq2SeqTransformer.load(tmp_path / "m")
+    src, tgt_in, _ = batch(c)
+    assert np.array_equal(loaded.forward(src, tgt_in), m.forward(src, tgt_in))
+    # a state dict may leave the tied names out, or give them equal to their owner; never different
+    m.load_state_dict({k: v for k, v in sd.items() if k not in tied})
+    m.load_state_dict(sd)
+    bad = dict(sd, **{"generator.weight": sd[owner] + 1})
+    with pytest.raises(ValueError, match="generator.weight.*tied"):
+        m.load_state_dict(bad)
+
+
+def test_tied_gradient_is_the_sum_over_every_use():
+    """Directional derivative along the shared matrix, against ours untied with the same values:
+    the tied gradient is the sum of the three untied ones."""
+    tied = T.Seq2SeqTransformer(cfg(tie_embeddings="all", src_vocab_size=29, dropout=0.0), seed=4)
+    untied = T.Seq2SeqTransformer(cfg(src_vocab_size=29, dropout=0.0), seed=4)
+    untied.load_state_dict(tied.state_dict())
+    src, tgt_in, tgt_out = batch(tied.cfg)
+    _, g_tied = tied.loss_and_grads(src, tgt_in, tgt_out)
+    _, g = untied.loss_and_grads(src, tgt_in, tgt_out)
+    want = g["src_embed.weight"] + g["tgt_embed.weight"] + g["generator.weight"]
+    np.testing.assert_allclose(g_tied["src_embed.weight"], want, rtol=1e-5, atol=1e-6)
+
+
 def test_safetensors_layout_is_the_standard_one(tmp_path):
     path = tmp_path / "x.safetensors"
     save_file({"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(1, np.float32)}, path,
@@ -439,7 +481,10 @@ def test_config_round_trip_and_presets():
     ("d_model", 30, ValueError), ("n_heads", 0, ValueError), ("d_ff", 0, ValueError),
     ("n_encoder_layers", 0, ValueError), ("dropout", 1.0, ValueError), ("dropout", -0.1, ValueError),
     ("activation", "tanh", ValueError), ("max_len", 0, ValueError), ("pad_id", 99, ValueError),
-    ("eos_id", 0, ValueError), ("d_model", 32.0, TypeError), ("norm_first", 1, TypeError)])
+    ("eos_id", 0, ValueError), ("d_model", 32.0, TypeError), ("norm_first", 1, TypeError),
+    ("positions", "rotary", ValueError), ("tie_embeddings", "yes", ValueError),
+    ("tie_embeddings", "all", ValueError),          # TINY has two vocabulary sizes
+    ("final_norm", 0, TypeError), ("scale_embedding", "no", TypeError), ("eos_id", 1, ValueError)])
 def test_config_validation_names_the_field(field, value, exc):
     with pytest.raises(exc, match=field if field != "d_model" or exc is TypeError else "d_model"):
         cfg(**{field: value})

@@ -27,6 +27,12 @@ CASES = {
     "post_ln_gelu": (dict(norm_first=False, activation="gelu"), 3, 4, 9),
     "pre_ln_relu": (dict(norm_first=True, activation="relu"), 3, 6, 6),
     "pre_ln_gelu": (dict(norm_first=True, activation="gelu"), 4, 9, 4),
+    # MarianMT's options: SiLU, sines then cosines, one tied matrix for source, target and output,
+    # no final norms, decoding started from the pad token
+    "marian": (dict(activation="silu", positions="split", tie_embeddings="all", final_norm=False,
+                    bos_id=0, src_vocab_size=41), 4, 7, 6),
+    "tied_target_unscaled": (dict(norm_first=True, activation="silu", tie_embeddings="target",
+                                  scale_embedding=False), 3, 5, 7),
 }
 BASE = dict(src_vocab_size=37, tgt_vocab_size=41, d_model=96, n_heads=3, d_ff=80,
             n_encoder_layers=1, n_decoder_layers=3, dropout=0.0, max_len=16)
@@ -43,7 +49,7 @@ def _torch_on_one_thread():
 
 
 def config(case):
-    return T.ModelConfig(**BASE, **CASES[case][0])
+    return T.ModelConfig(**{**BASE, **CASES[case][0]})
 
 
 def batch(case, seed=0):
@@ -95,7 +101,9 @@ def results(case):
         ref_loss.backward()
         ref_grads = {k: p.grad.numpy().copy() for k, p in tm.named_parameters()}
         our_loss, our_grads = ours.loss_and_grads(src, tgt_in, tgt_out, LABEL_SMOOTHING)
-        _RESULTS[case] = dict(keep=tgt_in != config(case).pad_id, ref_logits=ref_logits,
+        keep = tgt_in != config(case).pad_id
+        keep[:, 0] = True      # the start token (the pad token itself in the "marian" case)
+        _RESULTS[case] = dict(keep=keep, ref_logits=ref_logits,
                               our_logits=our_logits, ref_loss=ref_loss.item(), our_loss=our_loss,
                               ref_grads=ref_grads, our_grads=our_grads)
     return _RESULTS[case]

@@ -3,6 +3,10 @@ from dataclasses import asdict, dataclass, fields
 
 __all__ = ["ModelConfig", "PRESETS"]
 
+ACTIVATIONS = ("relu", "gelu", "silu")
+POSITIONS = ("interleaved", "split")
+TIE_EMBEDDINGS = ("none", "target", "all")
+
 
 def _is_int(value):
     return isinstance(value, int) and not isinstance(value, bool)
@@ -26,6 +30,13 @@ class ModelConfig:
     pad_id: int = 0
     bos_id: int = 1
     eos_id: int = 2
+    # The options a MarianMT (OPUS-MT) model needs; the defaults are the paper's / DESIGN's network.
+    positions: str = "interleaved"     # PE columns: sin, cos, sin, ... ("split": all sines, then
+                                       # all cosines, Marian's layout)
+    scale_embedding: bool = True       # embeddings * sqrt(d_model) (False: as they are)
+    tie_embeddings: str = "none"       # "target": the output projection is tgt_embed.weight;
+                                       # "all": one matrix for source, target and output
+    final_norm: bool = True            # nn.Transformer's final encoder and decoder LayerNorm
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
@@ -42,10 +53,18 @@ class ModelConfig:
         self.dropout = float(self.dropout)
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
-        if not isinstance(self.norm_first, bool):
-            raise TypeError(f"norm_first must be a bool, got {type(self.norm_first).__name__}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        for name in ("norm_first", "scale_embedding", "final_norm"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
+        if self.tie_embeddings not in TIE_EMBEDDINGS:
+            raise ValueError(f"tie_embeddings must be one of {TIE_EMBEDDINGS}, got {self.tie_embeddings!r}")
+        if self.tie_embeddings == "all" and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(f"tie_embeddings='all' needs one vocabulary, got src_vocab_size "
+                             f"{self.src_vocab_size} and tgt_vocab_size {self.tgt_vocab_size}")
         for name in ("pad_id", "bos_id", "eos_id"):
             value = getattr(self, name)
             if not _is_int(value):
@@ -53,9 +72,10 @@ class ModelConfig:
             limit = min(self.src_vocab_size, self.tgt_vocab_size)
             if not 0 <= value < limit:
                 raise ValueError(f"{name} must be in [0, {limit}) (both vocabularies), got {value}")
-        if len({self.pad_id, self.bos_id, self.eos_id}) != 3:
-            raise ValueError(f"pad_id, bos_id and eos_id must be distinct, got "
-                             f"{self.pad_id}, {self.bos_id}, {self.eos_id}")
+        # bos_id may be pad_id: MarianMT starts decoding from the pad token
+        if self.eos_id in (self.pad_id, self.bos_id):
+            raise ValueError(f"eos_id must differ from pad_id and bos_id, got pad_id {self.pad_id}, "
+                             f"bos_id {self.bos_id}, eos_id {self.eos_id}")
 
     @property
     def d_head(self):

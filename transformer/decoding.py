@@ -58,6 +58,16 @@ def _buffers(ws):
     return buffer
 
 
+class _Weights:
+    """name -> parameter view, tied names included (params.Parameters.tensor)."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def __getitem__(self, name):
+        return self.params.tensor(name)
+
+
 class StepWeights:
     """What every step of a call reads and nothing writes: each decoder layer's weights (the
     matrices packed, rounded or quantized for the call's precision, prepared.py), and the
@@ -65,7 +75,7 @@ class StepWeights:
 
     def __init__(self, model, memory, precision, prepared, buffer):
         cfg = model.cfg
-        weights = model.params.data
+        weights = _Weights(model.params)
         B, S, D = memory.shape
         H = cfg.n_heads
         dh = D // H
@@ -115,7 +125,7 @@ class StepWeights:
                 cross_q=linear(f"{p}.multihead_attn.in_proj_weight", slice(0, D)),
                 cross_out=linear(f"{p}.multihead_attn.out_proj.weight"),
                 linear1=linear(f"{p}.linear1.weight"), linear2=linear(f"{p}.linear2.weight")))
-        self.final_norm = norm("transformer.decoder.norm")
+        self.final_norm = norm("transformer.decoder.norm") if cfg.final_norm else None
         self.generator = linear("generator.weight",
                                 precision=INT8_GENERATOR if precision == "int8" else precision)
         self.embed = prepared.table(precision, "tgt_embed.weight", weights["tgt_embed.weight"])
@@ -152,7 +162,7 @@ class DecoderCache:
         self.memory_k, self.memory_v = shared.memory_k, shared.memory_v
         self.layers, self.final_norm, self.generator, self.embed = \
             shared.layers, shared.final_norm, shared.generator, shared.embed
-        self.embed_scale = math.sqrt(D)
+        self.embed_scale = model.tgt_embed.scale
         self.src_pad = np.ascontiguousarray(src_pad, dtype=np.bool_)
 
         # Self-attention caches: row r's key/value of step j at [r, :, j]; step j is written
@@ -235,7 +245,10 @@ class DecoderCache:
             self._mul(w["linear2"][0], self.ff_act[:n], tmp)
             self._residual(w["norm3"], x, tmp, w["linear2"][1], n, post)
 
-        self._layer_norm(self.final_norm, x, h, n)
+        if self.final_norm is not None:
+            self._layer_norm(self.final_norm, x, h, n)
+        else:
+            h = x
         self._linear(self.generator, h, self.logits[:n])
         if probs is not None:
             self.attention.append(probs)

@@ -359,12 +359,14 @@ class FeedForward:
 
 class Embedding:
     """Embeddings and positional encoding (sections 3.4-3.5): table[ids] * sqrt(d_model) + PE,
-    then dropout."""
+    then dropout. `scale`: the factor (sqrt(d_model) unless the config says not to scale);
+    `pad_id`: the row no lookup trains (nn.Embedding's padding_idx)."""
 
-    def __init__(self, table, dtable, pe, dropout, stream, ws):
+    def __init__(self, table, dtable, pe, dropout, stream, ws, scale=None, pad_id=None):
         self.table, self.dtable, self.pe = table, dtable, pe
         self.d_model = table.shape[1]
-        self.scale = math.sqrt(self.d_model)
+        self.scale = math.sqrt(self.d_model) if scale is None else float(scale)
+        self.pad_id = pad_id
         self.dropout = Dropout(dropout, stream)
         self.ws = ws
 
@@ -381,6 +383,10 @@ class Embedding:
         # dout [B*T, D] (overwritten)
         B, T = self.ids.shape
         dout = self.dropout.backward(dout, dout)
+        if self.pad_id is not None:
+            # padding_idx: pad positions add nothing to the pad row (in exact arithmetic they carry
+            # no gradient anyway, except a pad start token: MarianMT's decoder input)
+            dout[self.ids.reshape(-1) == self.pad_id] = 0.0
         _C.embedding_backward(self.ids, dout.reshape(B, T, self.d_model), self.dtable, self.scale)
 
 

@@ -7,6 +7,7 @@ Parameter names, shapes and numerics follow the PyTorch reference of DESIGN.md
 (transformer/torch_compat.py).
 """
 import json
+import math
 import os
 import threading
 
@@ -33,7 +34,7 @@ def _nothing(prefix):
 
 class Encoder:
     """The encoder (section 3.1): a stack of N identical layers, then the final LayerNorm that
-    nn.Transformer always has (transformer.encoder.norm)."""
+    nn.Transformer has (transformer.encoder.norm; None when cfg.final_norm is False, as MarianMT)."""
 
     def __init__(self, layers, norm):
         self.layers, self.norm = layers, norm
@@ -41,13 +42,15 @@ class Encoder:
     def forward(self, x, B, S, src_pad):
         for layer in self.layers:
             x = layer.forward(x, B, S, src_pad)
-        return self.norm.forward(x)
+        return x if self.norm is None else self.norm.forward(x)
 
     def backward(self, dmemory, ready=_nothing):
         # dmemory [B*S, D], overwritten with the gradient of the encoder input. ready(prefix) is
         # told each time the gradients of the parameters named prefix* are complete.
-        d = self.norm.backward(dmemory, dmemory)
-        ready("transformer.encoder.norm.")
+        d = dmemory
+        if self.norm is not None:
+            d = self.norm.backward(dmemory, dmemory)
+            ready("transformer.encoder.norm.")
         for i in reversed(range(len(self.layers))):
             d = self.layers[i].backward(d)
             ready(f"transformer.encoder.layers.{i}.")
@@ -65,14 +68,16 @@ class Decoder:
     def forward(self, y, memory, B, T, S, tgt_pad, src_pad):
         for layer in self.layers:
             y = layer.forward(y, memory, B, T, S, tgt_pad, src_pad, self.causal)
-        return self.norm.forward(y)
+        return y if self.norm is None else self.norm.forward(y)
 
     def backward(self, dout, dmemory, ready=_nothing):
         # dout [B*T, D], overwritten with the gradient of the decoder input; dmemory [B*S, D] is
         # written with the sum over layers of the gradients of the encoder output; ready as in
         # Encoder.backward
-        d = self.norm.backward(dout, dout)
-        ready("transformer.decoder.norm.")
+        d = dout
+        if self.norm is not None:
+            d = self.norm.backward(dout, dout)
+            ready("transformer.decoder.norm.")
         n = len(self.layers)
         for i in reversed(range(n)):
             d = self.layers[i].backward(d, dmemory, accumulate_memory=i < n - 1)
@@ -118,21 +123,24 @@ class Seq2SeqTransformer:
         self.stream = DropoutStream(self.seed)
         self._lock = threading.Lock()
         P, G, p = self.params.data, self.params.grad, cfg.dropout
-        self.pe = np.empty((cfg.max_len, cfg.d_model), dtype=np.float32)
-        _C.positional_encoding(self.pe)
+        self.pe = _positional_encoding(cfg.max_len, cfg.d_model, cfg.positions)
         # Figure 1, left to right, bottom to top
-        self.src_embed = Embedding(P["src_embed.weight"], G["src_embed.weight"], self.pe, p, self.stream, self.ws)
-        self.tgt_embed = Embedding(P["tgt_embed.weight"], G["tgt_embed.weight"], self.pe, p, self.stream, self.ws)
+        scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
+        tensor, gradient = self.params.tensor, self.params.gradient
+        self.src_embed = Embedding(tensor("src_embed.weight"), gradient("src_embed.weight"), self.pe, p,
+                                   self.stream, self.ws, scale, cfg.pad_id)
+        self.tgt_embed = Embedding(tensor("tgt_embed.weight"), gradient("tgt_embed.weight"), self.pe, p,
+                                   self.stream, self.ws, scale, cfg.pad_id)
         self.encoder = Encoder(
             [EncoderLayer(P, G, f"transformer.encoder.layers.{i}", cfg, self.stream, self.ws)
              for i in range(cfg.n_encoder_layers)],
-            self._norm("transformer.encoder.norm"))
+            self._norm("transformer.encoder.norm") if cfg.final_norm else None)
         self.decoder = Decoder(
             [DecoderLayer(P, G, f"transformer.decoder.layers.{i}", cfg, self.stream, self.ws)
              for i in range(cfg.n_decoder_layers)],
-            self._norm("transformer.decoder.norm"))
-        self.generator = Linear(P["generator.weight"], P["generator.bias"],
-                                G["generator.weight"], G["generator.bias"], self.ws, "generator.weight")
+            self._norm("transformer.decoder.norm") if cfg.final_norm else None)
+        self.generator = Linear(tensor("generator.weight"), P["generator.bias"],
+                                gradient("generator.weight"), G["generator.bias"], self.ws, "generator.weight")
 
     def _norm(self, name):
         P, G = self.params.data, self.params.grad
@@ -227,7 +235,7 @@ class Seq2SeqTransformer:
             self.ws.int8 = prepared
             try:
                 tables = None if prepared is None else tuple(
-                    prepared.table(precision, name, self.params.data[name])
+                    prepared.table(precision, name, self.params.tensor(name))
                     for name in ("src_embed.weight", "tgt_embed.weight"))
                 h = self._encode_decode(src, tgt_in, tables)
                 if prepared is not None and INT8_GENERATOR != "int8":
@@ -297,7 +305,7 @@ class Seq2SeqTransformer:
         self.ws.reset((B, S, T))
         pad = self.cfg.pad_id
         src_pad = _padding_mask(src, pad)
-        tgt_pad = _padding_mask(tgt_in, pad)
+        tgt_pad = _target_padding_mask(tgt_in, self.cfg)
         src_table, tgt_table = tables or (None, None)
         memory = self.encoder.forward(self.src_embed.forward(src, src_table), B, S, src_pad)
         return self.decoder.forward(self.tgt_embed.forward(tgt_in, tgt_table), memory, B, T, S, tgt_pad, src_pad)
@@ -307,11 +315,15 @@ class Seq2SeqTransformer:
         check_precision(precision, ("fp32", "bf16"), "training (int8 is for decoding)")
         self.zero_grad()
         loss = self.forward_backward(src, tgt_in, tgt_out, label_smoothing, precision)
-        return loss, {k: v.copy() for k, v in self.params.grad.items()}
+        return loss, {k: v.copy() for k, v in self.grads().items()}
 
     def grads(self):
-        """{name: gradient view} (views into the flat gradient buffer)."""
-        return dict(self.params.grad)
+        """{name: gradient view} (views into the flat gradient buffer; tied names share one)."""
+        return {name: self.params.gradient(name) for name in self.state_dict_names()}
+
+    def state_dict_names(self):
+        """The names of state_dict(), in PyTorch's order: the parameters and the tied names."""
+        return list(self.params.data) + list(self.params.tied)
 
     def zero_grad(self):
         self.params.zero_grad()
@@ -332,18 +344,20 @@ class Seq2SeqTransformer:
     # ------------------------------------------------------------------ weights
 
     def state_dict(self):
-        """{name: np.ndarray copy} with PyTorch's names and shapes (DESIGN)."""
-        return {k: v.copy() for k, v in self.params.data.items()}
+        """{name: np.ndarray copy} with PyTorch's names and shapes (DESIGN); a tied name
+        (cfg.tie_embeddings) is there too, a copy of the matrix it shares, as in PyTorch."""
+        return {k: self.params.tensor(k).copy() for k in self.state_dict_names()}
 
     def load_state_dict(self, sd):
-        """Copy weights in from {name: np.ndarray}; every name of state_dict() must be present,
-        no other, with the same shape (ValueError), and each value a real-valued ndarray (TypeError).
+        """Copy weights in from {name: np.ndarray}; every name of state_dict() must be present
+        (a tied name may be left out; when present it must equal the matrix it shares), no other,
+        with the same shape (ValueError), and each value a real-valued ndarray (TypeError).
         Nothing is changed unless everything is right."""
         if not isinstance(sd, dict):
             raise TypeError(f"state_dict must be a dict, got {type(sd).__name__}")
-        data = self.params.data
+        data, tied = self.params.data, self.params.tied
         missing = [k for k in data if k not in sd]
-        unexpected = [k for k in sd if k not in data]
+        unexpected = [k for k in sd if k not in data and k not in tied]
         if missing or unexpected:
             raise ValueError(f"state_dict does not match the model: missing {missing[:5]}"
                              f"{'...' if len(missing) > 5 else ''}, unexpected {unexpected[:5]}"
@@ -353,8 +367,9 @@ class Seq2SeqTransformer:
                 raise TypeError(f"state_dict[{k!r}] must be a numpy.ndarray, got {type(v).__name__}")
             if v.dtype.kind not in "fiu":
                 raise TypeError(f"state_dict[{k!r}] must be real-valued, got dtype {v.dtype}")
-            if v.shape != data[k].shape:
-                raise ValueError(f"state_dict[{k!r}] has shape {v.shape}, expected {data[k].shape}")
+            shape = self.params.tensor(k).shape
+            if v.shape != shape:
+                raise ValueError(f"state_dict[{k!r}] has shape {v.shape}, expected {shape}")
             if v.dtype.kind == "f" and v.dtype.itemsize > 4 and v.size:
                 # finite values beyond float32's range would silently become inf
                 with np.errstate(invalid="ignore"):
@@ -362,16 +377,23 @@ class Seq2SeqTransformer:
                 if too_big.any():
                     raise ValueError(f"state_dict[{k!r}] has finite values beyond float32's range "
                                      f"(largest {np.abs(v[np.isfinite(v)]).max():.3g})")
+        for alias, owner in tied.items():
+            if alias in sd and not np.array_equal(np.asarray(sd[alias], dtype=np.float32),
+                                                  np.asarray(sd[owner], dtype=np.float32)):
+                raise ValueError(f"state_dict[{alias!r}] differs from {owner!r}, which it is tied to "
+                                 f"(tie_embeddings={self.cfg.tie_embeddings!r})")
         with self._lock:
             for k, v in sd.items():
-                np.copyto(data[k], v, casting="unsafe")
+                if k in data:
+                    np.copyto(data[k], v, casting="unsafe")
 
     def int8_matrices(self):
         """Names of the matrices an int8 model stores quantized: every linear map's weight and the
         embedding tables (the output projection too unless decoding.INT8_GENERATOR keeps it wider)."""
         from .decoding import INT8_GENERATOR
         names = [k for k, v in self.params.data.items() if v.ndim == 2]
-        return [k for k in names if k != "generator.weight" or INT8_GENERATOR == "int8"]
+        generator = self.params.tied.get("generator.weight", "generator.weight")
+        return [k for k in names if k != generator or INT8_GENERATOR == "int8"]
 
     def save(self, path, precision="fp32"):
         """Write the directory `path`: config.json and model.safetensors (atomic writes, no pickle).
@@ -491,6 +513,25 @@ def _padding_mask(ids, pad):
     """bool [B, L], True = padding (PyTorch's key_padding_mask convention); None if no padding."""
     mask = ids == pad
     return mask if mask.any() else None
+
+
+def _target_padding_mask(tgt_in, cfg):
+    """_padding_mask of the decoder input; when decoding starts from the pad token (bos_id ==
+    pad_id, MarianMT), the first position is that start token, not padding."""
+    mask = tgt_in == cfg.pad_id
+    if cfg.bos_id == cfg.pad_id:
+        mask[:, 0] = False
+    return mask if mask.any() else None
+
+
+def _positional_encoding(max_len, d_model, layout="interleaved"):
+    """The sinusoidal table (section 3.5), float32 [max_len, d_model]: columns sin, cos, sin, ...
+    (layout "interleaved", the paper's) or all sines then all cosines ("split", MarianMT's)."""
+    pe = np.empty((max_len, d_model), dtype=np.float32)
+    _C.positional_encoding(pe)
+    if layout == "split":
+        pe = np.ascontiguousarray(np.concatenate([pe[:, 0::2], pe[:, 1::2]], axis=1))
+    return pe
 
 
 def _check_smoothing(value):

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import _C
 
-__all__ = ["parameter_specs", "Parameters"]
+__all__ = ["parameter_specs", "tied_names", "Parameters"]
 
 _ALIGN = 16  # floats: every tensor starts on a 64-byte boundary (the gaps stay zero forever)
 
@@ -34,18 +34,33 @@ def _norm_specs(name, d):
     return [(f"{name}.weight", (d,), "ones"), (f"{name}.bias", (d,), "zeros")]
 
 
+def tied_names(cfg):
+    """{name: the name whose tensor it is} for the matrices cfg.tie_embeddings ties: the tied
+    names have no storage of their own (PyTorch's `generator.weight = tgt_embed.weight`)."""
+    if cfg.tie_embeddings == "target":
+        return {"generator.weight": "tgt_embed.weight"}
+    if cfg.tie_embeddings == "all":
+        return {"tgt_embed.weight": "src_embed.weight", "generator.weight": "src_embed.weight"}
+    return {}
+
+
 def parameter_specs(cfg):
-    """[(name, shape, init)] in PyTorch state_dict order. init is one of 'normal', 'xavier',
-    'zeros', 'ones', 'fan_in' (U(+-1/sqrt(fan_in)), fan_in = the layer's input size)."""
+    """[(name, shape, init)] in PyTorch state_dict order, tied names left out (tied_names).
+    init is one of 'normal', 'embedding', 'xavier', 'zeros', 'ones', 'fan_in' (U(+-1/sqrt(fan_in)),
+    fan_in = the layer's input size)."""
     d, d_ff = cfg.d_model, cfg.d_ff
-    specs = [("src_embed.weight", (cfg.src_vocab_size, d), "normal"),
-             ("tgt_embed.weight", (cfg.tgt_vocab_size, d), "normal")]
+    # nn.Embedding's N(0, 1); a table that is also the output projection starts at N(0, 1/d)
+    # (fairseq's choice for shared embeddings), else the first logits are sqrt(d) times too large
+    embed_init = "normal" if cfg.tie_embeddings == "none" else "embedding"
+    specs = [("src_embed.weight", (cfg.src_vocab_size, d), embed_init),
+             ("tgt_embed.weight", (cfg.tgt_vocab_size, d), embed_init)]
     for i in range(cfg.n_encoder_layers):
         p = f"transformer.encoder.layers.{i}"
         specs += _attention_specs(f"{p}.self_attn", d)
         specs += _feed_forward_specs(p, d, d_ff)
         specs += _norm_specs(f"{p}.norm1", d) + _norm_specs(f"{p}.norm2", d)
-    specs += _norm_specs("transformer.encoder.norm", d)
+    if cfg.final_norm:
+        specs += _norm_specs("transformer.encoder.norm", d)
     for i in range(cfg.n_decoder_layers):
         p = f"transformer.decoder.layers.{i}"
         specs += _attention_specs(f"{p}.self_attn", d)
@@ -53,10 +68,12 @@ def parameter_specs(cfg):
         specs += _feed_forward_specs(p, d, d_ff)
         specs += (_norm_specs(f"{p}.norm1", d) + _norm_specs(f"{p}.norm2", d)
                   + _norm_specs(f"{p}.norm3", d))
-    specs += _norm_specs("transformer.decoder.norm", d)
+    if cfg.final_norm:
+        specs += _norm_specs("transformer.decoder.norm", d)
     specs += [("generator.weight", (cfg.tgt_vocab_size, d), "fan_in"),
               ("generator.bias", (cfg.tgt_vocab_size,), "generator_bias")]
-    return specs
+    tied = tied_names(cfg)
+    return [spec for spec in specs if spec[0] not in tied]
 
 
 def _aligned_zeros(n):
@@ -71,6 +88,7 @@ class Parameters:
 
     def __init__(self, cfg, seed=0):
         self.specs = parameter_specs(cfg)
+        self.tied = tied_names(cfg)   # views of their own are in data/grad only under the owner
         offsets, total = [], 0
         for _, shape, _ in self.specs:
             offsets.append(total)
@@ -93,6 +111,14 @@ class Parameters:
         self.grad_is_zero = True
         self.initialize(seed)
 
+    def tensor(self, name):
+        """The parameter view called `name`, a tied name included (tied_names)."""
+        return self.data[self.tied.get(name, name)]
+
+    def gradient(self, name):
+        """The gradient view called `name`, a tied name included: the sum over every use."""
+        return self.grad[self.tied.get(name, name)]
+
     @property
     def names(self):
         return [name for name, _, _ in self.specs]
@@ -109,6 +135,8 @@ class Parameters:
             view = self.data[name]
             if init == "normal":                      # nn.Embedding: N(0, 1)
                 view[...] = rng.standard_normal(shape, dtype=np.float32)
+            elif init == "embedding":                 # a tied table: N(0, 1/d_model)
+                view[...] = rng.standard_normal(shape, dtype=np.float32) * np.float32(self.d_model ** -0.5)
             elif init == "xavier":                    # xavier_uniform_ on every weight with dim > 1
                 fan_out, fan_in = shape
                 bound = math.sqrt(6.0 / (fan_in + fan_out))

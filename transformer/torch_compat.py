@@ -10,13 +10,19 @@ __all__ = ["build_torch_model", "to_torch", "from_torch", "torch_loss", "torch_s
 _CLASS = None
 
 
-def positional_table(max_len, d_model):
-    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), float64 rounded once."""
+def positional_table(max_len, d_model, layout="interleaved"):
+    """PE[pos, 2i] = sin(pos / 10000^(2i/d)), PE[pos, 2i+1] = cos(...), float64 rounded once;
+    layout "split" (MarianMT's): PE[pos, i] = sin(...), PE[pos, d/2 + i] = cos(...)."""
     pos = np.arange(max_len, dtype=np.float64)[:, None]
     div = np.power(10000.0, np.arange(0, d_model, 2, dtype=np.float64) / d_model)
     pe = np.zeros((max_len, d_model), dtype=np.float64)
-    pe[:, 0::2] = np.sin(pos / div)
-    pe[:, 1::2] = np.cos(pos / div)[:, : d_model // 2]
+    if layout == "split":
+        half = (d_model + 1) // 2
+        pe[:, :half] = np.sin(pos / div)
+        pe[:, half:] = np.cos(pos / div)[:, : d_model // 2]
+    else:
+        pe[:, 0::2] = np.sin(pos / div)
+        pe[:, 1::2] = np.cos(pos / div)[:, : d_model // 2]
     return pe.astype(np.float32)
 
 
@@ -32,24 +38,35 @@ def _reference_class():
     import torch.nn.functional as F
 
     class TorchSeq2SeqTransformer(nn.Module):
-        """DESIGN's reference: embeddings * sqrt(d) + PE, dropout, nn.Transformer, generator."""
+        """DESIGN's reference: embeddings * sqrt(d) + PE, dropout, nn.Transformer, generator;
+        and the config's MarianMT options (activation silu, positions split, no embedding scale,
+        tied embeddings, no final norms, decoding started from the pad token)."""
 
         def __init__(self, cfg):
             super().__init__()
             self.cfg = cfg
-            self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model)
-            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model)
+            # padding_idx: no lookup trains the pad row (MarianMT's embeddings)
+            self.src_embed = nn.Embedding(cfg.src_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+            self.tgt_embed = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+            activation = F.silu if cfg.activation == "silu" else cfg.activation
             with warnings.catch_warnings():  # "enable_nested_tensor is True, but ..." is noise here
                 warnings.simplefilter("ignore", UserWarning)
                 self.transformer = nn.Transformer(
                     cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff,
-                    cfg.dropout, cfg.activation, batch_first=True, norm_first=cfg.norm_first)
+                    cfg.dropout, activation, batch_first=True, norm_first=cfg.norm_first)
+            if not cfg.final_norm:
+                self.transformer.encoder.norm = None
+                self.transformer.decoder.norm = None
             self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size)
+            if cfg.tie_embeddings == "all":
+                self.tgt_embed.weight = self.src_embed.weight
+            if cfg.tie_embeddings != "none":
+                self.generator.weight = self.tgt_embed.weight
             self.dropout = nn.Dropout(cfg.dropout)
             # not persistent: state_dict() holds exactly the parameters, as ours does
-            self.register_buffer("pe", torch.from_numpy(positional_table(cfg.max_len, cfg.d_model)),
-                                 persistent=False)
-            self.scale = math.sqrt(cfg.d_model)
+            table = positional_table(cfg.max_len, cfg.d_model, cfg.positions)
+            self.register_buffer("pe", torch.from_numpy(table), persistent=False)
+            self.scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
 
         def forward(self, src, tgt_in):
             S, T = src.shape[1], tgt_in.shape[1]
@@ -58,8 +75,11 @@ def _reference_class():
             y = self.dropout(self.tgt_embed(tgt_in) * self.scale + self.pe[:T])
             causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=src.device), diagonal=1)
             src_pad = src == pad
+            tgt_pad = tgt_in == pad
+            if self.cfg.bos_id == pad:     # the first position is the start token, not padding
+                tgt_pad[:, 0] = False
             h = self.transformer(x, y, tgt_mask=causal, src_key_padding_mask=src_pad,
-                                 tgt_key_padding_mask=tgt_in == pad, memory_key_padding_mask=src_pad)
+                                 tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
             return self.generator(h)
 
         def loss(self, src, tgt_in, tgt_out, label_smoothing=0.0):
