@@ -206,6 +206,8 @@ void beam_select(const float *logp, const double *scores, int64_t *n_finished,
                 if (!isfinite(score)) break;
                 long beam = (long)(top[i].index / V), token = (long)(top[i].index % V);
                 long row = slot * K + beam;
+                if (token == eos && !last_step[slot] && i >= K)
+                    continue;                           /* EOS below the K best: not final */
                 if (token == eos || last_step[slot]) { /* a finished hypothesis */
                     fin_rows[slot * 2 * K + finished] = row;
                     fin_tokens[slot * 2 * K + finished] = token;

@@ -5,9 +5,11 @@
  * score[beam] + logp[row, token] (added in double, as numpy adds a float64 score to a
  * float32 log-probability). The kernel keeps the best min(2K, K*V) finite candidates
  * of each slot, best first (ties: the lower beam*V + token first), then walks them in
- * that order the way beam search does: a candidate ending in EOS (or any candidate at
- * its sentence's last step) finishes a hypothesis, the others fill the K beams of the
- * next step, until K beams are filled or the slot has K finished hypotheses. Parallel over slots;
+ * that order the way beam search does: a candidate ending in EOS among the K best of
+ * them (or any candidate at its sentence's last step) finishes a hypothesis, an EOS
+ * candidate ranked below the K best is dropped (Hugging Face's and fairseq's rule: only
+ * the top K can be final), the others fill the K beams of the next step, until K beams
+ * are filled or the slot has K finished hypotheses. Parallel over slots;
  * every slot's result depends only on its own rows, so the bits are the same at any
  * thread count, and the SIMD levels compare the same doubles, so they agree too.
  */

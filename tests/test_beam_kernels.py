@@ -103,7 +103,8 @@ def select(logp, scores, n_finished, banned, eos, last_step):
 
 
 def python_select(logp, scores, n_finished, banned, eos, last_step):
-    """The walk beam search did in Python before the kernel, over numpy's ranking."""
+    """The walk beam search did in Python before the kernel, over numpy's ranking (with Hugging
+    Face's rule since: an EOS candidate ranked below the K best finishes nothing)."""
     n, K = scores.shape
     V = logp.shape[1]
     index, best = numpy_topk(logp, scores, banned, min(2 * K, K * V))
@@ -115,11 +116,13 @@ def python_select(logp, scores, n_finished, banned, eos, last_step):
     finished = [[] for _ in range(n)]
     for slot in range(n):
         kept = 0
-        for candidate, score in zip(index[slot], best[slot]):
+        for rank, (candidate, score) in enumerate(zip(index[slot], best[slot])):
             if candidate < 0 or not np.isfinite(score):
                 break
             beam, token = divmod(int(candidate), V)
             row = slot * K + beam
+            if token == eos and not last_step and rank >= K:
+                continue                 # EOS below the K best candidates: not a final hypothesis
             if token == eos or last_step:
                 finished[slot].append((row, token, score))
                 n_finished[slot] += 1
@@ -160,8 +163,12 @@ def test_select_finishes_everything_at_the_last_step_and_stops_at_k_finished():
     assert got["fin_count"].tolist() == [2] and got["done"].tolist() == [1]
     assert got["fin_rows"][0, :2].tolist() == [0, 0] and got["fin_tokens"][0, :2].tolist() == [0, 1]
     got = select(logp, scores, np.zeros(1, np.int64), -1, 0, False)     # token 0 is EOS now
-    assert got["fin_count"].tolist() == [2] and got["n_finished"].tolist() == [2]
-    assert got["done"].tolist() == [1]
+    # ranking: (beam 0, EOS) -0.69, (0, 1) -1.20, (1, EOS) -1.51, (0, 2) -1.61: the second EOS is
+    # below the K = 2 best, so it finishes nothing and (0, 2) fills the second beam
+    assert got["fin_count"].tolist() == [1] and got["n_finished"].tolist() == [1]
+    assert got["done"].tolist() == [0] and got["tokens"].tolist() == [1, 2]
+    got = select(logp, scores, np.ones(1, np.int64), -1, 0, False)      # one finished before
+    assert got["n_finished"].tolist() == [2] and got["done"].tolist() == [1]
 
 
 def select_args(n=2, K=2, V=5):

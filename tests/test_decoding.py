@@ -105,8 +105,8 @@ def recompute_beam(model, src_row, K, max_len, length_penalty, min_len=0, no_rep
     for t in range(max_len):
         ys = np.array([[cfg.bos_id] + tokens for tokens, _ in beams])
         logits = model.forward(np.repeat(src_row[None], len(beams), 0), ys)[:, -1].astype(np.float64)
-        logits[:, [cfg.pad_id, cfg.bos_id]] = -np.inf     # never emitted
         logp = logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)
+        logp[:, [cfg.pad_id, cfg.bos_id]] = -np.inf       # never emitted (after normalising, as generate)
         for b, (tokens, _) in enumerate(beams):
             ban_repeats(logp[b], [cfg.bos_id] + tokens, no_repeat_ngram, eos)
         if t < min_len:
@@ -114,10 +114,12 @@ def recompute_beam(model, src_row, K, max_len, length_penalty, min_len=0, no_rep
         ranked = sorted(((score + logp[b, v], b * V + v) for b, (_, score) in enumerate(beams) for v in range(V)),
                         key=lambda c: (-c[0], c[1]))[:min(2 * K, K * V)]
         next_beams = []
-        for score, candidate in ranked:
+        for rank, (score, candidate) in enumerate(ranked):
             if not np.isfinite(score):
                 break
             b, v = divmod(candidate, V)
+            if v == eos and t < max_len - 1 and rank >= K:
+                continue                                   # only the K best can be final
             if v == eos or t == max_len - 1:
                 finished.append((score / ((5.0 + t + 1) / 6.0) ** length_penalty,
                                  beams[b][0] + ([] if v == eos else [v])))

@@ -351,10 +351,10 @@ def _read_texts(texts):
         return [line.rstrip("\n") for line in sys.stdin]
 
 
-def _load_model(directory):
+def _load_model(directory, flag="--model"):
     from .checkpoint import load_for_inference
 
-    with blame("--model", directory):
+    with blame(flag, directory):
         if os.path.isdir(directory) and not os.path.exists(os.path.join(directory, "config.json")):
             raise FileNotFoundError("no config.json in it: not the --out of a training run")
         return load_for_inference(directory)
@@ -438,6 +438,39 @@ def _quantize(args):
     return 0
 
 
+def _convert(args):
+    from .checkpoint import save_inference_files
+    from .errors import FlagError
+    from .marian import config_to_marian, export_marian, import_marian
+
+    if (args.source is None) == (args.to is None):
+        raise FlagError("give exactly one of --from marian HF_DIR (import) and --to marian DIR (export)")
+    if args.source is not None:
+        fmt, directory = args.source
+        if fmt != "marian":
+            raise FlagError(f"--from {fmt}: the formats are: marian")
+        with blame("--from", directory):
+            if not os.path.isdir(directory):
+                raise FileNotFoundError("MarianMT directory not found")
+            model, src_tok, tgt_tok = import_marian(directory)
+        with blame("--out", args.out):
+            save_inference_files(args.out, model, src_tok, tgt_tok)
+        print(f"wrote {args.out}: a MarianMT model with {model.num_parameters():,} parameters "
+              f"(translate, evaluate and train --init-from read it)", file=sys.stderr)
+        return 0
+    fmt, directory = args.to
+    if fmt != "marian":
+        raise FlagError(f"--to {fmt}: the formats are: marian")
+    model, src_tok, tgt_tok = _load_model(directory, "--to")
+    with blame("--to", directory):
+        config_to_marian(model.cfg)
+    with blame("--out", args.out):
+        export_marian(model, src_tok, tgt_tok, args.out)
+    print(f"wrote {args.out}: MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained read it",
+          file=sys.stderr)
+    return 0
+
+
 def _info(args):
     import transformer as T
 
@@ -511,6 +544,10 @@ def build_parser():
     train.add_argument("--tgt-col", help="target column: header name or 0-based index (default 1)")
     train.add_argument("--out", help="output directory for checkpoints and the model")
     train.add_argument("--resume", metavar="DIR", help="continue the run whose checkpoint is in DIR")
+    train.add_argument("--init-from", dest="init_from", metavar="DIR",
+                       help="with --data: fine-tune the model in DIR (a training run's --out, or a MarianMT "
+                            "model imported with `transformer convert --from marian`) with its own "
+                            "tokenizers; its sizes are the run's")
     train.add_argument("--preset", choices=["tiny", "small", "base"], help="model sizes (default tiny)")
     train.add_argument("--d-model", dest="d_model", type=_positive_int)
     train.add_argument("--n-heads", dest="n_heads", type=_positive_int)
@@ -520,7 +557,7 @@ def build_parser():
     train.add_argument("--dropout", type=_fraction,
                        help="default with --data: 0 when the budget sees the training pairs fewer than 3 times, "
                             "else 0.1; 0 for the built-in task")
-    train.add_argument("--activation", choices=["relu", "gelu"])
+    train.add_argument("--activation", choices=["relu", "gelu", "silu"])
     train.add_argument("--norm-first", dest="norm_first", action=argparse.BooleanOptionalAction, default=None,
                        help="layer norm before each sublayer (pre-LN; the default with --data) or after it "
                             "(--no-norm-first: the paper's post-LN; the default for the built-in task)")
@@ -614,6 +651,14 @@ def build_parser():
     quantize.add_argument("--model", required=True, metavar="DIR")
     quantize.add_argument("--out", required=True, metavar="DIR", help="where to write the int8 model")
     quantize.set_defaults(func=_quantize)
+    convert = sub.add_parser("convert", help="import a MarianMT (OPUS-MT) model, or export one")
+    convert.add_argument("--from", dest="source", nargs=2, metavar=("FORMAT", "HF_DIR"),
+                         help="marian HF_DIR: a local MarianMTModel directory (config.json, "
+                              "model.safetensors or pytorch_model.bin, source.spm, target.spm, vocab.json)")
+    convert.add_argument("--to", nargs=2, metavar=("FORMAT", "DIR"),
+                         help="marian DIR: write our model directory DIR as a MarianMTModel directory")
+    convert.add_argument("--out", required=True, metavar="DIR", help="the directory to write")
+    convert.set_defaults(func=_convert)
     info = sub.add_parser("info", help="print build_info(): compiler, OpenMP, SIMD level, threads")
     info.set_defaults(func=_info)
     for command in sub.choices.values():         # --debug before or after the command

@@ -487,8 +487,10 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
         nb = len(sentences)
         n = nb * K
         logp = cache.step(ids, t)
-        logp[:, cfg.pad_id] = logp[:, cfg.bos_id] = -np.inf       # never "nothing" or a second start
         _C.log_softmax(logp, logp)
+        # never "nothing" or a second start; banned after the normalisation, as Hugging Face's
+        # generate does, so a hypothesis's score is the model's log-probability of its tokens
+        logp[:, cfg.pad_id] = logp[:, cfg.bos_id] = -np.inf
         banned = eos if t < min_len else -1
         if no_repeat_ngram:
             _C.no_repeat_ngram_ban(logp, hyps, t, no_repeat_ngram, eos)

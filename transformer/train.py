@@ -591,7 +591,7 @@ TRAJECTORY_ARGS = ("data", "src_col", "tgt_col", "seed", "batch_size", "batch_to
 
 # Flags that only the runs on --data read, and those that only the built-in task reads.
 DATA_ONLY_ARGS = ("src_col", "tgt_col", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
-                  "dev_max", "samples")
+                  "dev_max", "samples", "init_from")
 BUILTIN_ONLY_ARGS = ("batch_size",)
 
 
@@ -621,14 +621,42 @@ def _started_with(ckpt, key):
     return ckpt.args[key]
 
 
+def load_initial_model(args):
+    """With --init-from DIR: the model and tokenizers to fine-tune (a model directory: one trained
+    here, or imported with `transformer convert --from marian`). Its sizes and vocabularies are
+    the run's, so the flags that would set them are refused."""
+    from .checkpoint import load_for_inference
+
+    for key in ("preset", "vocab_size") + tuple(k for k in SIZE_FLAGS if k != "dropout"):
+        if getattr(args, key, None) is not None:
+            raise FlagError(f"{_flag(key)}: the model's sizes and vocabularies come from --init-from "
+                            f"{args.init_from} (leave the flag out)")
+    with blame("--init-from", args.init_from):
+        if not os.path.isdir(args.init_from):
+            raise FileNotFoundError("no such model directory")
+        if not os.path.exists(os.path.join(args.init_from, "config.json")):
+            raise FileNotFoundError("no config.json in it: not a model directory (train --out, or "
+                                    "transformer convert --out)")
+        args.initial = load_for_inference(args.init_from)
+    if args.initial[0].stored_precision != "fp32":
+        raise FlagError(f"--init-from {args.init_from}: an int8 model (its weights rounded for decoding) "
+                        "cannot be trained; start from the float32 model it was quantized from")
+
+
 def load_resume(args):
     """With --resume: load the checkpoint once and take the trajectory arguments from it. A
     trajectory flag given with another value than the interrupted run's is refused (FlagError),
     and so is any flag the run would not read (refuse_flags_that_do_not_apply)."""
+    args.initial = None
     if not args.resume:
         args.checkpoint = None
         refuse_flags_that_do_not_apply(args, args.data)
+        if getattr(args, "init_from", None):
+            load_initial_model(args)
         return
+    if getattr(args, "init_from", None):
+        raise FlagError(f"--init-from {args.init_from}: a resumed run continues the weights of its "
+                        f"checkpoint ({args.resume}); --init-from starts a new run (with --out)")
     ckpt = load_checkpoint(args.resume)
     if "schedule" not in ckpt.args:
         ckpt.args["schedule"] = "noam"     # written before the budget schedule existed
@@ -808,8 +836,13 @@ def train_on_data(args, engine=None, result=None):
     _log(f"split: {len(train_pairs)} training pairs, {len(dev_pairs)} held out for evaluation")
     _agree(args, _pairs_fingerprint(pairs))
 
+    initial = getattr(args, "initial", None)
     if args.checkpoint is not None:
         src_tok, tgt_tok = args.checkpoint.src_tokenizer, args.checkpoint.tgt_tokenizer
+    elif initial is not None:            # fine-tuning: the model's own tokenizers, no new BPE
+        src_tok, tgt_tok = initial[1], initial[2]
+        _log(f"fine-tuning {args.init_from}: its vocabularies (source {src_tok.vocab_size}, "
+             f"target {tgt_tok.vocab_size})")
     elif _world(args)[1] > 1:       # rank 0 learns the vocabularies, the others take them
         from .distributed import import_mpi
         from .tokenizer import tokenizer_from_json
@@ -827,7 +860,12 @@ def train_on_data(args, engine=None, result=None):
         tgt_tok = SubwordTokenizer.train([t for _, t in train_pairs], vocab_size=args.vocab_size)
         _log(f"BPE vocabularies: source {src_tok.vocab_size}, target {tgt_tok.vocab_size}")
 
+    # the ids of the model the run trains: a checkpoint's, the --init-from model's or a new one's
+    known = args.checkpoint.model.cfg if args.checkpoint is not None else (
+        initial[0].cfg if initial is not None else ModelConfig())
     max_tokens = args.max_sentence_tokens
+    if args.checkpoint is not None or initial is not None:
+        max_tokens = min(max_tokens, known.max_len - 1)
     src_ids = src_tok.encode_batch([s for s, _ in train_pairs])
     tgt_ids = tgt_tok.encode_batch([t for _, t in train_pairs])
     examples = []
@@ -836,7 +874,7 @@ def train_on_data(args, engine=None, result=None):
         if not s or not t or len(s) > max_tokens or len(t) + 1 > max_tokens:
             dropped += 1
             continue
-        examples.append(make_example(s, t, 1, 2))
+        examples.append(make_example(s, t, known.bos_id, known.eos_id))
     if dropped:
         _log(f"skipped {dropped} training pairs that are empty after tokenisation or longer than "
              f"{max_tokens} subwords")
@@ -846,6 +884,8 @@ def train_on_data(args, engine=None, result=None):
                              f"{max_tokens})")
 
     def make_model():
+        if initial is not None:
+            return initial[0]
         cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)
         return Seq2SeqTransformer(cfg, seed=args.seed)
 
