@@ -372,3 +372,20 @@ def test_fine_tuning_an_imported_model_resumes_exactly(marian, tmp_path):
         with open(os.path.join(directory, "log.jsonl")) as f:
             return [json.loads(line)["loss"] for line in f if "loss" in json.loads(line)]
     assert len(losses(straight)) == 6 and losses(split) == losses(straight)
+
+
+def test_reduced_precision_decoding_of_an_imported_model(marian, tmp_path):
+    """bf16 and int8 decoding work on the tied matrix; an int8 file keeps it float32 (it is the
+    output projection, which int8 decoding keeps wide) and decodes as the model in memory does."""
+    ours = marian["ours"]
+    src, _ = _batch(marian, ["the dog runs in the garden", "thank you"])
+    want = ours.greedy_decode(src, max_len=10, precision="int8")
+    for precision in ("bf16", "int8"):
+        assert len(ours.beam_search(src, max_len=10, precision=precision)) == 2
+    ours.save(tmp_path / "q", precision="int8")
+    from transformer.serialization import load_file
+    stored = load_file(str(tmp_path / "q" / "model.safetensors"))
+    assert stored["src_embed.weight"].dtype == np.float32
+    assert stored["transformer.encoder.layers.0.linear1.weight"].dtype == np.int8
+    loaded = T.Seq2SeqTransformer.load(tmp_path / "q")
+    assert loaded.stored_precision == "int8" and loaded.greedy_decode(src, max_len=10, precision="int8") == want
