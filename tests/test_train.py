@@ -301,3 +301,16 @@ def test_bf16_run_resumes_bit_exactly_in_bf16_and_its_checkpoints_load_in_any_pr
 def test_int8_training_is_refused_with_a_clear_message(tmp_path, capsys):
     assert cli.main(["train", *SMALL, "--precision", "int8", "--max-steps", "1", "--out", str(tmp_path / "x")]) == 2   # a usage error
     assert "--precision int8 is for decoding" in capsys.readouterr().err
+
+
+def test_tied_target_embeddings_train_save_and_resume(tmp_path):
+    data = write_corpus(tmp_path / "pairs.tsv")
+    base = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL, "--schedule", "noam",
+            "--vocab-size", "60", "--batch-tokens", "300", "--dev-fraction", "0.1", "--tie-embeddings", "target"]
+    straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
+    assert run_cli(*base, "--max-steps", "6", "--out", straight).returncode == 0
+    assert run_cli(*base, "--max-steps", "3", "--out", split).returncode == 0
+    assert run_cli("train", "--resume", split, "--max-steps", "6", "--quiet").returncode == 0
+    assert losses(split) == losses(straight)
+    model = T.Seq2SeqTransformer.load(straight)
+    assert model.cfg.tie_embeddings == "target" and "generator.weight" not in model.params.data

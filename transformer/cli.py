@@ -558,6 +558,9 @@ def build_parser():
                        help="default with --data: 0 when the budget sees the training pairs fewer than 3 times, "
                             "else 0.1; 0 for the built-in task")
     train.add_argument("--activation", choices=["relu", "gelu", "silu"])
+    train.add_argument("--tie-embeddings", dest="tie_embeddings", choices=["none", "target"],
+                       help="target: the output projection is the target embedding matrix (one matrix, "
+                            "its gradient summed over both uses; default none)")
     train.add_argument("--norm-first", dest="norm_first", action=argparse.BooleanOptionalAction, default=None,
                        help="layer norm before each sublayer (pre-LN; the default with --data) or after it "
                             "(--no-norm-first: the paper's post-LN; the default for the built-in task)")

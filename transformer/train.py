@@ -28,7 +28,7 @@ from .tokenizer import SubwordTokenizer
 
 LOG_FILE = "log.jsonl"   # one JSON line per step (loss, lr, tokens) and per evaluation
 SIZE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout", "activation",
-              "norm_first")
+              "norm_first", "tie_embeddings")
 
 
 # The budget schedule (the default with --data): warm-up over this share of the budget, peak
