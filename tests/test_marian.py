@@ -389,3 +389,30 @@ def test_reduced_precision_decoding_of_an_imported_model(marian, tmp_path):
     assert stored["transformer.encoder.layers.0.linear1.weight"].dtype == np.int8
     loaded = T.Seq2SeqTransformer.load(tmp_path / "q")
     assert loaded.stored_precision == "int8" and loaded.greedy_decode(src, max_len=10, precision="int8") == want
+
+
+@pytest.mark.parametrize("tie_output, tie", [(True, "target"), (False, "none")])
+def test_separate_encoder_and_decoder_embeddings_map_too(tie_output, tie):
+    """share_encoder_decoder_embeddings=false (newer OPUS-MT models): the decoder's embedding is
+    its own, and the output projection is tied to it or not."""
+    c = transformers.MarianConfig(
+        vocab_size=50, decoder_vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=2,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
+        max_position_embeddings=64, pad_token_id=49, eos_token_id=0, decoder_start_token_id=49,
+        activation_function="swish", scale_embedding=True, share_encoder_decoder_embeddings=False,
+        tie_word_embeddings=tie_output, dropout=0.0)
+    torch.manual_seed(5)
+    hf = transformers.MarianMTModel(c).eval()
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if "embed_positions" not in name:
+                p.copy_(torch.randn_like(p) * 0.3)
+    cfg = config_from_marian(c.to_dict())
+    assert cfg.tie_embeddings == tie
+    ours = T.Seq2SeqTransformer(cfg)
+    ours.load_state_dict(state_dict_from_marian({k: v.numpy() for k, v in hf.state_dict().items()}, cfg))
+    src, tgt_in = np.array([[5, 6, 7, 0], [8, 0, 49, 49]]), np.array([[49, 3, 4], [49, 9, 9]])
+    with torch.no_grad():
+        ref = hf(input_ids=torch.from_numpy(src), attention_mask=torch.from_numpy(src != 49),
+                 decoder_input_ids=torch.from_numpy(tgt_in)).logits.numpy()
+    assert np.abs(ours.forward(src, tgt_in) - ref).max() <= LOGITS_ATOL * np.abs(ref).max()

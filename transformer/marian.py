@@ -142,10 +142,9 @@ def _layer_map(cfg):
     return out
 
 
-def _embedding_names(cfg):
-    """{MarianMT name: our name} of the embedding and output matrices (tied ones included)."""
-    return {"shared.weight": "src_embed.weight", "encoder.embed_tokens.weight": "src_embed.weight",
-            "decoder.embed_tokens.weight": "tgt_embed.weight", "lm_head.weight": "generator.weight"}
+# MarianMT's embedding and output matrices -> ours (a tied one then resolves to its owner)
+_EMBEDDINGS = {"shared.weight": "src_embed.weight", "encoder.embed_tokens.weight": "src_embed.weight",
+               "decoder.embed_tokens.weight": "tgt_embed.weight", "lm_head.weight": "generator.weight"}
 
 
 def _sinusoids(cfg):
@@ -160,7 +159,6 @@ def state_dict_from_marian(tensors, cfg, source="weights"):
     spec_shapes = {name: shape for name, shape, _ in _specs(cfg)}
     tied = tied_names(cfg)
     layer_map = _layer_map(cfg)
-    embed = _embedding_names(cfg)
     sd, filled = {}, {}
     V = cfg.tgt_vocab_size
 
@@ -186,8 +184,8 @@ def state_dict_from_marian(tensors, cfg, source="weights"):
                 raise _marian_error(source, f"{key} has shape {value.shape}, expected (1, {V})")
             sd["generator.bias"] = value.reshape(V).copy()
             continue
-        if name in embed:
-            ours = tied.get(embed[name], embed[name])
+        if name in _EMBEDDINGS:
+            ours = tied.get(_EMBEDDINGS[name], _EMBEDDINGS[name])
             shape = spec_shapes[ours]
             if value.shape != shape:
                 raise _marian_error(source, f"{key} has shape {value.shape}, expected {shape}")
