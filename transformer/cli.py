@@ -25,7 +25,8 @@ BENCH_DEFAULTS = {"config": "tiny,base", "families": "gemm,nn,elementwise,loss",
 # What each --what reads besides --threads and --json; these flags given to another are refused.
 BENCH_FLAGS = {"kernels": ("families", "against", "precision"), "train": ("config", "against", "precision"),
                "profile": ("config",), "decode": ("config", "against", "precision"), "masking": (),
-               "all": ("config", "against", "plot"), "distributed": ("config", "against")}
+               "all": ("config", "against", "plot"), "distributed": ("config", "against"),
+               "marian": ("config",)}
 
 
 def _threads(text):
@@ -91,6 +92,25 @@ def _check_output(flag, path, needs=None):
         raise FlagError(f"{flag} needs {needs} (pip install {needs})")
 
 
+def _bench_marian(args):
+    """MarianMT at OPUS-MT's size: decoding against CTranslate2 and transformers, fine-tuning
+    against transformers (transformer/bench/marian.py)."""
+    from .bench import marian
+
+    if args.config not in marian.CONFIGS:
+        raise FlagError(f"--config {args.config}: --what marian takes {' or '.join(sorted(marian.CONFIGS))}")
+    missing = [name for name in ("torch", "transformers", "sentencepiece", "ctranslate2")
+               if importlib.util.find_spec(name) is None]
+    if missing:
+        raise FlagError(f"--what marian compares with CTranslate2 and transformers: it needs "
+                        f"{', '.join(missing)} (pip install {' '.join(missing)})")
+    records = marian.run(tuple(args.threads), config=args.config, stream=sys.stdout)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    return 0
+
+
 def _check_bench_flags(args):
     """A flag the chosen --what would not read is refused, not silently ignored."""
     for key in ("config", "against", "families", "plot", "precision"):
@@ -99,6 +119,8 @@ def _check_bench_flags(args):
             raise FlagError(f"--{key} does not apply to --what {args.what}, only to --what {readers}")
     if args.what == "distributed" and args.config is None:
         args.config = "base"            # the issue's figure: the base training step
+    if args.what == "marian" and args.config is None:
+        args.config = "opus"            # OPUS-MT's size
     for key, value in BENCH_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -141,6 +163,8 @@ def _bench(args):
     _check_bench_flags(args)
     if args.threads is None:
         args.threads = _default_threads()
+    if args.what == "marian":
+        return _bench_marian(args)
     configs = _configs(args)
     against = _against(args)
     if args.what == "kernels" and against is None:
@@ -511,13 +535,15 @@ def build_parser():
 
     bench = sub.add_parser("bench", help="benchmark our kernels against numpy/PyTorch")
     bench.add_argument("--what", default="kernels",
-                       choices=["kernels", "train", "profile", "decode", "masking", "all", "distributed"],
+                       choices=["kernels", "train", "profile", "decode", "masking", "all", "distributed", "marian"],
                        help="kernels: every kernel vs PyTorch/numpy; train: a training step (and its "
                             "profile); profile: where a training step's time goes; decode: greedy and "
                             "beam search; masking: parallel masked training vs an autoregressive loop, "
                             "and the leakage without the mask; all: thread scaling of GEMM, training "
                             "and decoding; distributed: the training step data-parallel over MPI ranks x "
-                            "threads (every pair of --threads values that fits the cores) against PyTorch DDP")
+                            "threads (every pair of --threads values that fits the cores) against PyTorch DDP; "
+                            "marian: a MarianMT model of OPUS-MT's size, decoding against CTranslate2 and "
+                            "transformers, fine-tuning against transformers (--config opus or tiny)")
     bench.add_argument("--threads", type=_threads, default=None,
                        help="e.g. 1,2,4 (default: 1, 2, 4, ... up to the cores present)")
     bench.add_argument("--config",
