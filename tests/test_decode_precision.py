@@ -46,7 +46,7 @@ def oracle_logits(model, src, tin, precision):
         tables = {name: prepared.dequantize(*prepared.quantize(model.params.data[name]))
                   for name in ("src_embed.weight", "tgt_embed.weight")}
     linear = None if precision == "fp32" else precision
-    generator = decoding.INT8_GENERATOR if precision == "int8" else None
+    generator = decoding.int8_generator(model.cfg) if precision == "int8" else None
     return bf16_oracle.logits(torch, model.cfg, model.state_dict(), model.pe, src, tin, linear, tables,
                               generator).numpy()
 
@@ -215,17 +215,36 @@ def test_a_non_finite_weight_cannot_be_saved_as_int8(tmp_path):
 
 
 def test_int8_output_projection_setting_is_honoured(monkeypatch):
-    """decoding.INT8_GENERATOR (float32 by default) sets the output projection's precision in
-    int8 decoding: its logits come from that product, and an int8 file stores it so."""
+    """decoding.INT8_GENERATOR (None: by size) sets the output projection's precision in int8
+    decoding: its logits come from that product, and an int8 file stores it so."""
     model = make_model(seed=20)
     src, tin = inputs(model.cfg, seed=21)
-    assert decoding.INT8_GENERATOR == "fp32" and "generator.weight" not in model.int8_matrices()
+    assert decoding.INT8_GENERATOR is None and decoding.int8_generator(model.cfg) == "fp32"
+    assert "generator.weight" not in model.int8_matrices()
     wide = model.forward(src, tin, precision="int8")
     monkeypatch.setattr(decoding, "INT8_GENERATOR", "int8")
     narrow = model.forward(src, tin, precision="int8")
     assert not np.array_equal(wide, narrow)
     assert "generator.weight" in model.int8_matrices()
     assert isinstance(model.greedy_decode(src, max_len=4, precision="int8"), list)
+
+
+def test_the_output_projection_is_int8_where_it_is_most_of_a_step():
+    """By default it stays float32 unless it holds more weights than every decoder layer together
+    (OPUS-MT's 58101 x 512 against 6 layers): then int8 decoding quantizes it too."""
+    cfg = T.ModelConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=16, n_heads=2, d_ff=32,
+                        n_encoder_layers=1, n_decoder_layers=2)
+    layers = 2 * (6 * 16 * 16 + 2 * 16 * 32)          # 5120 weights; the projection: vocab x 16
+    assert decoding.int8_generator(cfg) == "fp32"
+    assert decoding.int8_generator(cfg.replace(tgt_vocab_size=layers // 16)) == "fp32"
+    big = cfg.replace(tgt_vocab_size=layers // 16 + 1, src_vocab_size=400)
+    assert decoding.int8_generator(big) == "int8"
+    model = T.Seq2SeqTransformer(big, seed=3)
+    assert "generator.weight" in model.int8_matrices()
+    src, tin = inputs(big, seed=4)
+    got = nonpad(model.forward(src, tin, precision="int8").astype(np.float64), tin, big.pad_id)
+    want = nonpad(oracle_logits(model, src, tin, "int8"), tin, big.pad_id)
+    assert np.abs(got - want).max() <= 5e-6 * np.abs(want).max()
 
 
 def test_a_change_of_instruction_set_repacks_the_kept_weights():

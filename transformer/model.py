@@ -222,7 +222,7 @@ class Seq2SeqTransformer:
         attention["decoder_self"] and attention["cross"] are lists with one float32 array per
         layer, [B, H, S, S], [B, H, T, T] and [B, H, T, S]: the softmax weights of every head
         (rows of padded queries are included; masked keys have weight 0)."""
-        from .decoding import INT8_GENERATOR
+        from .decoding import int8_generator
         _check_bool(return_attention, "return_attention")
         precision = check_precision(precision)
         src, tgt_in, _ = self._check_inputs(src, tgt_in)
@@ -238,8 +238,9 @@ class Seq2SeqTransformer:
                     prepared.table(precision, name, self.params.tensor(name))
                     for name in ("src_embed.weight", "tgt_embed.weight"))
                 h = self._encode_decode(src, tgt_in, tables)
-                if prepared is not None and INT8_GENERATOR != "int8":
-                    self.ws.int8, self.ws.bf16 = None, INT8_GENERATOR == "bf16"
+                generator = int8_generator(self.cfg)
+                if prepared is not None and generator != "int8":
+                    self.ws.int8, self.ws.bf16 = None, generator == "bf16"
                 self.generator.forward(h, logits)
             finally:
                 self.ws.bf16, self.ws.int8 = False, None
@@ -389,11 +390,11 @@ class Seq2SeqTransformer:
 
     def int8_matrices(self):
         """Names of the matrices an int8 model stores quantized: every linear map's weight and the
-        embedding tables (the output projection too unless decoding.INT8_GENERATOR keeps it wider)."""
-        from .decoding import INT8_GENERATOR
+        embedding tables (the output projection too unless decoding.int8_generator keeps it wider)."""
+        from .decoding import int8_generator
         names = [k for k, v in self.params.data.items() if v.ndim == 2]
         generator = self.params.tied.get("generator.weight", "generator.weight")
-        return [k for k in names if k != generator or INT8_GENERATOR == "int8"]
+        return [k for k in names if k != generator or int8_generator(self.cfg) == "int8"]
 
     def save(self, path, precision="fp32"):
         """Write the directory `path`: config.json and model.safetensors (atomic writes, no pickle).

@@ -28,8 +28,8 @@ the faster of its thread layouts (intra_threads = n, or n translators of one thr
 chosen as the decode bench does (decode.fastest_layout). Tokens/s counts output tokens (batch x
 new_tokens), also for beam search, whose length penalty plays no part at a fixed length.
 transformers' beam 4 takes about 1.5-2x ours here (it has a key/value cache), so it is timed in
-full like the others. At int8, ours keeps the output projection (58101 x 512, more weights than
-the six decoder layers) float32 (decoding.INT8_GENERATOR), CTranslate2 quantizes it too.
+full like the others. At int8, the output projection (58101 x 512, more weights than the six decoder layers) is
+quantized by both engines (ours: decoding.int8_generator's rule).
 
 Fine-tuning: 16 pairs of 20-28 random tokens (~24; targets end with EOS, decoder input started
 from pad, as MarianMT's shift_tokens_right), cross-entropy with label smoothing 0.1 over non-pad

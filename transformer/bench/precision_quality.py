@@ -47,7 +47,7 @@ def evaluate(model_dir, data, src_col, tgt_col, precisions=("fp32", "bf16", "int
             seconds = time.perf_counter() - start
             outputs[precision], times[precision] = hyps, seconds
             record = {"model": model_dir, "precision": precision, "search": "greedy" if beam == 1 else f"beam {beam}",
-                      "int8_generator": decoding.INT8_GENERATOR if precision == "int8" else None,
+                      "int8_generator": decoding.int8_generator(model.cfg) if precision == "int8" else None,
                       "sentences": len(sources), "seconds": round(seconds, 3), "threads": T.get_num_threads(),
                       "cpu": cpu_model(), **{k: round(v, 2) for k, v in score_translations(hyps, refs).items()}}
             if "fp32" in outputs:
@@ -73,7 +73,7 @@ def main(argv=None):
     parser.add_argument("--dev-max", type=int)
     parser.add_argument("--threads", type=int)
     parser.add_argument("--int8-generator", choices=["int8", "bf16", "fp32"],
-                        help="the output projection's precision in int8 decoding (default: decoding.INT8_GENERATOR)")
+                        help="the output projection's precision in int8 decoding (default: decoding.int8_generator's rule)")
     parser.add_argument("--json", help="append the records to this file (JSON lines)")
     args = parser.parse_args(argv)
     records = evaluate(args.model, args.data, args.src_col, args.tgt_col, args.precisions.split(","),
