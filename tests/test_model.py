@@ -200,7 +200,7 @@ def test_batch_shapes_can_change_between_calls():
 
 # ---------------------------------------------------------------- parameters, checkpoints
 
-def test_parameters_are_views_into_one_buffer_with_pytorch_init():
+def test_parameters_are_views_into_one_buffer_with_pytorch_init_and_scaled_embeddings():
     c = T.ModelConfig(**{**TINY, "d_model": 64, "d_ff": 256})
     m = T.Seq2SeqTransformer(c, seed=0)
     sd = m.params.data
@@ -213,7 +213,7 @@ def test_parameters_are_views_into_one_buffer_with_pytorch_init():
     assert np.abs(w).max() <= bound and np.abs(w).max() > 0.9 * bound
     assert not sd["transformer.encoder.layers.0.self_attn.in_proj_bias"].any()
     assert np.all(sd["transformer.decoder.layers.1.norm3.weight"] == 1)
-    assert abs(sd["src_embed.weight"].std() - 1) < 0.05
+    assert abs(sd["src_embed.weight"].std() * math.sqrt(64) - 1) < 0.05     # N(0, 1/d_model)
     b1 = sd["transformer.encoder.layers.0.linear1.bias"]
     assert np.abs(b1).max() <= 1 / math.sqrt(64)
     assert np.abs(sd["generator.bias"]).max() <= 1 / math.sqrt(64)

@@ -323,7 +323,7 @@ class Seq2SeqTransformer:
         return {name: self.params.gradient(name) for name in self.state_dict_names()}
 
     def state_dict_names(self):
-        """The names of state_dict(), in PyTorch's order: the parameters and the tied names."""
+        """The names of state_dict(): the parameters in PyTorch's order, then the tied names."""
         return list(self.params.data) + list(self.params.tied)
 
     def zero_grad(self):

@@ -3,7 +3,7 @@
 `parameter_specs(cfg)` is the weight-name contract: PyTorch's state_dict names and shapes of the
 reference network (transformer/torch_compat.py), in its order. `Parameters` lays them out in one
 contiguous buffer (each tensor starting on a 64-byte boundary), hands out named views into it and
-into the gradient buffer of the same size, and initialises them the way PyTorch does.
+into the gradient buffer of the same size, and initialises them the way PyTorch does (the embeddings as the paper's code: parameter_specs).
 """
 import math
 
@@ -46,14 +46,17 @@ def tied_names(cfg):
 
 def parameter_specs(cfg):
     """[(name, shape, init)] in PyTorch state_dict order, tied names left out (tied_names).
-    init is one of 'normal', 'embedding', 'xavier', 'zeros', 'ones', 'fan_in' (U(+-1/sqrt(fan_in)),
-    fan_in = the layer's input size)."""
+    init is one of 'embedding', 'xavier', 'zeros', 'ones', 'fan_in' (U(+-1/sqrt(fan_in)),
+    fan_in = the layer's input size), 'generator_bias'."""
     d, d_ff = cfg.d_model, cfg.d_ff
-    # nn.Embedding's N(0, 1); a table that is also the output projection starts at N(0, 1/d)
-    # (fairseq's choice for shared embeddings), else the first logits are sqrt(d) times too large
-    embed_init = "normal" if cfg.tie_embeddings == "none" else "embedding"
-    specs = [("src_embed.weight", (cfg.src_vocab_size, d), embed_init),
-             ("tgt_embed.weight", (cfg.tgt_vocab_size, d), embed_init)]
+    # Embeddings start at N(0, 1/d_model), the paper's own code's (tensor2tensor) and fairseq's
+    # choice, not nn.Embedding's N(0, 1): times sqrt(d_model) they enter at unit scale, as the
+    # positional encodings do. At N(0, 1) they enter at sqrt(d_model) (16 for `small`) and swamp
+    # every sublayer's update of the residual stream: on the Bible corpus, `small`, 1019 steps of
+    # the default plan, dev BLEU 15.0 against 2.6 (dev loss 2.90 against 3.92). A table that is
+    # also the output projection needs it anyway, or the first logits are sqrt(d) too large.
+    specs = [("src_embed.weight", (cfg.src_vocab_size, d), "embedding"),
+             ("tgt_embed.weight", (cfg.tgt_vocab_size, d), "embedding")]
     for i in range(cfg.n_encoder_layers):
         p = f"transformer.encoder.layers.{i}"
         specs += _attention_specs(f"{p}.self_attn", d)
@@ -133,9 +136,7 @@ class Parameters:
         rng = np.random.default_rng(seed)
         for name, shape, init in self.specs:
             view = self.data[name]
-            if init == "normal":                      # nn.Embedding: N(0, 1)
-                view[...] = rng.standard_normal(shape, dtype=np.float32)
-            elif init == "embedding":                 # a tied table: N(0, 1/d_model)
+            if init == "embedding":                   # N(0, 1/d_model) (parameter_specs)
                 view[...] = rng.standard_normal(shape, dtype=np.float32) * np.float32(self.d_model ** -0.5)
             elif init == "xavier":                    # xavier_uniform_ on every weight with dim > 1
                 fan_out, fan_in = shape
