@@ -464,7 +464,6 @@ def _quantize(args):
 
 def _convert(args):
     from .checkpoint import save_inference_files
-    from .errors import FlagError
     from .marian import config_to_marian, export_marian, import_marian
 
     if (args.source is None) == (args.to is None):

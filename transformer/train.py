@@ -320,7 +320,7 @@ class Trainer:
     def save(self):
         if not self.checkpoints or not self.leader:
             return
-        args = {k: v for k, v in vars(self.args).items() if k not in ("checkpoint", "func")}
+        args = {k: v for k, v in vars(self.args).items() if k not in ("checkpoint", "initial", "func")}
         save_checkpoint(self.args.out, self.model, self.optimizer, self.state.__dict__,
                         self.src_tokenizer, self.tgt_tokenizer, args)
         save_inference_files(self.args.out, self.model, self.src_tokenizer, self.tgt_tokenizer)
@@ -733,7 +733,7 @@ def _agree(args, data_fingerprint):
 
     keys = [k for k in TRAJECTORY_ARGS + SIZE_FLAGS + ("precision", "max_steps", "minutes", "preset",
                                                       "eval_every", "save_every", "save_minutes", "average_last",
-                                                      "snapshot_every", "keep_best")
+                                                      "snapshot_every", "keep_best", "init_from")
             if k != "data"]
     description = {_flag(k): getattr(args, k, None) for k in dict.fromkeys(keys)}
     description.update({"data (fingerprint of the pairs)": data_fingerprint, "transformer version": __version__,
