@@ -27,7 +27,7 @@ import pytest
 import transformer as T
 from transformer import _C
 
-from conftest import num_threads
+from conftest import num_threads, unit_embeddings
 from test_model_parity import CASES, batch, config
 
 torch = pytest.importorskip("torch")
@@ -62,7 +62,7 @@ def test_gradients_match_the_oracle_that_rounds_the_same_operands(case):
     """Pre-LN only: post-LN amplifies rounding flips between any two implementations (module
     docstring); its layers make the same GEMM calls, and the next test covers it against torch."""
     cfg = config(case)
-    model = T.Seq2SeqTransformer(cfg, seed=3)
+    model = unit_embeddings(T.Seq2SeqTransformer(cfg, seed=3))
     src, tin, tout = batch(case)[:3]
     loss16, g16 = model.loss_and_grads(src, tin, tout, LS, precision="bf16")
     loss32, g32 = model.loss_and_grads(src, tin, tout, LS)
@@ -82,7 +82,7 @@ def test_gradients_point_where_fp32_gradients_point_as_closely_as_torch_autocast
     bf16 itself loses more, no more than PyTorch's autocast-bf16 loses on the same network."""
     from transformer import torch_compat
     cfg = config(case)
-    model = T.Seq2SeqTransformer(cfg, seed=4)
+    model = unit_embeddings(T.Seq2SeqTransformer(cfg, seed=4))
     src, tin, tout = batch(case, seed=1)[:3]
     loss16, g16 = model.loss_and_grads(src, tin, tout, LS, precision="bf16")
     loss32, g32 = model.loss_and_grads(src, tin, tout, LS)
@@ -119,20 +119,20 @@ def test_bf16_bits_do_not_depend_on_thread_count(restore_threads):
     results = []
     for n in (1, 2, 3):
         with num_threads(n):
-            model = T.Seq2SeqTransformer(cfg, seed=7)
+            model = unit_embeddings(T.Seq2SeqTransformer(cfg, seed=7))
             loss, grads = model.loss_and_grads(src, tin, tout, LS, precision="bf16")
             results.append((loss, model.params.flat_grad.copy()))
     for loss, flat in results[1:]:
         assert loss == results[0][0]
         assert np.array_equal(flat.view(np.uint32), results[0][1].view(np.uint32))
-    model = T.Seq2SeqTransformer(cfg, seed=7)
+    model = unit_embeddings(T.Seq2SeqTransformer(cfg, seed=7))
     assert model.loss_and_grads(src, tin, tout, LS)[0] != results[0][0]   # bf16 is not fp32
 
 
 def test_forward_in_bf16_rounds_the_linear_maps():
     case = "pre_ln_relu"
     cfg = config(case)
-    model = T.Seq2SeqTransformer(cfg, seed=3)
+    model = unit_embeddings(T.Seq2SeqTransformer(cfg, seed=3))
     src, tin, _ = batch(case)[:3]
     logits16 = model.forward(src, tin, precision="bf16")
     logits32 = model.forward(src, tin)
@@ -144,7 +144,7 @@ def test_forward_in_bf16_rounds_the_linear_maps():
 
 def test_unknown_or_unsupported_precision_is_refused_before_anything_changes():
     cfg = config("pre_ln_relu")
-    model = T.Seq2SeqTransformer(cfg, seed=3)
+    model = unit_embeddings(T.Seq2SeqTransformer(cfg, seed=3))
     src, tin, tout = batch("pre_ln_relu")[:3]
     model.forward_backward(src, tin, tout)
     before = model.params.flat_grad.copy()

@@ -16,7 +16,7 @@ import pytest
 import transformer as T
 from transformer import _C, decoding, prepared
 
-from conftest import num_threads
+from conftest import num_threads, unit_embeddings
 
 torch = pytest.importorskip("torch")
 import bf16_oracle  # noqa: E402
@@ -27,7 +27,7 @@ REDUCED = ("bf16", "int8")
 def make_model(norm_first=True, seed=0):
     cfg = T.ModelConfig(src_vocab_size=53, tgt_vocab_size=59, d_model=64, n_heads=4, d_ff=96,
                         n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, norm_first=norm_first, max_len=32)
-    return T.Seq2SeqTransformer(cfg, seed=seed)
+    return unit_embeddings(T.Seq2SeqTransformer(cfg, seed=seed))
 
 
 def inputs(cfg, seed=0, B=3, S=7, Tt=6):
@@ -239,7 +239,7 @@ def test_the_output_projection_is_int8_where_it_is_most_of_a_step():
     assert decoding.int8_generator(cfg.replace(tgt_vocab_size=layers // 16)) == "fp32"
     big = cfg.replace(tgt_vocab_size=layers // 16 + 1, src_vocab_size=400)
     assert decoding.int8_generator(big) == "int8"
-    model = T.Seq2SeqTransformer(big, seed=3)
+    model = unit_embeddings(T.Seq2SeqTransformer(big, seed=3))
     assert "generator.weight" in model.int8_matrices()
     src, tin = inputs(big, seed=4)
     got = nonpad(model.forward(src, tin, precision="int8").astype(np.float64), tin, big.pad_id)

@@ -6,6 +6,8 @@ import pytest
 
 import transformer as T
 
+from conftest import unit_embeddings
+
 
 # MarianMT's options (ModelConfig): decoding starts from the pad token, one tied matrix
 MARIAN = dict(positions="split", tie_embeddings="all", final_norm=False, bos_id=0)
@@ -16,7 +18,7 @@ def make_model(norm_first=False, activation="relu", vocab=40, seed=1, max_len=24
                         n_heads=4, d_ff=48, n_encoder_layers=layers, n_decoder_layers=layers,
                         dropout=0.1, **{"activation": activation, "norm_first": norm_first,
                                         "max_len": max_len, **options})
-    return T.Seq2SeqTransformer(cfg, seed=seed)
+    return unit_embeddings(T.Seq2SeqTransformer(cfg, seed=seed))
 
 
 def padded_source(rng, vocab, lengths):
