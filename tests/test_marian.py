@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -291,9 +292,11 @@ def test_export_refuses_what_marianmt_cannot_hold(marian, tmp_path):
         export_marian(ours, marian["src_tok"], marian["tgt_tok"], str(tmp_path / "x"))
 
 
-def _cli(*args, **kw):
+def _cli(*args, cwd=None):
+    """`transformer ...` in a fresh process, run from outside the checkout (whose transformer/
+    folder has no compiled module and would shadow the installed package)."""
     return subprocess.run([sys.executable, "-m", "transformer", *args], capture_output=True, text=True,
-                          timeout=300, **kw)
+                          timeout=300, cwd=cwd or tempfile.gettempdir())
 
 
 def test_command_line_convert_translate_fine_tune_and_export(marian, tmp_path):
