@@ -21,7 +21,7 @@ spm = pytest.importorskip("sentencepiece")
 
 import transformer as T  # noqa: E402
 from transformer.marian import (config_from_marian, export_marian, import_marian,  # noqa: E402
-                                state_dict_from_marian, state_dict_to_marian)
+                                state_dict_from_marian, state_dict_to_marian, write_marian_vocab)
 
 LOGITS_ATOL = 1e-4
 pytestmark = pytest.mark.filterwarnings("ignore:Recommended. pip install sacremoses")
@@ -50,18 +50,7 @@ def _spm_model(directory):
 def _marian_dir(root, activation="swish", scale_embedding=True, seed=0, safetensors=True):
     """A random MarianMTModel (weights, biases and norms all random) saved with its tokenizer files."""
     os.makedirs(root, exist_ok=True)
-    model_file = _spm_model(root)
-    sp = spm.SentencePieceProcessor(model_file=model_file)
-    pieces = [sp.id_to_piece(i) for i in range(sp.get_piece_size()) if sp.id_to_piece(i) != "<unk>"]
-    vocab = {"</s>": 0, "<unk>": 1}
-    for piece in pieces:
-        vocab.setdefault(piece, len(vocab))
-    vocab["<pad>"] = len(vocab)
-    with open(os.path.join(root, "vocab.json"), "w", encoding="utf-8") as f:
-        json.dump(vocab, f, ensure_ascii=False)
-    for name in ("source.spm", "target.spm"):
-        with open(model_file, "rb") as src, open(os.path.join(root, name), "wb") as dst:
-            dst.write(src.read())
+    vocab = write_marian_vocab(root, _spm_model(root))
     pad = len(vocab) - 1
     cfg = transformers.MarianConfig(
         vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=32, encoder_layers=2, decoder_layers=2,

@@ -71,16 +71,6 @@ def _buffers(ws):
     return buffer
 
 
-class _Weights:
-    """name -> parameter view, tied names included (params.Parameters.tensor)."""
-
-    def __init__(self, params):
-        self.params = params
-
-    def __getitem__(self, name):
-        return self.params.tensor(name)
-
-
 class StepWeights:
     """What every step of a call reads and nothing writes: each decoder layer's weights (the
     matrices packed, rounded or quantized for the call's precision, prepared.py), and the
@@ -88,7 +78,7 @@ class StepWeights:
 
     def __init__(self, model, memory, precision, prepared, buffer):
         cfg = model.cfg
-        weights = _Weights(model.params)
+        weights = {name: model.params.tensor(name) for name in model.state_dict_names()}   # tied ones too
         B, S, D = memory.shape
         H = cfg.n_heads
         dh = D // H

@@ -20,7 +20,7 @@ import zlib
 
 import numpy as np
 
-from .serialization import _read_header
+from .serialization import load_file, path_argument as _path
 
 __all__ = ["read_hf_weights", "read_safetensors", "read_pytorch_bin"]
 
@@ -28,17 +28,6 @@ SAFETENSORS_FILE = "model.safetensors"
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 PYTORCH_FILE = "pytorch_model.bin"
 PYTORCH_INDEX = "pytorch_model.bin.index.json"
-
-
-def _path(value, name):
-    """A str path from str or os.PathLike, or TypeError naming the argument."""
-    try:
-        path = os.fspath(value)
-    except TypeError:
-        path = None
-    if not isinstance(path, str):
-        raise TypeError(f"{name} must be a str or os.PathLike path, got {type(value).__name__}")
-    return path
 
 
 def _to_float32(arr, is_bfloat16):
@@ -99,67 +88,18 @@ def _read_sharded(index_path):
 
 # -- safetensors -------------------------------------------------------------------------------
 
-_SAFETENSORS_DTYPES = {"F32": (np.dtype("<f4"), False), "F16": (np.dtype("<f2"), False),
-                       "BF16": (np.dtype("<u2"), True)}
-_SAFETENSORS_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
-                         "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
-
-
 def read_safetensors(path):
-    """{name: float32 ndarray} of one safetensors file (F32, F16, BF16), in the header's order."""
+    """{name: float32 ndarray} of one safetensors file (F32, F16, BF16), in the header's order.
+    The file is read and checked by serialization.load_file (BF16 as its uint16 bits)."""
     path = _path(path, "path")
-    with open(path, "rb") as f:
-        def bad(why):
-            return ValueError(f"{path}: not a valid safetensors file: {why}")
-
-        header, header_size, size = _read_header(f, path)
-        header.pop("__metadata__", None)
-        entries = []
-        for name, info in header.items():
-            if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-                raise bad(f"entry {name!r} must have exactly dtype, shape, data_offsets")
-            shape, offsets = info["shape"], info["data_offsets"]
-            if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
-                raise bad(f"entry {name!r} has invalid shape {shape!r}")
-            if (not isinstance(offsets, list) or len(offsets) != 2 or offsets[0] > offsets[1]
-                    or not all(type(o) is int and o >= 0 for o in offsets)):
-                raise bad(f"entry {name!r} has invalid data_offsets {offsets!r}")
-            code = info["dtype"]
-            if code in _SAFETENSORS_DTYPES:
-                itemsize = _SAFETENSORS_DTYPES[code][0].itemsize
-            elif code in _SAFETENSORS_ITEMSIZE:
-                itemsize = _SAFETENSORS_ITEMSIZE[code]   # checked for layout, refused below
-            else:
-                raise bad(f"entry {name!r} has unknown dtype {code!r}")
-            nbytes = int(np.prod(shape, dtype=object)) * itemsize
-            if offsets[1] - offsets[0] != nbytes:
-                raise bad(f"entry {name!r}: data_offsets {offsets} do not hold shape {shape} of {code}")
-            entries.append((offsets[0], offsets[1], name))
-        # The tensors tile the data area exactly (what the safetensors library writes and checks).
-        data_size, expected = size - 8 - header_size, 0
-        for begin, end, name in sorted(entries, key=lambda e: (e[0], e[1])):
-            if begin != expected:
-                raise bad(f"entry {name!r} starts at {begin}, expected {expected} (gap or overlap)")
-            expected = end
-        if expected != data_size:
-            raise bad(f"tensors cover {expected} bytes but the data area has {data_size} "
-                      "(truncated or trailing bytes)")
-        for name, info in header.items():
-            if info["dtype"] not in _SAFETENSORS_DTYPES:
-                raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}; "
-                                 "only F32, F16 and BF16 can be read as float32")
-        out = {}
-        for name, info in header.items():
-            dtype, is_bfloat16 = _SAFETENSORS_DTYPES[info["dtype"]]
-            begin, end = info["data_offsets"]
-            raw = np.empty(tuple(info["shape"]), dtype=dtype)
-            if end > begin:
-                f.seek(8 + header_size + begin)
-                if f.readinto(memoryview(raw.reshape(-1)).cast("B")) != end - begin:
-                    raise bad(f"entry {name!r} is truncated")
-            # little-endian F32 read on a little-endian machine is already the answer
-            out[name] = raw if raw.dtype == np.float32 else _to_float32(raw, is_bfloat16)
-        return out
+    raw = load_file(path, read_as={"BF16": np.dtype("<u2")})
+    out = {}
+    for name, arr in raw.items():
+        if arr.dtype not in (np.float32, np.float16, np.uint16):   # load_file has no U16: uint16 is BF16
+            raise ValueError(f"{path}: tensor {name!r} has dtype {arr.dtype}; "
+                             "only F32, F16 and BF16 can be read as float32")
+        out[name] = arr if arr.dtype == np.float32 else _to_float32(arr, arr.dtype == np.uint16)
+    return out
 
 
 # -- pytorch_model.bin (zip + restricted pickle) -----------------------------------------------

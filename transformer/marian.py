@@ -20,7 +20,7 @@ from .config import ModelConfig
 from .serialization import atomic_write_bytes, save_file
 
 __all__ = ["config_from_marian", "config_to_marian", "state_dict_from_marian", "state_dict_to_marian",
-           "import_marian", "export_marian"]
+           "import_marian", "export_marian", "write_marian_vocab"]
 
 _ACTIVATIONS = {"swish": "silu", "silu": "silu", "gelu": "gelu", "relu": "relu"}
 # MarianMT's per-layer names -> ours (torch.nn.Transformer's)
@@ -332,3 +332,29 @@ def export_marian(model, src_tokenizer, tgt_tokenizer, out_dir):
     # "format": "pt" is what transformers' loader asks of a safetensors file
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     return out_dir
+
+
+def write_marian_vocab(directory, spm_file, vocab_size=None):
+    """The tokenizer files of a MarianMT directory for one SentencePiece model (used on both
+    sides): source.spm, target.spm and vocab.json laid out as OPUS-MT's ("</s>" 0, "<unk>" 1, the
+    pieces, placeholder pieces up to vocab_size when given, "<pad>" last). For building MarianMT
+    directories in tests and benchmarks. Returns the vocabulary {piece: id}."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=os.fspath(spm_file))
+    vocab = {"</s>": 0, "<unk>": 1}
+    for i in range(sp.get_piece_size()):
+        if sp.id_to_piece(i) != "<unk>":
+            vocab.setdefault(sp.id_to_piece(i), len(vocab))
+    filler = 0
+    while vocab_size is not None and len(vocab) < vocab_size - 1:
+        vocab.setdefault(f"\u2581placeholder{filler}", len(vocab))
+        filler += 1
+    vocab["<pad>"] = len(vocab)
+    os.makedirs(directory, exist_ok=True)
+    atomic_write_bytes(os.path.join(directory, "vocab.json"), json.dumps(vocab, ensure_ascii=False).encode("utf-8"))
+    with open(spm_file, "rb") as f:
+        blob = f.read()
+    for name in ("source.spm", "target.spm"):
+        atomic_write_bytes(os.path.join(directory, name), blob)
+    return vocab

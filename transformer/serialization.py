@@ -16,12 +16,23 @@ import tempfile
 import numpy as np
 
 __all__ = ["save_file", "load_file", "read_metadata", "atomic_writer", "atomic_write_bytes",
-           "remove_stale_temporaries"]
+           "remove_stale_temporaries", "path_argument"]
 
 _DTYPES = {"F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "F16": np.dtype("<f2"),
            "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
            "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?")}
 _MAX_HEADER = 100 * 1024 * 1024
+
+
+def path_argument(value, name):
+    """A str path from str or os.PathLike, or TypeError naming the argument `name`."""
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        path = None
+    if not isinstance(path, str):
+        raise TypeError(f"{name} must be a str or os.PathLike path, got {type(value).__name__}")
+    return path
 
 
 def _code(dtype):
@@ -178,8 +189,10 @@ def _read_header(f, path):
     return header, n, size
 
 
-def load_file(path):
-    """{name: ndarray} from a safetensors file; ValueError (naming the file) on any damage."""
+def load_file(path, read_as=None):
+    """{name: ndarray} from a safetensors file; ValueError (naming the file) on any damage.
+    read_as: {dtype code: numpy dtype} for codes beyond the ones this module writes, read as raw
+    arrays of that dtype (hf_weights reads "BF16" as its uint16 bits)."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         def bad(why):
@@ -191,7 +204,7 @@ def load_file(path):
         for name, info in header.items():
             if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
                 raise bad(f"entry {name!r} must have exactly dtype, shape, data_offsets")
-            dtype = _DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
+            dtype = {**_DTYPES, **(read_as or {})}.get(info["dtype"]) if isinstance(info["dtype"], str) else None
             if dtype is None:
                 raise bad(f"entry {name!r} has unsupported dtype {info['dtype']!r}")
             shape = info["shape"]

@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from .serialization import atomic_write_bytes
+from .serialization import atomic_write_bytes, path_argument
 
 SPECIAL_TOKENS = ("<pad>", "<s>", "</s>", "<unk>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
@@ -132,14 +132,17 @@ class SubwordTokenizer:
         except Exception as exc:
             raise ValueError(f"not a valid tokenizer file: {exc}") from None
 
+    KIND = "BPE"
+
     def save(self, path):
         atomic_write_bytes(path, self.to_json().encode("utf-8"))
 
     @classmethod
     def load(cls, path):
+        """A tokenizer file of this kind (ValueError for another kind)."""
         tok = load_tokenizer(path)
         if not isinstance(tok, cls):
-            raise ValueError(f"{path}: not a BPE tokenizer")
+            raise ValueError(f"{path}: not a {cls.KIND} tokenizer")
         return tok
 
 
@@ -375,14 +378,9 @@ class SentencePieceTokenizer:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"not a valid tokenizer file: {exc}") from None
 
+    KIND = "SentencePiece"
     save = SubwordTokenizer.save
-
-    @classmethod
-    def load(cls, path):
-        tok = load_tokenizer(path)
-        if not isinstance(tok, cls):
-            raise ValueError(f"{path}: not a SentencePiece tokenizer")
-        return tok
+    load = classmethod(SubwordTokenizer.load.__func__)
 
 
 def _marian_file(directory, name):
@@ -416,12 +414,7 @@ def marian_tokenizers(hf_dir):
     target.spm with the shared vocab.json; the special tokens' strings from tokenizer_config.json
     (default </s>, <unk>, <pad>) and their ids from vocab.json, as MarianTokenizer reads them.
     The source side appends EOS; the target side does not (training adds it)."""
-    try:
-        directory = os.fspath(hf_dir)
-    except TypeError:
-        directory = None
-    if not isinstance(directory, str):
-        raise TypeError(f"hf_dir must be a str or os.PathLike path, got {type(hf_dir).__name__}")
+    directory = path_argument(hf_dir, "hf_dir")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{directory}: no such directory")
     config_path = os.path.join(directory, "tokenizer_config.json")

@@ -202,11 +202,14 @@ def write_ctranslate2_model(model, directory):
     return src_vocab
 
 
-def ctranslate2_decoder(directory, src_vocab, threads, compute_type="float32", layout="intra"):
-    """decode(src, beam) by a CTranslate2 Translator loaded from `directory` at `compute_type`.
-    layout "intra": intra_threads=threads, inter_threads=1, the whole batch at once; "inter":
-    intra_threads=1, inter_threads=threads, the batch split into `threads` parts (max_batch_size)
-    that its translators decode in parallel. decode.layout says which, with the batch it split."""
+def ctranslate2_decoder(directory, src_vocab, threads, compute_type="float32", layout="intra", steps=STEPS,
+                        pad_id=None):
+    """decode(src, beam) by a CTranslate2 Translator loaded from `directory` at `compute_type`,
+    `steps` tokens per sentence; ids equal to pad_id are left out (CTranslate2 takes sentences of
+    their own lengths). layout "intra": intra_threads=threads, inter_threads=1, the whole batch at
+    once; "inter": intra_threads=1, inter_threads=threads, the batch split into `threads` parts
+    (max_batch_size) that its translators decode in parallel. decode.layout says which, with the
+    batch it split."""
     import ctranslate2
 
     if layout not in CT2_LAYOUTS:
@@ -216,11 +219,11 @@ def ctranslate2_decoder(directory, src_vocab, threads, compute_type="float32", l
                                         inter_threads=inter, intra_threads=intra)
 
     def decode(src, beam):
-        tokens = [[src_vocab[i] for i in row] for row in src.tolist()]
+        tokens = [[src_vocab[i] for i in row if i != pad_id] for row in src.tolist()]
         per_translator = -(-len(tokens) // inter)
         decode.layout = {"intra_threads": intra, "inter_threads": inter, "max_batch_size": per_translator}
-        return translator.translate_batch(tokens, beam_size=beam, max_decoding_length=STEPS,
-                                          min_decoding_length=STEPS, max_batch_size=per_translator)
+        return translator.translate_batch(tokens, beam_size=beam, max_decoding_length=steps,
+                                          min_decoding_length=steps, max_batch_size=per_translator)
 
     decode.layout = {"intra_threads": intra, "inter_threads": inter}
     return decode

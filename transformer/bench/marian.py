@@ -58,7 +58,9 @@ import warnings
 
 import numpy as np
 
+from . import decode as decode_bench
 from .decode import CT2_LAYOUTS, SETTLE_S, ctranslate2_compute_type, fastest_layout
+from ..marian import write_marian_vocab
 from .kernels import cpu_model
 
 # name: MarianConfig sizes; `pieces`: the SentencePiece model's size (vocab.json is completed to
@@ -127,26 +129,12 @@ def write_marian_dir(root, config="opus", seed=0):
     tokenizer_config.json). Returns the pieces by id (vocab.json inverted)."""
     import torch
     import transformers
-    import sentencepiece as spm
 
     c = CONFIGS[config]
     os.makedirs(root, exist_ok=True)
     with tempfile.TemporaryDirectory() as scratch:
-        model_file = _sentencepiece_model(os.path.join(scratch, "sp"), c["pieces"], seed)
-        sp = spm.SentencePieceProcessor(model_file=model_file)
-        vocab = {"</s>": 0, "<unk>": 1}
-        for i in range(sp.get_piece_size()):
-            vocab.setdefault(sp.id_to_piece(i), len(vocab))
-        filler = 0
-        while len(vocab) < c["vocab"] - 1:
-            vocab.setdefault(f"\u2581placeholder{filler}", len(vocab))
-            filler += 1
-        vocab["<pad>"] = len(vocab)
-        with open(os.path.join(root, "vocab.json"), "w", encoding="utf-8") as f:
-            json.dump(vocab, f, ensure_ascii=False)
-        for name in ("source.spm", "target.spm"):
-            with open(model_file, "rb") as src, open(os.path.join(root, name), "wb") as dst:
-                dst.write(src.read())
+        vocab = write_marian_vocab(root, _sentencepiece_model(os.path.join(scratch, "sp"), c["pieces"], seed),
+                                   c["vocab"])
     pad = len(vocab) - 1
     cfg = transformers.MarianConfig(
         vocab_size=len(vocab), decoder_vocab_size=len(vocab), d_model=c["d_model"],
@@ -233,28 +221,18 @@ def ours_decoder(model, precision, new_tokens):
 
 
 def ctranslate2_decoder(directory, pieces, pad_id, threads, compute_type, layout, new_tokens):
-    """A CTranslate2 Translator over `directory`, fed token strings (pad dropped: CTranslate2
-    takes sentences of their own lengths); layout as in decode.ctranslate2_decoder, which is not
-    reused because it fixes 64 steps and feeds every id of a padded row."""
-    import ctranslate2
+    """decode_bench.ctranslate2_decoder over `directory` (token strings, pad left out, `new_tokens`
+    steps), returning each sentence's token count; .layout names the thread layout."""
+    translate = decode_bench.ctranslate2_decoder(directory, pieces, threads, compute_type, layout,
+                                                 steps=new_tokens, pad_id=pad_id)
 
-    if layout not in CT2_LAYOUTS:
-        raise ValueError(f"layout must be one of {CT2_LAYOUTS}, got {layout!r}")
-    intra, inter = (threads, 1) if layout == "intra" else (1, threads)
-    translator = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
-                                        inter_threads=inter, intra_threads=intra)
+    def counts(src, beam):
+        return [len(r.hypotheses[0]) for r in translate(src, beam)]
 
-    def decode(src, beam):
-        tokens = [[pieces[i] for i in row if i != pad_id] for row in src.tolist()]
-        per_translator = -(-len(tokens) // inter)
-        results = translator.translate_batch(tokens, beam_size=beam, min_decoding_length=new_tokens,
-                                             max_decoding_length=new_tokens, max_batch_size=per_translator)
-        return [len(r.hypotheses[0]) for r in results]
-
-    decode = _remembering(decode)
-    decode.layout = {"intra_threads": intra, "inter_threads": inter,
-                     "max_batch_size": -(-DECODE_BATCH // inter)}
-    return decode
+    counts = _remembering(counts)
+    counts.layout = {**translate.layout,
+                     "max_batch_size": -(-DECODE_BATCH // translate.layout["inter_threads"])}
+    return counts
 
 
 def transformers_decoder(hf_model, pad_id, new_tokens):
