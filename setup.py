@@ -23,6 +23,14 @@ if os.environ.get("TRANSFORMER_SANITIZE"):
     compile_args = [a for a in compile_args if a != "-O3"] + ["-O1"] + san
     link_args += san
 
+define_macros = [("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")]
+if os.environ.get("TRANSFORMER_EMULATE_X86"):
+    # Test build, never shipped (csrc/simd.h): every intrinsic from SIMDe (apt install
+    # libsimde-dev) as portable C and every SIMD level reported present, so the AVX-512, VNNI
+    # and bf16 kernels run and are tested on a CPU without them. Much slower.
+    define_macros.append(("TF_EMULATE_X86", "1"))
+    compile_args = [a for a in compile_args if a != "-O3"] + ["-O1", "-Wno-uninitialized", "-Wno-psabi"]
+
 extension = Extension(
     "transformer._C",
     sources=["pyx/_C.pyx"] + sorted(glob.glob("csrc/*.c")),
@@ -30,7 +38,7 @@ extension = Extension(
     depends=sorted(glob.glob("csrc/*.h") + glob.glob("pyx/*.pxi")),
     extra_compile_args=compile_args,
     extra_link_args=link_args,
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    define_macros=define_macros,
 )
 
 setup(

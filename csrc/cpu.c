@@ -12,12 +12,16 @@ static int num_threads = 0;   /* 0: not yet initialised */
 
 int tf_cpu_best_isa(void)
 {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(TF_EMULATE_X86)
+    return TF_ISA_AVX512_BF16;   /* simd.h: every level runs as SIMDe's portable C */
+#elif defined(__x86_64__) || defined(__i386__)
     __builtin_cpu_init();
     /* gcc's checks include OS support of the wide registers (XCR0). */
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw"))
-        return TF_ISA_AVX512;
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw")) {
+        if (!__builtin_cpu_supports("avx512vnni")) return TF_ISA_AVX512;
+        return __builtin_cpu_supports("avx512bf16") ? TF_ISA_AVX512_BF16 : TF_ISA_AVX512_VNNI;
+    }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return TF_ISA_AVX2;
 #endif
@@ -35,7 +39,7 @@ int tf_isa(void)
 int tf_set_isa(int level)
 {
     if (level < TF_ISA_GENERIC) level = TF_ISA_GENERIC;
-    if (level > TF_ISA_AVX512) level = TF_ISA_AVX512;
+    if (level > TF_ISA_AVX512_BF16) level = TF_ISA_AVX512_BF16;
     forced_isa = level;
     return tf_isa();
 }
@@ -43,6 +47,8 @@ int tf_set_isa(int level)
 const char *tf_isa_name(int level)
 {
     switch (level) {
+    case TF_ISA_AVX512_BF16: return "avx512_bf16";
+    case TF_ISA_AVX512_VNNI: return "avx512_vnni";
     case TF_ISA_AVX512: return "avx512";
     case TF_ISA_AVX2: return "avx2";
     default: return "generic";

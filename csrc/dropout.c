@@ -7,8 +7,8 @@
 #include "cpu.h"
 #include "rng.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd.h"
+#if TF_HAVE_X86
 #define TF_X86 1
 #endif
 
@@ -27,7 +27,7 @@ float dropout_scale(float p) { return (float)(1.0 / (1.0 - (double)p)); }
 
 /* Keep a product rounded on its own (no FMA contraction): residual + dropout(x) gives the same
  * bits as the two unfused ops. */
-#define ROUNDED(v) __asm__("" : "+v"(v))
+#define ROUNDED(v) TF_ROUNDED(v)
 
 /* out[i] = (x[i] (+ bias[i - i0])) * keep[i] * scale (+ residual[i]) for i in [i0, i1); bias and
  * residual may be NULL (a bias range is one row: i0 is a row start) */
@@ -43,8 +43,8 @@ static void dropout_range_generic(const float *x, const float *bias, const float
 }
 
 #ifdef TF_X86
-#define AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
-#define AVX2_TARGET __attribute__((target("avx2,fma")))
+#define AVX512_TARGET TF_TARGET_AVX512
+#define AVX2_TARGET TF_TARGET_AVX2
 
 AVX512_TARGET static inline __m512i mix64_avx512(__m512i z)
 {

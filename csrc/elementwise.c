@@ -8,11 +8,11 @@
 #include "cpu.h"
 #include "simd_math.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd.h"
+#if TF_HAVE_X86
 #define TF_X86 1
-#define AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
-#define AVX2_TARGET __attribute__((target("avx2,fma")))
+#define AVX512_TARGET TF_TARGET_AVX512
+#define AVX2_TARGET TF_TARGET_AVX2
 #endif
 
 /* Elements per thread below which a call stays on fewer threads (waking a team costs a few
@@ -33,7 +33,7 @@ static inline size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
 
 /* Keep a product rounded on its own (no FMA contraction by the compiler), so dx += dout * act'
  * gives the same bits as computing dout * act' and adding it afterwards. */
-#define ROUNDED(v) __asm__("" : "+v"(v))
+#define ROUNDED(v) TF_ROUNDED(v)
 
 size_t elementwise_stream_bytes(void)
 {

@@ -3,16 +3,16 @@
 
 #include "cpu.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd.h"
+#if TF_HAVE_X86
 #define TF_X86 1
-#define AVX512_TARGET __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
-#define AVX2_TARGET __attribute__((target("avx2,fma")))
+#define AVX512_TARGET TF_TARGET_AVX512
+#define AVX2_TARGET TF_TARGET_AVX2
 #endif
 
 /* Keep a product rounded on its own (no FMA contraction by the compiler): out = round(w * scale)
  * + pe exactly as PyTorch's two ops, and the same bits at every SIMD level. */
-#define ROUNDED(v) __asm__("" : "+v"(v))
+#define ROUNDED(v) TF_ROUNDED(v)
 
 /* floats per thread below which a call stays on fewer threads (a few microseconds of copying) */
 #define EMBEDDING_GRAIN 32768

@@ -410,7 +410,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *x, con
         r1 = r0 + N / team + (t < N % team ? 1 : 0);
 #endif
 #if TF_HAVE_X86
-        if (isa == TF_ISA_AVX512) {
+        if (isa >= TF_ISA_AVX512) {
             layernorm_forward_rows_avx512(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
         } else if (isa == TF_ISA_AVX2) {
             layernorm_forward_rows_avx2(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
@@ -445,7 +445,7 @@ void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch,
             memset(dwp, 0, 2 * (size_t)D * sizeof(float));
             long r1 = (ch + 1) * LAYERNORM_CHUNK < N ? (ch + 1) * LAYERNORM_CHUNK : N;
 #if TF_HAVE_X86
-            if (isa == TF_ISA_AVX512) {
+            if (isa >= TF_ISA_AVX512) {
                 layernorm_backward_chunk_avx512(dx, dwp, dbp, dout, x, weight, mean, rstd,
                                                 ch * LAYERNORM_CHUNK, r1, D, accumulate);
                 continue;

@@ -18,11 +18,11 @@
 #include <math.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd.h"
+#if TF_HAVE_X86
 #define TF_X86 1
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
-#define TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define TARGET_AVX512 TF_TARGET_AVX512
+#define TARGET_AVX2 TF_TARGET_AVX2
 #endif
 
 /* Row statistics the loss and gradient need. */
@@ -330,7 +330,7 @@ static row_kernels pick_kernels(void)
     row_kernels k = {row_stats_generic, row_scale_generic, row_shift_generic};
 #ifdef TF_X86
     int isa = tf_isa();
-    if (isa == TF_ISA_AVX512) {
+    if (isa >= TF_ISA_AVX512) {
         k.stats = row_stats_avx512;
         k.scale = row_scale_avx512;
         k.shift = row_shift_avx512;

@@ -19,11 +19,11 @@
 #include <math.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd.h"
+#if TF_HAVE_X86
 #define TF_X86 1
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
-#define TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define TARGET_AVX512 TF_TARGET_AVX512
+#define TARGET_AVX2 TF_TARGET_AVX2
 #endif
 
 #define ADAM_BLOCK 4096L        /* elements per scheduling unit */
@@ -160,7 +160,7 @@ void adam_update(float *params, const float *grads, float *exp_avg, float *exp_a
     adam_fn fn = adam_generic;
 #ifdef TF_X86
     int isa = tf_isa();
-    if (isa == TF_ISA_AVX512) fn = adam_avx512;
+    if (isa >= TF_ISA_AVX512) fn = adam_avx512;
     else if (isa == TF_ISA_AVX2) fn = adam_avx2;
 #endif
     const long blocks = (n + ADAM_BLOCK - 1) / ADAM_BLOCK;
@@ -237,7 +237,7 @@ double sum_squares_f32(const float *x, long n, double *chunk_sums)
     double (*fn)(const float *, long) = sumsq_generic;
 #ifdef TF_X86
     int isa = tf_isa();
-    if (isa == TF_ISA_AVX512) fn = sumsq_avx512;
+    if (isa >= TF_ISA_AVX512) fn = sumsq_avx512;
     else if (isa == TF_ISA_AVX2) fn = sumsq_avx2;
 #endif
     const long chunks = (n + TF_SUMSQ_CHUNK - 1) / TF_SUMSQ_CHUNK;

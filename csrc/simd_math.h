@@ -24,14 +24,7 @@
 #ifndef TF_SIMD_MATH_H
 #define TF_SIMD_MATH_H
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define TF_HAVE_X86 1
-#define TF_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
-#define TF_TARGET_AVX2 __attribute__((target("avx2,fma")))
-#else
-#define TF_HAVE_X86 0
-#endif
+#include "simd.h"
 
 #define TF_EXP_HI 89.0f           /* beyond ln(FLT_MAX) = 88.72: result +inf */
 #define TF_EXP_LO -105.0f         /* below ln(min denormal / 2) = -103.97: result 0 */

@@ -193,7 +193,7 @@ dims = st.sampled_from([0, 1, 1, 2, 3, 4, 5, 7, 8, 15, 16, 17, 31, 32, 33])
 small_dims = st.sampled_from([0, 1, 1, 2, 3, 5, 8])
 
 
-ISA_LEVELS = ("generic", "avx2", "avx512")
+ISA_LEVELS = tuple(T._C.isa_levels())
 
 
 def draw_machine(draw):
@@ -1664,7 +1664,7 @@ def prop_c_door(data):
     draw = data.draw
     rng = np.random.default_rng(draw(seeds))
     _C.set_num_threads(draw(st.sampled_from([1, 2])))
-    _C.set_isa(draw(st.sampled_from(["generic", "avx2", "avx512"])))
+    _C.set_isa(draw(st.sampled_from(ISA_LEVELS)))
     name = draw(st.sampled_from(sorted(door_cases(rng))))
     fn, build = door_cases(rng)[name]
     arena = Arena()

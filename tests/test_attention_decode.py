@@ -21,8 +21,8 @@ def reference(q, k, v, n_keys, scale, mask):
 
 
 def isas():
-    levels = ["generic", "avx2", "avx512"]
-    return levels[: levels.index(_C.best_isa()) + 1]
+    from conftest import ISA_LEVELS
+    return ISA_LEVELS
 
 
 @pytest.mark.parametrize("isa", isas())

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from transformer import _C
+from conftest import ISA_LEVELS
 
-LEVELS = [lv for lv in ("generic", "avx2", "avx512")
-          if ["generic", "avx2", "avx512"].index(lv) <= ["generic", "avx2", "avx512"].index(_C.best_isa())]
+LEVELS = ISA_LEVELS
 SIGMAS = 5.0
 N_STATS = 1_000_000
 SIZES = [0, 1, 2, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 1009]

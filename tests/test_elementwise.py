@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from transformer import _C
+from conftest import ISA_LEVELS
 
-LEVELS = [lv for lv in ("generic", "avx2", "avx512")
-          if ["generic", "avx2", "avx512"].index(lv) <= ["generic", "avx2", "avx512"].index(_C.best_isa())]
+LEVELS = ISA_LEVELS
 GELU_ULPS = 8
 GELU_GRAD_ATOL, GELU_GRAD_RTOL = 4e-7, 1e-6
 SILU_ULPS = 4

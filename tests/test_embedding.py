@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from transformer import _C
+from conftest import ISA_LEVELS
 
-LEVELS = [lv for lv in ("generic", "avx2", "avx512")
-          if ["generic", "avx2", "avx512"].index(lv) <= ["generic", "avx2", "avx512"].index(_C.best_isa())]
+LEVELS = ISA_LEVELS
 RTOL = 2.0 ** -22
 # (B, T, V, D): ones, primes, vector-width boundaries, empty dimensions
 CASES = [(1, 1, 1, 1), (2, 3, 5, 7), (3, 5, 11, 15), (2, 4, 9, 16), (1, 7, 13, 17), (2, 3, 4, 31),

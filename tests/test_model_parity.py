@@ -175,10 +175,10 @@ def test_fifty_adam_steps_follow_torch(case):
     print(f"{case}: worst loss difference over 50 steps {worst:.3g}")
 
 
-@pytest.mark.parametrize("isa", ["generic", "avx2", "avx512"])
+@pytest.mark.parametrize("isa", _C.isa_levels())
 def test_parity_at_every_simd_level(isa):
     best = _C.best_isa()
-    levels = ["generic", "avx2", "avx512"]
+    levels = _C.isa_levels()
     if levels.index(isa) > levels.index(best):
         pytest.skip(f"this CPU's best level is {best}")
     case = "pre_ln_gelu"
