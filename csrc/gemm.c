@@ -50,8 +50,7 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#if TF_HAVE_X86
 #define GEMM_X86 1
 #endif
 
@@ -80,6 +79,7 @@ typedef struct {
     gemm_dot dot;          /* A @ B^T for few rows without packing, or NULL */
     gemm_kernel stream[MAX_MR + 1];   /* kernel[r] for a Bp streamed from memory, or NULLs */
     int bf16;              /* 1: operands rounded to bf16 while packing; nothing read unpacked */
+    int pairs;             /* 1: packed panels hold bf16 pairs [ceil(kc/2)][MR or NR] (vdpbf16ps) */
 } gemm_isa;
 
 static long ceil_div(long a, long b) { return (a + b - 1) / b; }
@@ -209,15 +209,16 @@ static const gemm_isa isa_generic = {
  * rounding of an fp32 sum, as vdpbf16ps does). Nothing is read unpacked: no dot path, no B read
  * in place. */
 
-/* x rounded to the nearest bf16, ties to even, kept as a float with the low 16 bits zero.
- * NaN stays NaN (quietened: rounding could carry its payload into infinity). */
+/* x rounded to the nearest bf16, ties to even, kept as a float with the low 16 bits zero; a
+ * subnormal result is zero of its sign (vdpbf16ps treats subnormal inputs as zero, so every level
+ * does). NaN stays NaN (quietened: rounding could carry its payload into infinity). */
 static inline float round_bf16(float x)
 {
     uint32_t u;
     memcpy(&u, &x, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;
     else u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
+    u &= (u & 0x7f800000u) ? 0xffff0000u : 0x80000000u;
     memcpy(&x, &u, 4);
     return x;
 }
@@ -246,7 +247,7 @@ static const gemm_isa isa_generic_bf16 = {
 
 #define AVX2_MR 6
 #define AVX2_NR 16
-#define TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define TARGET_AVX2 TF_TARGET_AVX2
 
 static inline __attribute__((always_inline)) TARGET_AVX2 void
 kernel_avx2(long kc, const float *restrict Ap, const float *restrict Bp, long bs, float *restrict C,
@@ -329,39 +330,13 @@ static const gemm_isa isa_avx2_bf16 = {
 
 #define AVX512_MR 14
 #define AVX512_NR 32
-#define TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512dq,avx512bw,fma")))
+#define TARGET_AVX512 TF_TARGET_AVX512
 
+/* C[mr x nr] (+)= alpha * the accumulators c0 (columns 0-15) and c1 (16-31, when wide). */
 static inline __attribute__((always_inline)) TARGET_AVX512 void
-kernel_avx512(long kc, const float *restrict Ap, const float *restrict Bp, long bs,
-              float *restrict C, long ldc, int nr, const float *alpha, int load_c, const int mr,
-              const int wide,   /* wide = 0: only the first 16 columns (nr <= 16) */
-              const int stream) /* 1: Bp streams from memory (pre-packed B): fetch ahead */
+store_tile_avx512(const __m512 *c0, const __m512 *c1, float *restrict C, long ldc, int nr,
+                  const float *alpha, int load_c, const int mr, const int wide)
 {
-    __m512 c0[AVX512_MR], c1[AVX512_MR];
-#pragma GCC unroll 14
-    for (int i = 0; i < AVX512_MR; i++)
-        if (i < mr) {
-            c0[i] = _mm512_setzero_ps();
-            c1[i] = _mm512_setzero_ps();
-            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
-            if (wide) _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
-        }
-    for (long k = 0; k < kc; k++) {
-        if (stream) {   /* 16 KiB ahead: the hardware prefetcher alone streams ~22 of 40 GB/s */
-            _mm_prefetch((const char *)(Bp + k * bs + GEMM_STREAM_AHEAD), _MM_HINT_T0);
-            _mm_prefetch((const char *)(Bp + k * bs + GEMM_STREAM_AHEAD + 16), _MM_HINT_T0);
-        }
-        __m512 b0 = _mm512_loadu_ps(Bp + k * bs);
-        __m512 b1 = wide ? _mm512_loadu_ps(Bp + k * bs + 16) : b0;
-        const float *a = Ap + k * AVX512_MR;
-#pragma GCC unroll 14
-        for (int i = 0; i < AVX512_MR; i++)
-            if (i < mr) {
-                __m512 ai = _mm512_set1_ps(a[i]);
-                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
-                if (wide) c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
-            }
-    }
     __m512 va = _mm512_set1_ps(*alpha);   /* read late: all 32 registers serve the loop */
     if (wide && nr == AVX512_NR) {
 #pragma GCC unroll 14
@@ -394,6 +369,40 @@ kernel_avx512(long kc, const float *restrict Ap, const float *restrict Bp, long 
                 }
             }
     }
+}
+
+static inline __attribute__((always_inline)) TARGET_AVX512 void
+kernel_avx512(long kc, const float *restrict Ap, const float *restrict Bp, long bs,
+              float *restrict C, long ldc, int nr, const float *alpha, int load_c, const int mr,
+              const int wide,   /* wide = 0: only the first 16 columns (nr <= 16) */
+              const int stream) /* 1: Bp streams from memory (pre-packed B): fetch ahead */
+{
+    __m512 c0[AVX512_MR], c1[AVX512_MR];
+#pragma GCC unroll 14
+    for (int i = 0; i < AVX512_MR; i++)
+        if (i < mr) {
+            c0[i] = _mm512_setzero_ps();
+            c1[i] = _mm512_setzero_ps();
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            if (wide) _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
+        }
+    for (long k = 0; k < kc; k++) {
+        if (stream) {   /* 16 KiB ahead: the hardware prefetcher alone streams ~22 of 40 GB/s */
+            _mm_prefetch((const char *)(Bp + k * bs + GEMM_STREAM_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)(Bp + k * bs + GEMM_STREAM_AHEAD + 16), _MM_HINT_T0);
+        }
+        __m512 b0 = _mm512_loadu_ps(Bp + k * bs);
+        __m512 b1 = wide ? _mm512_loadu_ps(Bp + k * bs + 16) : b0;
+        const float *a = Ap + k * AVX512_MR;
+#pragma GCC unroll 14
+        for (int i = 0; i < AVX512_MR; i++)
+            if (i < mr) {
+                __m512 ai = _mm512_set1_ps(a[i]);
+                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
+                if (wide) c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
+            }
+    }
+    store_tile_avx512(c0, c1, C, ldc, nr, alpha, load_c, mr, wide);
 }
 
 #define AVX512_KERNEL(R)                                                                   \
@@ -593,6 +602,129 @@ static const gemm_isa isa_avx512_bf16 = {
     AVX512_KERNELS
     pack_a_avx512_bf16, pack_b_avx512_bf16, NULL,
     AVX512_STREAM, 1};
+
+/* ------------------------------------------------------------------------- */
+/* avx512_bf16: vdpbf16ps, two bf16 products added into each fp32 lane per instruction (twice the
+ * products of an FMA). The same 14 x 32 tile, cache blocks and packing as AVX-512, after which each
+ * packed micro-panel [kc][W] (W = MR or NR) is turned in place into [ceil(kc/2)][W] 32-bit pairs:
+ * bf16(x[2t][w]) in the low half, bf16(x[2t+1][w]) (0 past kc) in the high half, the layout
+ * vdpbf16ps multiplies lane by lane. Operands are rounded exactly as round_bf16 does; the products
+ * are exact and the sums fp32, so only the summation order differs from the other levels. K blocks
+ * have an even length (k_block), so a pre-packed panel's pair t is pair t - pc/2 of block pc. */
+
+#define TARGET_BF16 TF_TARGET_AVX512_BF16
+
+/* round_bf16 of each lane, the bf16 in the high half of the 32 bits. */
+static inline __attribute__((always_inline)) TARGET_AVX512 __m512i bf16_high(__m512 x)
+{
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i half = _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                          _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    const __m512i r = _mm512_mask_or_epi32(_mm512_add_epi32(u, half), nan, u, _mm512_set1_epi32(0x00400000));
+    const __mmask16 subnormal = _mm512_cmpeq_epi32_mask(_mm512_and_si512(r, _mm512_set1_epi32(0x7f800000)),
+                                                        _mm512_setzero_si512());
+    return _mm512_mask_and_epi32(r, subnormal, r, _mm512_set1_epi32((int)0x80000000u));
+}
+
+/* `panels` micro-panels [kc][W] of floats, panel q at p + q * W * kc, into pairs in place: pair
+ * (t, w) is written at t * W + w, below every float not read yet (2t * W + w and on). */
+static TARGET_AVX512 void pair_panels(float *p, long panels, long kc, int W)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (long q = 0; q < panels; q++) {
+        float *x = p + q * W * kc;
+        for (long t = 0; t < (kc + 1) / 2; t++)
+            for (int w = 0; w < W; w += 16) {
+                const __mmask16 m = tf_lanes16(W - w);
+                __m512i lo = bf16_high(_mm512_maskz_loadu_ps(m, x + 2 * t * W + w));
+                __m512i hi = 2 * t + 1 < kc ? bf16_high(_mm512_maskz_loadu_ps(m, x + (2 * t + 1) * W + w))
+                                            : _mm512_setzero_si512();
+                _mm512_mask_storeu_epi32(x + t * W + w, m,
+                                         _mm512_or_si512(_mm512_srli_epi32(lo, 16), _mm512_and_si512(hi, high)));
+            }
+    }
+}
+
+static void pack_a_dpbf16(int t, const float *X, long ldx, long n, long kc, float *dst)
+{
+    pack_a_avx512(t, X, ldx, n, kc, dst);
+    pair_panels(dst, ceil_div(n, AVX512_MR), kc, AVX512_MR);
+}
+
+static void pack_b_dpbf16(int t, const float *X, long ldx, long n, long kc, float *dst)
+{
+    pack_b_avx512(t, X, ldx, n, kc, dst);
+    pair_panels(dst, ceil_div(n, AVX512_NR), kc, AVX512_NR);
+}
+
+/* kernel_avx512 over pairs: Ap [ceil(kc/2)][MR] and Bp rows of NR pairs, row t at Bp + t * bs. */
+static inline __attribute__((always_inline)) TARGET_BF16 void
+kernel_dpbf16(long kc, const float *restrict Ap, const float *restrict Bp, long bs,
+              float *restrict C, long ldc, int nr, const float *alpha, int load_c, const int mr,
+              const int wide, const int stream)
+{
+    __m512 c0[AVX512_MR], c1[AVX512_MR];
+#pragma GCC unroll 14
+    for (int i = 0; i < AVX512_MR; i++)
+        if (i < mr) {
+            c0[i] = _mm512_setzero_ps();
+            c1[i] = _mm512_setzero_ps();
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            if (wide) _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
+        }
+    const long pairs = (kc + 1) / 2;
+    for (long t = 0; t < pairs; t++) {
+        if (stream) {
+            _mm_prefetch((const char *)(Bp + t * bs + GEMM_STREAM_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)(Bp + t * bs + GEMM_STREAM_AHEAD + 16), _MM_HINT_T0);
+        }
+        __m512bh b0 = (__m512bh)_mm512_loadu_ps(Bp + t * bs);
+        __m512bh b1 = wide ? (__m512bh)_mm512_loadu_ps(Bp + t * bs + 16) : b0;
+        const float *a = Ap + t * AVX512_MR;
+#pragma GCC unroll 14
+        for (int i = 0; i < AVX512_MR; i++)
+            if (i < mr) {
+                __m512bh ai = (__m512bh)_mm512_set1_ps(a[i]);   /* the pair's 32 bits, as they are */
+                c0[i] = _mm512_dpbf16_ps(c0[i], ai, b0);
+                if (wide) c1[i] = _mm512_dpbf16_ps(c1[i], ai, b1);
+            }
+    }
+    store_tile_avx512(c0, c1, C, ldc, nr, alpha, load_c, mr, wide);
+}
+
+#define DPBF16_KERNEL(R)                                                                   \
+    static TARGET_BF16 void kernel_dpbf16_##R(long kc, const float *Ap, const float *Bp,    \
+                                              long bs, float *C, long ldc, int nr,          \
+                                              const float *alpha, int load_c)               \
+    { kernel_dpbf16(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 1, 0); }                   \
+    static TARGET_BF16 void kernel_dpbf16_half_##R(long kc, const float *Ap, const float *Bp, \
+                                                   long bs, float *C, long ldc, int nr,     \
+                                                   const float *alpha, int load_c)          \
+    { kernel_dpbf16(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 0, 0); }                   \
+    static TARGET_BF16 void kernel_dpbf16_stream_##R(long kc, const float *Ap, const float *Bp, \
+                                                     long bs, float *C, long ldc, int nr,   \
+                                                     const float *alpha, int load_c)        \
+    { kernel_dpbf16(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 1, 1); }
+DPBF16_KERNEL(1) DPBF16_KERNEL(2) DPBF16_KERNEL(3) DPBF16_KERNEL(4) DPBF16_KERNEL(5)
+DPBF16_KERNEL(6) DPBF16_KERNEL(7) DPBF16_KERNEL(8) DPBF16_KERNEL(9) DPBF16_KERNEL(10)
+DPBF16_KERNEL(11) DPBF16_KERNEL(12) DPBF16_KERNEL(13) DPBF16_KERNEL(14)
+
+static const gemm_isa isa_avx512_dpbf16 = {
+    AVX512_MR, AVX512_NR, 256, 336, 4096,
+    {0, kernel_dpbf16_1, kernel_dpbf16_2, kernel_dpbf16_3, kernel_dpbf16_4, kernel_dpbf16_5,
+     kernel_dpbf16_6, kernel_dpbf16_7, kernel_dpbf16_8, kernel_dpbf16_9, kernel_dpbf16_10,
+     kernel_dpbf16_11, kernel_dpbf16_12, kernel_dpbf16_13, kernel_dpbf16_14},
+    {0, kernel_dpbf16_half_1, kernel_dpbf16_half_2, kernel_dpbf16_half_3, kernel_dpbf16_half_4,
+     kernel_dpbf16_half_5, kernel_dpbf16_half_6, kernel_dpbf16_half_7, kernel_dpbf16_half_8,
+     kernel_dpbf16_half_9, kernel_dpbf16_half_10, kernel_dpbf16_half_11, kernel_dpbf16_half_12,
+     kernel_dpbf16_half_13, kernel_dpbf16_half_14},
+    pack_a_dpbf16, pack_b_dpbf16, NULL,
+    {0, kernel_dpbf16_stream_1, kernel_dpbf16_stream_2, kernel_dpbf16_stream_3, kernel_dpbf16_stream_4,
+     kernel_dpbf16_stream_5, kernel_dpbf16_stream_6, kernel_dpbf16_stream_7, kernel_dpbf16_stream_8,
+     kernel_dpbf16_stream_9, kernel_dpbf16_stream_10, kernel_dpbf16_stream_11, kernel_dpbf16_stream_12,
+     kernel_dpbf16_stream_13, kernel_dpbf16_stream_14},
+    1, 1};
 #endif
 
 static const gemm_isa *gemm_isa_of(int level, int prec)
@@ -600,6 +732,10 @@ static const gemm_isa *gemm_isa_of(int level, int prec)
     const int bf16 = prec == GEMM_BF16;
 #ifdef GEMM_X86
     switch (level) {
+    case TF_ISA_AVX512_BF16:
+        if (bf16) return &isa_avx512_dpbf16;
+        return &isa_avx512;
+    case TF_ISA_AVX512_VNNI:
     case TF_ISA_AVX512: return bf16 ? &isa_avx512_bf16 : &isa_avx512;
     case TF_ISA_AVX2: return bf16 ? &isa_avx2_bf16 : &isa_avx2;
     default: break;
@@ -624,8 +760,13 @@ typedef struct {
                               [2] shared-schedule work units taken from other threads */
 } gemm_problem;
 
-/* The K block: K split into equal blocks of at most isa->kc (depends on K only). */
-static long k_block(const gemm_isa *s, long K) { return ceil_div(K, ceil_div(K, s->kc)); }
+/* The K block: K split into equal blocks of at most isa->kc (depends on K only), rounded up to
+ * an even length for the pair layout. */
+static long k_block(const gemm_isa *s, long K)
+{
+    const long kcb = ceil_div(K, ceil_div(K, s->kc));
+    return s->pairs ? kcb + (kcb & 1) : kcb;   /* pairs: blocks start at even k */
+}
 
 /* Element (i, k) of op(A) and (k, j) of op(B). */
 static const float *a_at(const gemm_problem *g, long i, long k)
@@ -1132,6 +1273,18 @@ void gemm_pack_b(int isa, int prec, int trans_b, long N, long K, const float *B,
     }
 }
 
+/* Element k of a pre-packed panel's column that starts at b. */
+static float packed_b_at(const gemm_isa *s, const float *b, long k)
+{
+    if (!s->pairs) return b[k * s->nr];
+    uint32_t u;
+    memcpy(&u, b + k / 2 * s->nr, sizeof u);
+    u = k % 2 ? u & 0xffff0000u : u << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
+    return x;
+}
+
 /* The naive form of gemm_packed (only when no buffer for op(A) can be had). */
 static void gemm_packed_slow(const gemm_isa *s, long M, long N, long K, float alpha, const float *A,
                              long lda, const float *Bp, int accumulate, float *C, long ldc)
@@ -1141,7 +1294,7 @@ static void gemm_packed_slow(const gemm_isa *s, long M, long N, long K, float al
             const float *b = Bp + (j / s->nr) * K * s->nr + j % s->nr;
             double sum = 0.0;
             for (long k = 0; k < K; k++)
-                sum += (double)(s->bf16 ? round_bf16(A[i * lda + k]) : A[i * lda + k]) * b[k * s->nr];
+                sum += (double)(s->bf16 ? round_bf16(A[i * lda + k]) : A[i * lda + k]) * packed_b_at(s, b, k);
             double r = (double)alpha * sum;
             if (accumulate) r += C[i * ldc + j];
             C[i * ldc + j] = (float)r;
@@ -1186,7 +1339,8 @@ void gemm_packed(int isa, int prec, long M, long N, long K, float alpha, const f
                 for (long jp = u * per; jp < min_l(np, (u + 1) * per); jp++) {
                     const long j = jp * NR;
                     for (long pc = 0; pc < K; pc += kcb)
-                        run_kernels_from(&g, mc, min_l(kcb, K - pc), Ap + pc * mpad, Bp + j * K + pc * NR,
+                        run_kernels_from(&g, mc, min_l(kcb, K - pc), Ap + pc * mpad,
+                                         Bp + j * K + (s->pairs ? pc / 2 : pc) * NR,
                                          NR, (int)min_l(NR, N - j), C + ic * ldc + j, accumulate || pc > 0, 1);
                 }
         }

@@ -24,10 +24,12 @@
 
 /* Operand precision (gemm_batched_prec, gemm_pack_b, gemm_packed). GEMM_FP32: as stored.
  * GEMM_BF16: every element of op(A) and op(B) is first rounded to bfloat16 (round to nearest, ties
- * to even; NaN stays NaN), then multiplied and summed in fp32 exactly as GEMM_FP32 sums: the same
+ * to even; NaN stays NaN; a subnormal bf16 becomes zero of its sign, as vdpbf16ps reads it), then multiplied and summed in fp32 exactly as GEMM_FP32 sums: the same
  * FMA chains, schedules and thread-count independence (a bf16 x bf16 product is exact in fp32).
- * C, alpha and the accumulation stay fp32. This is the rounding vdpbf16ps applies; here it is
- * computed with the fp32 kernels of every ISA. */
+ * C, alpha and the accumulation stay fp32. This is the rounding vdpbf16ps applies. At the
+ * avx512_bf16 level vdpbf16ps computes it (two products per fp32 lane and instruction, added in
+ * its own order: the sums differ from the other levels' by fp32 rounding only; still bitwise
+ * independent of the thread count); below it the fp32 FMA kernels of the level do. */
 enum { GEMM_FP32 = 0, GEMM_BF16 = 1 };
 
 /* One GEMM. accumulate = 0: C = alpha*op(A)@op(B) (C is not read);
@@ -59,7 +61,9 @@ void gemm_batched_prec(int prec, int trans_a, int trans_b, long batch0, long bat
 /* Pre-packed op(B), for many products with one fixed op(B) and few rows (decoding: x @ W^T with
  * the same weights every step). gemm_pack_b stores op(B) (K x N, as in gemm) the way the micro-
  * kernels of instruction set `isa` (a TF_ISA_* level) read it: ceil(N / NR) panels of K x NR
- * floats, columns past N zero; gemm_packed_floats(isa, N, K) floats, 64-byte aligned. gemm_packed
+ * floats, columns past N zero (avx512_bf16 with GEMM_BF16: the first ceil(K / 2) x NR of each
+ * panel's floats hold bf16 pairs, k = 2t in the low half and 2t + 1 in the high half of row t);
+ * gemm_packed_floats(isa, N, K) floats, 64-byte aligned. gemm_packed
  * then computes C = alpha * A @ op(B) (or C += ...), A row-major M x K, with the kernels of the
  * same `isa`, reading each panel in one sequential pass and packing nothing of op(B): no
  * transposition per call. Bits as the narrow schedule's, independent of the thread count. */

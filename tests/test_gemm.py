@@ -15,11 +15,13 @@ TOL = 1e-6
 TRANS = [(False, False), (False, True), (True, False), (True, True)]
 
 # Register tiles and cache blocks of each micro-kernel (csrc/gemm.c).
-MR = {"generic": 4, "avx2": 6, "avx512": 14}
-NR = {"generic": 8, "avx2": 16, "avx512": 32}
+# avx512_vnni and avx512_bf16 run AVX-512's fp32 kernels; avx512_bf16's bf16 kernel (vdpbf16ps)
+# has AVX-512's tile and blocks.
+MR = {"generic": 4, "avx2": 6, "avx512": 14, "avx512_vnni": 14, "avx512_bf16": 14}
+NR = {"generic": 8, "avx2": 16, "avx512": 32, "avx512_vnni": 32, "avx512_bf16": 32}
 KC = 256
-MC = {"generic": 128, "avx2": 144, "avx512": 336}
-NC = {"generic": 2048, "avx2": 4096, "avx512": 4096}
+MC = {"generic": 128, "avx2": 144, "avx512": 336, "avx512_vnni": 336, "avx512_bf16": 336}
+NC = {"generic": 2048, "avx2": 4096, "avx512": 4096, "avx512_vnni": 4096, "avx512_bf16": 4096}
 # Thread counts whose results must be bitwise identical (more than the 2 cores: oversubscribed).
 THREADS = (1, 2, 3, 4, 7, 16)
 # The shared schedule gives each thread at least this many MR-row panels before splitting columns.
@@ -423,7 +425,7 @@ def test_many_threads_choose_the_shared_schedule_for_large_products(threads):
     assert stats["schedule"] == "shared" and stats["packed_b"] == 300 * 200
     assert schedule((), 5, 20000, 400)["schedule"] == "narrow"
     assert schedule((64,), 100, 100, 64)["schedule"] == "by_batch"
-    if isa == "avx512":
+    if isa.startswith("avx512"):
         assert schedule((), 3, 30000, 400, trans_b=True)["schedule"] == "dot"
 
 

@@ -13,18 +13,28 @@ import pytest
 import transformer as T
 from transformer import _C, ops
 
+from conftest import ALL_ISA_LEVELS, isa_fixture
 from test_gemm import MR, NR, KC, MC, THREADS, TRANS, assert_same_bits, operand, outside, padded_out, rng
+
+isa = isa_fixture(ALL_ISA_LEVELS)   # avx512_bf16 has a kernel of its own (vdpbf16ps)
 
 TOL = 1e-6
 
 
-def bf16(x):
+def to_bf16(x):
     """float32 -> nearest bfloat16 (ties to even), as float32 with the low 16 bits zero."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     u = x.view(np.uint32).astype(np.uint64)
     nan = np.isnan(x)
     r = ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
     return np.where(nan, np.float32(np.nan), r).astype(np.float32)
+
+
+def bf16(x):
+    """The GEMM's operand rounding (csrc/gemm.h): to_bf16, then a subnormal is zero of its sign
+    (vdpbf16ps treats subnormal inputs as zero, and every level does the same)."""
+    r = to_bf16(x)
+    return np.where(np.abs(r) < np.float32(2.0 ** -126), np.copysign(np.float32(0), r), r).astype(np.float32)
 
 
 def expected(a, b, trans_a, trans_b, alpha=1.0, out0=None):
@@ -56,19 +66,21 @@ def test_the_oracle_rounds_as_torch_does():
                         np.array([0.0, -0.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.4e38, -3.4e38,
                                   1e-40, np.inf, -np.inf], np.float32)]).astype(np.float32)
     want = torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
-    assert_same_bits(bf16(x), want, "numpy bf16 vs torch")
+    assert_same_bits(to_bf16(x), want, "numpy bf16 vs torch")
     assert bf16(np.float32(1 + 2 ** -8)) == 1.0 and bf16(np.float32(1 + 3 * 2 ** -8)) == 1 + 2 ** -6
+    flushed = bf16(np.array([1e-40, -3e-39, 1.1754944e-38, -1.1754942e-38], np.float32))
+    assert_same_bits(flushed, np.array([0.0, -0.0, 2.0 ** -126, -(2.0 ** -126)], np.float32), "subnormals")
 
 
 def test_a_product_with_the_identity_is_the_rounded_operand(isa):
-    """Ties go to even, subnormals round like any value: bitwise, for every operand position
+    """Ties go to even, subnormals become zero: bitwise, for every operand position
     (a, transposed a, b). (An infinity would turn the zeros of I into NaNs: next test.)"""
     r = rng(1)
     x = (r.standard_normal((37, 41)) * 10.0 ** r.integers(-30, 30, (37, 41))).astype(np.float32)
     x[0, :4] = [1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.3e38]
     x[1, :2] = [1e-40, -3e-39]
     eye_n, eye_m = np.eye(41, dtype=np.float32), np.eye(37, dtype=np.float32)
-    want = bf16(x)
+    want = bf16(x) + np.float32(0)   # a flushed -3e-39 is -0, and -0 + the zero products is +0
     assert_same_bits(ops.matmul(x, eye_n, precision="bf16"), want, "a @ I")
     assert_same_bits(ops.matmul(np.ascontiguousarray(x.T), eye_n, trans_a=True, precision="bf16"), want, "a^T @ I")
     assert_same_bits(ops.matmul(eye_m, x, precision="bf16"), want, "I @ b")
@@ -155,6 +167,30 @@ def test_bits_do_not_depend_on_threads_or_schedule(isa, threads, trans_a, trans_
         _C._gemm_force_schedule("auto")
 
 
+def panels_of(opb, nr):
+    """op(b) [K, N] as gemm_pack_b lays it out: [ceil(N / NR)][K][NR], zero past N."""
+    k, n = opb.shape
+    padded = np.zeros((k, -(-n // nr) * nr), np.float32)
+    padded[:, :n] = opb
+    return np.ascontiguousarray(padded.reshape(k, -1, nr).transpose(1, 0, 2))
+
+
+def unpack(packed, k, isa):
+    """The values a pre-packed bf16 operand holds, [panels][K][NR] (csrc/gemm.h): floats with the
+    low 16 bits zero, or at avx512_bf16 the first ceil(K / 2) rows of each panel as bf16 pairs
+    (k = 2t in the low half of row t, 2t + 1 in the high half)."""
+    words = packed.data.view(np.uint32).reshape(-1, k, NR[isa])
+    if isa != "avx512_bf16":
+        assert (words & 0xFFFF == 0).all()
+        return words.view(np.float32)
+    pairs = words[:, : (k + 1) // 2]
+    both = np.stack([pairs << 16, pairs & 0xFFFF0000], axis=2)   # [panels][pairs][2][NR]
+    both = both.reshape(pairs.shape[0], -1, NR[isa])
+    if k % 2:
+        assert (both[:, k] == 0).all()   # the odd K's padding
+    return np.ascontiguousarray(both[:, :k]).view(np.float32)
+
+
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_packed_b_is_rounded_once_and_a_on_every_call(isa, threads, trans_b):
     r = rng(7)
@@ -162,7 +198,8 @@ def test_packed_b_is_rounded_once_and_a_on_every_call(isa, threads, trans_b):
         a, b = operand(r, m, k, False), operand(r, k, n, trans_b)
         packed = _C.gemm_pack_b(b, trans_b=trans_b, bf16=True)
         assert packed.precision == "bf16"
-        assert (packed.data.view(np.uint32) & 0xFFFF == 0).all()
+        assert_same_bits(unpack(packed, k, isa), panels_of(bf16(b.T if trans_b else b), NR[isa]),
+                         "packed panels")
         want = np.empty((m, n), np.float32)
         T.set_num_threads(1)
         _C.gemm_packed(a, packed, want)
