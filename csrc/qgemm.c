@@ -26,10 +26,11 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd.h"
+#if TF_HAVE_X86
 #define QGEMM_X86 1
-#define TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define TARGET_AVX2 TF_TARGET_AVX2
+#define TARGET_VNNI TF_TARGET_AVX512_VNNI
 #endif
 
 /* Rows per block: the activations of a block (QGEMM_MB x K int16) stay in L2 while the
@@ -49,11 +50,13 @@ typedef struct { int nr, kg; } qgemm_layout;
 
 static qgemm_layout layout_of(int isa)
 {
-    qgemm_layout generic = {1, 1}, avx2 = {16, 2};
+    qgemm_layout generic = {1, 1}, avx2 = {16, 2}, vnni = {32, 4};
 #ifdef QGEMM_X86
-    if (isa >= TF_ISA_AVX2) return avx2;   /* AVX-512 runs the AVX2 kernel (no VNNI path yet) */
+    if (isa >= TF_ISA_AVX512_VNNI) return vnni;
+    if (isa >= TF_ISA_AVX2) return avx2;   /* AVX-512 without VNNI runs the AVX2 kernel */
 #else
     (void)avx2;
+    (void)vnni;
 #endif
     return generic;
 }
@@ -158,12 +161,13 @@ void qgemm_quantize(long N, long K, const float *W, long ldw, int8_t *Q, float *
 }
 
 /* ------------------------------------------------------------------------- */
-/* Micro-kernels: rows [0, m) of the block (Xq: int16 rows of ldq, zero past K; xs: their
- * scales) times one panel (ws: its NR scales; bias: at its first column, or NULL) into the
+/* Micro-kernels: rows [0, m) of the block (Xq: int16 rows of ldq, zero past K, or for VNNI
+ * the same rows as uint8 q + 128 at the start of each row; xs: their scales) times one panel
+ * (ws, comp: its NR scales and compensations; bias: at its first column, or NULL) into the
  * nr <= NR columns of C that the panel covers. */
 typedef void (*qgemm_kernel)(long m, long K, const int16_t *Xq, long ldq, const float *xs,
-                             const int8_t *panel, const float *ws, const float *bias,
-                             float *C, long ldc, int nr);
+                             const int8_t *panel, const float *ws, const int32_t *comp,
+                             const float *bias, float *C, long ldc, int nr);
 
 /* The dequantization, one element (every path computes exactly this). */
 static inline float dequantize(int32_t acc, float xs, float ws, const float *bias)
@@ -173,10 +177,11 @@ static inline float dequantize(int32_t acc, float xs, float ws, const float *bia
 }
 
 static void kernel_generic(long m, long K, const int16_t *Xq, long ldq, const float *xs,
-                           const int8_t *panel, const float *ws, const float *bias,
-                           float *C, long ldc, int nr)
+                           const int8_t *panel, const float *ws, const int32_t *comp,
+                           const float *bias, float *C, long ldc, int nr)
 {
     (void)nr;   /* panels of one column */
+    (void)comp;
     for (long i = 0; i < m; i++) {
         const int16_t *x = Xq + i * ldq;
         int32_t acc = 0;
@@ -260,9 +265,10 @@ static const tile_fn tiles_avx2[AVX2_MR + 1] = {0, tile_avx2_1, tile_avx2_2, til
                                                 tile_avx2_4, tile_avx2_5, tile_avx2_6};
 
 static void kernel_avx2(long m, long K, const int16_t *Xq, long ldq, const float *xs,
-                        const int8_t *panel, const float *ws, const float *bias,
-                        float *C, long ldc, int nr)
+                        const int8_t *panel, const float *ws, const int32_t *comp,
+                        const float *bias, float *C, long ldc, int nr)
 {
+    (void)comp;
     const long pairs = ceil_div(K, 2);
     for (long i = 0; i < m; i += AVX2_MR) {
         int mr = (int)min_l(AVX2_MR, m - i);
@@ -270,11 +276,120 @@ static void kernel_avx2(long m, long K, const int16_t *Xq, long ldq, const float
                        i == 0);
     }
 }
+
+/* AVX-512 VNNI micro-kernel: 12 rows x 32 columns, 24 zmm int32 accumulators. Per group of
+ * four k, the panel's 128 bytes [32][4] are two zmm of signed weights, and the row's four
+ * activations, shifted to unsigned (q + 128, in [1, 255]), are broadcast to every lane;
+ * vpdpbusd adds the four u8 x s8 products of each lane into its int32 accumulator. Exact:
+ * |sum| <= 255 * 127 * K < 2^31 (QGEMM_MAX_K). The shift adds 128 * sum_k w[n][k] to column n,
+ * which the panel's precomputed compensation takes off again, so acc is the very integer the
+ * other paths compute, and the same dequantization gives the same bits. */
+#define VNNI_MR 12
+#define VNNI_NR 32
+
+static inline __attribute__((always_inline)) TARGET_VNNI void
+tile_vnni(long groups, const uint8_t *restrict Xu, long ldu, const float *xs,
+          const int8_t *restrict panel, const float *ws, const int32_t *comp, const float *bias,
+          float *restrict C, long ldc, int nr, const int mr, const int stream)
+{
+    __m512i c0[VNNI_MR], c1[VNNI_MR];
+#pragma GCC unroll 12
+    for (int i = 0; i < VNNI_MR; i++)
+        if (i < mr) { c0[i] = _mm512_setzero_si512(); c1[i] = _mm512_setzero_si512(); }
+    for (long g = 0; g < groups; g++) {
+        const int8_t *w = panel + g * 4 * VNNI_NR;
+        if (stream) {
+            _mm_prefetch((const char *)((uintptr_t)w + QGEMM_AHEAD), _MM_HINT_T0);
+            _mm_prefetch((const char *)((uintptr_t)w + QGEMM_AHEAD + 64), _MM_HINT_T0);
+        }
+        const __m512i w0 = _mm512_loadu_si512((const void *)w);
+        const __m512i w1 = _mm512_loadu_si512((const void *)(w + 64));
+#pragma GCC unroll 12
+        for (int i = 0; i < VNNI_MR; i++)
+            if (i < mr) {
+                int32_t quad;   /* x[i][4g .. 4g+3] + 128 as one 32-bit lane */
+                memcpy(&quad, Xu + i * ldu + 4 * g, sizeof quad);
+                const __m512i x = _mm512_set1_epi32(quad);
+                c0[i] = _mm512_dpbusd_epi32(c0[i], x, w0);
+                c1[i] = _mm512_dpbusd_epi32(c1[i], x, w1);
+            }
+    }
+    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    const __mmask16 m1 = nr <= 16 ? (__mmask16)0 : nr >= 32 ? (__mmask16)0xFFFF
+                                                              : (__mmask16)((1u << (nr - 16)) - 1);
+    const __m512 ws0 = _mm512_loadu_ps(ws), ws1 = _mm512_loadu_ps(ws + 16);   /* padded to NR */
+    const __m512i k0 = _mm512_loadu_si512((const void *)comp), k1 = _mm512_loadu_si512((const void *)(comp + 16));
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+#pragma GCC unroll 12
+    for (int i = 0; i < VNNI_MR; i++)
+        if (i < mr) {
+            const __m512 x = _mm512_set1_ps(xs[i]);
+            const __m512 s0 = _mm512_mul_ps(x, ws0), s1 = _mm512_mul_ps(x, ws1);
+            const __m512 a0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c0[i], k0));
+            const __m512 a1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c1[i], k1));
+            float *c = C + i * ldc;
+            if (bias) {
+                _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(a0, s0, b0));
+                _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(a1, s1, b1));
+            } else {
+                _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(a0, s0));
+                _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(a1, s1));
+            }
+        }
+}
+
+#define VNNI_TILE(R)                                                                         \
+    static TARGET_VNNI void tile_vnni_##R(long groups, const uint8_t *Xu, long ldu,          \
+                                          const float *xs, const int8_t *panel,              \
+                                          const float *ws, const int32_t *comp,              \
+                                          const float *bias, float *C, long ldc, int nr,     \
+                                          int stream)                                        \
+    {                                                                                        \
+        if (stream) tile_vnni(groups, Xu, ldu, xs, panel, ws, comp, bias, C, ldc, nr, R, 1); \
+        else tile_vnni(groups, Xu, ldu, xs, panel, ws, comp, bias, C, ldc, nr, R, 0);        \
+    }
+VNNI_TILE(1) VNNI_TILE(2) VNNI_TILE(3) VNNI_TILE(4) VNNI_TILE(5) VNNI_TILE(6)
+VNNI_TILE(7) VNNI_TILE(8) VNNI_TILE(9) VNNI_TILE(10) VNNI_TILE(11) VNNI_TILE(12)
+
+typedef void (*vnni_tile_fn)(long, const uint8_t *, long, const float *, const int8_t *,
+                             const float *, const int32_t *, const float *, float *, long, int, int);
+static const vnni_tile_fn tiles_vnni[VNNI_MR + 1] = {
+    0, tile_vnni_1, tile_vnni_2, tile_vnni_3, tile_vnni_4, tile_vnni_5, tile_vnni_6,
+    tile_vnni_7, tile_vnni_8, tile_vnni_9, tile_vnni_10, tile_vnni_11, tile_vnni_12};
+
+/* Xq's rows hold uint8 activations here (to_unsigned): row i at (uint8_t *)(Xq + i * ldq). */
+static void kernel_vnni(long m, long K, const int16_t *Xq, long ldq, const float *xs,
+                        const int8_t *panel, const float *ws, const int32_t *comp,
+                        const float *bias, float *C, long ldc, int nr)
+{
+    const long groups = ceil_div(K, 4), ldu = ldq * (long)sizeof(int16_t);
+    const uint8_t *Xu = (const uint8_t *)Xq;
+    for (long i = 0; i < m; i += VNNI_MR) {
+        int mr = (int)min_l(VNNI_MR, m - i);
+        tiles_vnni[mr](groups, Xu + i * ldu, ldu, xs + i, panel, ws, comp, bias, C + i * ldc, ldc,
+                       nr, i == 0);
+    }
+}
+
+/* Row q of int16 activations (in [-127, 127], zero past K) rewritten in place as uint8 q + 128,
+ * through a multiple of 4 past K (the panels' zero padding makes those bytes count for nothing):
+ * byte k is written after int16 k (bytes 2k, 2k + 1) was read, and before any later one. */
+static void to_unsigned(int16_t *q, long K)
+{
+    uint8_t *u = (uint8_t *)q;
+    const long k4 = ceil_div(K, 4) * 4;
+    for (long k = 0; k < k4; k++) {
+        int v = k < K ? q[k] : 0;
+        u[k] = (uint8_t)(v + 128);
+    }
+}
 #endif
 
 static qgemm_kernel kernel_of(int isa)
 {
 #ifdef QGEMM_X86
+    if (isa >= TF_ISA_AVX512_VNNI) return kernel_vnni;
     if (isa >= TF_ISA_AVX2) return kernel_avx2;
 #endif
     (void)isa;
@@ -284,6 +399,7 @@ static qgemm_kernel kernel_of(int isa)
 const char *qgemm_path_name(int isa)
 {
 #ifdef QGEMM_X86
+    if (isa >= TF_ISA_AVX512_VNNI) return "avx512_vnni (vpdpbusd, int32)";
     if (isa >= TF_ISA_AVX2) return "avx2 (vpmaddwd, int32)";
 #endif
     (void)isa;
@@ -360,7 +476,7 @@ int qgemm_packed_info(const void *packed, long bytes, int *isa, long *N, long *K
     if (bytes < (long)sizeof h) return -1;
     memcpy(&h, packed, sizeof h);
     if (memcmp(h.magic, qgemm_magic, sizeof h.magic) != 0) return -1;
-    if (h.isa < TF_ISA_GENERIC || h.isa > TF_ISA_AVX512 || h.N < 0 || h.K < 0 || h.K > QGEMM_MAX_K
+    if (h.isa < TF_ISA_GENERIC || h.isa > TF_ISA_AVX512_BF16 || h.N < 0 || h.K < 0 || h.K > QGEMM_MAX_K
         || h.N > (1L << 40)) return -1;
     qgemm_layout L = layout_of(h.isa);
     if (h.nr != L.nr || h.kg != L.kg || qgemm_packed_bytes(h.isa, h.N, h.K) != bytes) return -1;
@@ -418,14 +534,18 @@ void qgemm_packed(int isa, long M, long N, long K, const float *X, long ldx, con
     }
     float *xs = (float *)(Xq + M * ldq);
 #ifdef QGEMM_X86
-    const int avx2 = isa >= TF_ISA_AVX2;
+    const int avx2 = isa >= TF_ISA_AVX2, vnni = isa >= TF_ISA_AVX512_VNNI;
 #endif
 #pragma omp parallel for num_threads(tf_team(M * K, QGEMM_GRAIN / 4)) schedule(static)
     for (long i = 0; i < M; i++) {
         int16_t *q = Xq + i * ldq;
         memset(q + K, 0, (size_t)(ldq - K) * sizeof(int16_t));
 #ifdef QGEMM_X86
-        if (avx2) { xs[i] = quantize_row_avx2(K, X + i * ldx, q); continue; }
+        if (avx2) {
+            xs[i] = quantize_row_avx2(K, X + i * ldx, q);
+            if (vnni) to_unsigned(q, K);
+            continue;
+        }
 #endif
         xs[i] = quantize_row_c(K, X + i * ldx, NULL, q);
     }
@@ -433,6 +553,7 @@ void qgemm_packed(int isa, long M, long N, long K, const float *X, long ldx, con
     long scale_at, comp_at, panels_at;
     sections(isa, N, K, &scale_at, &comp_at, &panels_at);
     const float *ws = (const float *)((const char *)packed + scale_at);
+    const int32_t *comp = (const int32_t *)((const char *)packed + comp_at);
     const int8_t *panels = (const int8_t *)packed + panels_at;
     const long np = ceil_div(N, L.nr), panel_bytes = ceil_div(K, L.kg) * L.kg * L.nr;
     const long blocks = ceil_div(M, QGEMM_MB);
@@ -451,7 +572,7 @@ void qgemm_packed(int isa, long M, long N, long K, const float *X, long ldx, con
             const long i0 = u / groups * QGEMM_MB, m = min_l(QGEMM_MB, M - i0), g = u % groups;
             for (long p = g * per; p < min_l(np, (g + 1) * per); p++) {
                 const long j = p * L.nr;
-                kernel(m, K, Xq + i0 * ldq, ldq, xs + i0, panels + p * panel_bytes, ws + j,
+                kernel(m, K, Xq + i0 * ldq, ldq, xs + i0, panels + p * panel_bytes, ws + j, comp + j,
                        bias ? bias + j : NULL, C + i0 * ldc + j, ldc, (int)min_l(L.nr, N - j));
             }
         }

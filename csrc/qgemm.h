@@ -19,20 +19,22 @@
  * aligned, sections at 64-byte aligned offsets:
  *   header   64 bytes: "TFQGEMM1", isa, NR, KG, N, K (qgemm_packed_info reads it back)
  *   scale    float32 [Np]          ws[n], zero past N           (Np = ceil(N / NR) * NR)
- *   comp     int32   [Np]          128 * sum_k qw[n][k], zero past N: the compensation a
+ *   comp     int32   [Np]          128 * sum_k qw[n][k], zero past N: the compensation the
  *                                  u8 x s8 kernel (vpdpbusd, activations + 128) subtracts
  *   panels   int8    [Np / NR][ceil(K / KG)][NR][KG]   qw[p*NR + j][g*KG + t], zero padded
- * with, per instruction set: AVX2 (and AVX-512, which runs the AVX2 kernel): NR = 16 columns,
- * KG = 2 (k in pairs: vpmaddwd sums the two products of a pair exactly into int32);
- * generic: NR = 1, KG = 1 (each panel is one row of Q).
+ * with, per instruction set: avx512_vnni (and avx512_bf16): NR = 32 columns, KG = 4 (k in
+ * fours: vpdpbusd adds the four u8 x s8 products of a 32-bit lane into int32); AVX2 (and
+ * AVX-512 without VNNI, which runs the AVX2 kernel): NR = 16, KG = 2 (k in pairs: vpmaddwd sums
+ * the two int16 products of a pair exactly into int32); generic: NR = 1, KG = 1 (each panel is
+ * one row of Q).
  */
 #ifndef TF_QGEMM_H
 #define TF_QGEMM_H
 
 #include <stdint.h>
 
-/* The largest K: |acc| <= 127 * 127 * K and, for a future u8 x s8 kernel, 255 * 127 * K stay
- * below 2^31. */
+/* The largest K: |acc| <= 127 * 127 * K and, in the u8 x s8 kernel, 255 * 127 * K stay below
+ * 2^31. */
 #define QGEMM_MAX_K 65536L
 /* Rows whose amax is below this (2^-120) quantize to zeros with scale 0. */
 #define QGEMM_TINY 0x1p-120f
@@ -65,7 +67,8 @@ void qgemm_packed(int isa, long M, long N, long K,
                   const float *bias,             /* [N] or NULL */
                   float *C, long ldc);           /* [M, N], not overlapping X, packed or bias */
 
-/* "avx2 (vpmaddwd, int32)" or "generic (C, int32)": the path qgemm_packed takes for `isa`. */
+/* "avx512_vnni (vpdpbusd, int32)", "avx2 (vpmaddwd, int32)" or "generic (C, int32)": the path
+ * qgemm_packed takes for `isa`. */
 const char *qgemm_path_name(int isa);
 
 /* Testing hooks (tests/test_qgemm.py): all_threads: start every thread whatever the size;

@@ -16,7 +16,9 @@ import pytest
 import transformer as T
 from transformer import _C, decoding, prepared
 
-from conftest import num_threads, unit_embeddings
+from conftest import ALL_ISA_LEVELS, isa_fixture, num_threads, unit_embeddings
+
+isa = isa_fixture(ALL_ISA_LEVELS)   # the GEMMs have vnni (int8) and bf16 kernels
 
 torch = pytest.importorskip("torch")
 import bf16_oracle  # noqa: E402

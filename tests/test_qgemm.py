@@ -21,7 +21,9 @@ import pytest
 import transformer as T
 from transformer import _C, ops
 
-from conftest import ISA_LEVELS, num_threads
+from conftest import ALL_ISA_LEVELS as ISA_LEVELS, isa_fixture, num_threads
+
+isa = isa_fixture(ISA_LEVELS)   # avx512_vnni has a kernel of its own
 
 TINY = np.float32(2.0 ** -120)   # rows with amax below this quantize to zeros (qgemm.h)
 MAX_K = 65536
@@ -460,5 +462,7 @@ def test_int8_linear_refuses_bad_arguments():
 
 
 def test_build_info_names_the_int8_path(isa):
-    want = "generic (C, int32)" if isa == "generic" else "avx2 (vpmaddwd, int32)"
+    want = {"generic": "generic (C, int32)", "avx2": "avx2 (vpmaddwd, int32)",
+            "avx512": "avx2 (vpmaddwd, int32)", "avx512_vnni": "avx512_vnni (vpdpbusd, int32)",
+            "avx512_bf16": "avx512_vnni (vpdpbusd, int32)"}[isa]
     assert T.build_info()["int8"] == want
