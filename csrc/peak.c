@@ -5,8 +5,8 @@
 #include <math.h>
 #include <stdint.h>
 #include <time.h>
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd.h"
+#if TF_HAVE_X86
 #define PEAK_X86 1
 #endif
 
@@ -49,7 +49,7 @@ static int32_t madd_generic(long rounds)
 }
 
 #ifdef PEAK_X86
-__attribute__((target("avx2,fma"))) static float fma_avx2(long rounds)
+TF_TARGET_AVX2 static float fma_avx2(long rounds)
 {
     __m256 acc[CHAINS_YMM], a = _mm256_set1_ps(0.999999f), b = _mm256_set1_ps(1e-7f);
     for (int c = 0; c < CHAINS_YMM; c++) acc[c] = _mm256_set1_ps((float)c);
@@ -61,7 +61,7 @@ __attribute__((target("avx2,fma"))) static float fma_avx2(long rounds)
     return _mm256_cvtss_f32(s);
 }
 
-__attribute__((target("avx512f"))) static float fma_avx512(long rounds)
+TF_TARGET_AVX512 static float fma_avx512(long rounds)
 {
     __m512 acc[CHAINS], a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
     for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
@@ -74,7 +74,7 @@ __attribute__((target("avx512f"))) static float fma_avx512(long rounds)
 }
 
 /* vpmaddwd + vpaddd: what the AVX2 int8 kernel issues per 16 products (csrc/qgemm.c). */
-__attribute__((target("avx2"))) static int32_t madd_avx2(long rounds)
+TF_TARGET_AVX2 static int32_t madd_avx2(long rounds)
 {
     /* the products of a chain's own (changing) values, so the madd cannot be hoisted */
     __m256i acc[CHAINS_YMM], b = _mm256_set1_epi16(-5);
@@ -85,6 +85,33 @@ __attribute__((target("avx2"))) static int32_t madd_avx2(long rounds)
     __m256i s = acc[0];
     for (int c = 1; c < CHAINS_YMM; c++) s = _mm256_xor_si256(s, acc[c]);
     return _mm256_extract_epi32(s, 0);
+}
+
+/* vpdpbusd: the VNNI int8 kernel's instruction, 64 u8 x s8 products. */
+TF_TARGET_AVX512_VNNI static int32_t dpbusd_avx512(long rounds)
+{
+    __m512i acc[CHAINS], a = _mm512_set1_epi8(3), b = _mm512_set1_epi8(-5);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_epi32(c);
+    for (long r = 0; r < rounds; r++)
+#pragma GCC unroll 16
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_dpbusd_epi32(acc[c], a, b);
+    __m512i s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm512_xor_si512(s, acc[c]);
+    return _mm_cvtsi128_si32(_mm512_castsi512_si128(s));
+}
+
+/* vdpbf16ps: the bf16 GEMM kernel's instruction, 32 bf16 products added into 16 fp32 lanes. */
+TF_TARGET_AVX512_BF16 static float dpbf16_avx512(long rounds)
+{
+    __m512 acc[CHAINS];
+    const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f7f3f7f), b = (__m512bh)_mm512_set1_epi32(0x33d633d6);
+    for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_set1_ps((float)c);
+    for (long r = 0; r < rounds; r++)
+#pragma GCC unroll 16
+        for (int c = 0; c < CHAINS; c++) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+    __m512 s = acc[0];
+    for (int c = 1; c < CHAINS; c++) s = _mm512_add_ps(s, acc[c]);
+    return _mm512_reduce_add_ps(s);
 }
 #endif
 
@@ -97,12 +124,16 @@ static double measure(int kind, int isa, double seconds, double *ops_per_round)
     double start = now(), elapsed;
     do {
 #ifdef PEAK_X86
-        if (kind == 0 && isa == TF_ISA_AVX512) { peak_sink_f = fma_avx512(ROUNDS); *ops_per_round = CHAINS * 32.0; }
+        if (kind == 0 && isa >= TF_ISA_AVX512) { peak_sink_f = fma_avx512(ROUNDS); *ops_per_round = CHAINS * 32.0; }
         else if (kind == 0 && isa == TF_ISA_AVX2) { peak_sink_f = fma_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 16.0; }
+        else if (kind == 1 && isa >= TF_ISA_AVX512_VNNI) { peak_sink_i = dpbusd_avx512(ROUNDS); *ops_per_round = CHAINS * 128.0; }
         else if (kind == 1 && isa >= TF_ISA_AVX2) { peak_sink_i = madd_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 32.0; }
+        else if (kind == 2 && isa >= TF_ISA_AVX512_BF16) { peak_sink_f = dpbf16_avx512(ROUNDS); *ops_per_round = CHAINS * 64.0; }
+        else if (kind == 2 && isa >= TF_ISA_AVX512) { peak_sink_f = fma_avx512(ROUNDS); *ops_per_round = CHAINS * 32.0; }
+        else if (kind == 2 && isa == TF_ISA_AVX2) { peak_sink_f = fma_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 16.0; }
         else
 #endif
-        if (kind == 0) { peak_sink_f = fma_generic(ROUNDS); *ops_per_round = CHAINS * 2.0; }
+        if (kind != 1) { peak_sink_f = fma_generic(ROUNDS); *ops_per_round = CHAINS * 2.0; }
         else { peak_sink_i = madd_generic(ROUNDS); *ops_per_round = CHAINS * 2.0; }
         rounds += ROUNDS;
         elapsed = now() - start;
@@ -114,6 +145,12 @@ double peak_fma_gflops(int isa, double seconds)
 {
     double per_round;
     return measure(0, isa, seconds, &per_round);
+}
+
+double peak_bf16_gflops(int isa, double seconds)
+{
+    double per_round;
+    return measure(2, isa, seconds, &per_round);
 }
 
 double peak_int8_gops(int isa, double seconds)

@@ -336,16 +336,19 @@ def checksum(x):
 cdef extern from "peak.h" nogil:
     double c_peak_fma_gflops "peak_fma_gflops"(int isa, double seconds)
     double c_peak_int8_gops "peak_int8_gops"(int isa, double seconds)
+    double c_peak_bf16_gflops "peak_bf16_gflops"(int isa, double seconds)
 
 
 def peak_per_core(double seconds=0.2):
-    """{"fp32_fma_gflops": ..., "int8_gops": ...}: this core's ceilings at the SIMD level in use,
-    measured now on the calling thread (pure FMA / vpmaddwd loops, independent chains)."""
+    """{"fp32_fma_gflops": ..., "bf16_gflops": ..., "int8_gops": ...}: this core's ceilings at the
+    SIMD level in use, measured now on the calling thread (pure FMA / vdpbf16ps / vpmaddwd or
+    vpdpbusd loops, independent chains; csrc/peak.h)."""
     if not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds}")
     cdef int level = tf_isa()
-    cdef double f, i
+    cdef double f, h, i
     with nogil:
         f = c_peak_fma_gflops(level, seconds)
+        h = c_peak_bf16_gflops(level, seconds)
         i = c_peak_int8_gops(level, seconds)
-    return {"fp32_fma_gflops": f, "int8_gops": i, "isa": tf_isa_name(level).decode()}
+    return {"fp32_fma_gflops": f, "bf16_gflops": h, "int8_gops": i, "isa": tf_isa_name(level).decode()}

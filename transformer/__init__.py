@@ -22,15 +22,17 @@ def get_num_threads():
 def build_info():
     """What was built and what is in use: compiler, OpenMP, SIMD level, bf16 and int8 kernels, threads.
 
-    bf16: GEMM operands rounded to bfloat16 while packing, multiplied by the fp32 FMA kernels of
-    the SIMD level (exact products, fp32 sums); no vdpbf16ps kernel yet."""
+    bf16: GEMM operands rounded to bfloat16 while packing, then multiplied with vdpbf16ps at the
+    avx512_bf16 level, below it by the fp32 FMA kernels of the level (exact products, fp32 sums).
+    int8: vpdpbusd (u8 x s8) from avx512_vnni, vpmaddwd on AVX2 and AVX-512, plain C below."""
     return {
         "version": __version__,
         "compiler": _C.compiler(),
         "openmp": _C.openmp_version(),
         "isa": _C.isa(),
         "best_isa": _C.best_isa(),
-        "bf16": f"{_C.isa()} (bf16-rounded operands, fp32 FMA)",
+        "bf16": (f"{_C.isa()} (vdpbf16ps, fp32 sums)" if _C.isa() == "avx512_bf16"
+                 else f"{_C.isa()} (bf16-rounded operands, fp32 FMA)"),
         "int8": _C.int8_path(),
         "threads": _C.get_num_threads(),
         "cpu_count": _os.cpu_count(),
@@ -45,7 +47,8 @@ def _init_from_environment():
         try:
             _C.set_isa(isa.strip().lower())
         except ValueError:
-            raise ValueError(f"TRANSFORMER_ISA must be one of generic, avx2, avx512; got {isa!r}") from None
+            raise ValueError(f"TRANSFORMER_ISA must be one of {', '.join(_C.isa_levels())}; "
+                             f"got {isa!r}") from None
     threads = _os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
     if threads.isdigit() and int(threads) >= 1:
         _C.set_num_threads(int(threads))

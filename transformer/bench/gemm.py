@@ -20,8 +20,9 @@ int32 product) and against torch's dynamically quantized Linear (activations qua
 call, like ours), with ours at fp32 on the same shape in the same loop. Each row carries the
 instruction ceiling measured in the same run (_C.peak_per_core: a pure loop of the instruction
 the kernel issues, per core, times the thread count): `fraction_of_ceiling` is the row's figure
-over it (bf16: the fp32 FMA ceiling, since the bf16 fallback multiplies rounded operands with
-the fp32 FMAs; int8: the vpmaddwd + vpaddd ceiling on AVX2). Beside it, ours at fp32 on a large
+over it (bf16: vdpbf16ps at avx512_bf16, below it the fp32 FMA ceiling, since the fallback
+multiplies rounded operands with the fp32 FMAs; int8: vpdpbusd at avx512_vnni, vpmaddwd + vpaddd
+on AVX2). Beside it, ours at fp32 on a large
 square product (`ours_fp32_peak_gflops`, PEAK_SHAPE).
 
     python -m transformer.bench.gemm                      # JSON lines
@@ -53,8 +54,10 @@ PRECISION_SHAPES = [(2048, 512, 512), (2048, 2048, 512), (2048, 512, 2048), (102
 # The large square product whose fp32 figure the reduced-precision rows are read against.
 PEAK_SHAPE = (2048, 2048, 2048)
 PEAK_NOTE = "ours at fp32 on a large square product in this run"
-CEILING_NOTE = {"bf16": "fp32 FMA loop (the bf16 fallback multiplies with fp32 FMAs), per core x threads",
-                "int8": "the int8 kernel's instruction loop (AVX2: vpmaddwd + vpaddd), per core x threads"}
+CEILING_NOTE = {"bf16": "the bf16 kernel's instruction loop (avx512_bf16: vdpbf16ps; below it the fp32 "
+                        "FMAs the rounded operands are multiplied with), per core x threads",
+                "int8": "the int8 kernel's instruction loop (avx512_vnni: vpdpbusd; AVX2: vpmaddwd + "
+                        "vpaddd), per core x threads"}
 
 
 def _openblas_threads_setter():
@@ -296,7 +299,7 @@ def run_precisions(rng, nthreads, precisions, repeats, torch, shapes=PRECISION_S
     settle = SETTLE_S if nthreads > 1 else 0.0
     peak = _fp32_peak(rng, peak_shape, repeats)
     per_core = _C.peak_per_core(0.3)
-    ceilings = {"bf16": per_core["fp32_fma_gflops"] * nthreads, "int8": per_core["int8_gops"] * nthreads}
+    ceilings = {"bf16": per_core["bf16_gflops"] * nthreads, "int8": per_core["int8_gops"] * nthreads}
     peak.update(fp32_fma_ceiling_gflops=ceilings["bf16"], fraction_of_ceiling=peak["ours_gflops"] / ceilings["bf16"])
     records = [{**peak, "threads": nthreads}]
     for precision in precisions:
