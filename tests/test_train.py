@@ -314,3 +314,24 @@ def test_tied_target_embeddings_train_save_and_resume(tmp_path):
     assert losses(split) == losses(straight)
     model = T.Seq2SeqTransformer.load(straight)
     assert model.cfg.tie_embeddings == "target" and "generator.weight" not in model.params.data
+
+
+@pytest.mark.parametrize("free, heavy, flag, want", [(None, None, None, 0.0), (0.0, 1e9, None, 0.1),
+                                                     (0.0, 0.0, None, 0.3), (0.0, 0.0, "0.2", 0.2)])
+def test_the_default_dropout_follows_how_often_the_plan_sees_the_pairs(tmp_path, monkeypatch, capsys,
+                                                                       free, heavy, flag, want):
+    """Three steps see the 108 training pairs less than once: no dropout. With the thresholds moved
+    (train.DROPOUT_FREE_PASSES, train.HEAVY_DROPOUT_PASSES) the same run gets 0.1, then 0.3; an
+    explicit --dropout always wins. The choice is printed and saved with the model."""
+    data = write_corpus(tmp_path / "pairs.tsv")
+    if free is not None:
+        monkeypatch.setattr(train, "DROPOUT_FREE_PASSES", free)
+        monkeypatch.setattr(train, "HEAVY_DROPOUT_PASSES", heavy)
+    out = str(tmp_path / "run")
+    argv = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL, "--vocab-size", "60",
+            "--batch-tokens", "300", "--dev-fraction", "0.1", "--max-steps", "3", "--out", out]
+    assert cli.main(argv + (["--dropout", flag] if flag else [])) == 0
+    err = capsys.readouterr().err
+    if flag is None:
+        assert f"dropout {want:g}: the plan sees the training pairs" in err
+    assert load_checkpoint(out).model.cfg.dropout == want
