@@ -605,7 +605,7 @@ static const gemm_isa isa_avx512_bf16 = {
 
 /* ------------------------------------------------------------------------- */
 /* avx512_bf16: vdpbf16ps, two bf16 products added into each fp32 lane per instruction (twice the
- * products of an FMA). The same 14 x 32 tile, cache blocks and packing as AVX-512, after which each
+ * products of an FMA). The same 14 x 32 tile and packing as AVX-512 (K blocks of 512), after which each
  * packed micro-panel [kc][W] (W = MR or NR) is turned in place into [ceil(kc/2)][W] 32-bit pairs:
  * bf16(x[2t][w]) in the low half, bf16(x[2t+1][w]) (0 past kc) in the high half, the layout
  * vdpbf16ps multiplies lane by lane. Operands are rounded exactly as round_bf16 does; the products
@@ -710,8 +710,10 @@ DPBF16_KERNEL(1) DPBF16_KERNEL(2) DPBF16_KERNEL(3) DPBF16_KERNEL(4) DPBF16_KERNE
 DPBF16_KERNEL(6) DPBF16_KERNEL(7) DPBF16_KERNEL(8) DPBF16_KERNEL(9) DPBF16_KERNEL(10)
 DPBF16_KERNEL(11) DPBF16_KERNEL(12) DPBF16_KERNEL(13) DPBF16_KERNEL(14)
 
+/* KC = 512: a K block of 256 pairs keeps the B micro-panel (256 x 32 pairs, 32 KiB) and the A
+ * block (336 x 256 pairs) at fp32's footprints, with half the C updates per product. */
 static const gemm_isa isa_avx512_dpbf16 = {
-    AVX512_MR, AVX512_NR, 256, 336, 4096,
+    AVX512_MR, AVX512_NR, 512, 336, 4096,
     {0, kernel_dpbf16_1, kernel_dpbf16_2, kernel_dpbf16_3, kernel_dpbf16_4, kernel_dpbf16_5,
      kernel_dpbf16_6, kernel_dpbf16_7, kernel_dpbf16_8, kernel_dpbf16_9, kernel_dpbf16_10,
      kernel_dpbf16_11, kernel_dpbf16_12, kernel_dpbf16_13, kernel_dpbf16_14},

@@ -16,6 +16,7 @@
 #ifdef TF_EMULATE_X86
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
+#include <math.h>
 #include <string.h>
 #define TF_TARGET(features)
 #define TF_ROUNDED(v) __asm__("" : "+m"(v))   /* SIMDe's vectors live in memory */
@@ -113,6 +114,19 @@ static inline __m512 tf_emulated_dpbf16_ps(__m512 src, __m512bh a, __m512bh b)
 }
 #undef _mm512_dpbf16_ps
 #define _mm512_dpbf16_ps tf_emulated_dpbf16_ps
+/* vscalefps for finite scales: a * 2^floor(b), rounded once (SIMDe's loses accuracy). */
+static inline __m512 tf_emulated_scalef_ps(__m512 a, __m512 b)
+{
+    float x[16], y[16];
+    memcpy(x, &a, sizeof x);
+    memcpy(y, &b, sizeof y);
+    for (int i = 0; i < 16; i++)
+        x[i] = y[i] != y[i] ? y[i] : ldexpf(x[i], (int)fmaxf(fminf(floorf(y[i]), 1000.0f), -1000.0f));
+    memcpy(&a, x, sizeof x);
+    return a;
+}
+#undef _mm512_scalef_ps
+#define _mm512_scalef_ps tf_emulated_scalef_ps
 /* Fused multiply-adds with one rounding, as the hardware's (SIMDe's portable ones round twice). */
 #define TF_EMULATED_FMA(NAME, VEC, ELEM, LANES, FMA, SA, SC)                                    \
     static inline VEC tf_emulated_##NAME(VEC a, VEC b, VEC c)                                  \

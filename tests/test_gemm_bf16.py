@@ -19,6 +19,9 @@ from test_gemm import MR, NR, KC, MC, THREADS, TRANS, assert_same_bits, operand,
 isa = isa_fixture(ALL_ISA_LEVELS)   # avx512_bf16 has a kernel of its own (vdpbf16ps)
 
 TOL = 1e-6
+# The K block of the bf16 kernels (csrc/gemm.c): avx512_bf16's vdpbf16ps kernel takes 512 k
+# (256 pairs), every other level the fp32 kernels' 256.
+KC_OF = {"avx512_bf16": 512}
 
 
 def to_bf16(x):
@@ -98,9 +101,9 @@ def test_infinity_and_nan_pass_through_rounding(isa):
 @pytest.mark.parametrize("trans_a,trans_b", TRANS)
 def test_matches_the_rounded_float64_product_past_tile_and_block_edges(isa, trans_a, trans_b):
     r = rng(2)
-    mr, nr, mc = MR[isa], NR[isa], MC[isa]
-    shapes = [(1, 1, 1), (7, 1, 3), (mr + 1, nr - 1, 37), (2 * mr + 1, 2 * nr + 1, KC + 1),
-              (3, 70, 600), (mc + 1, nr + 3, 40), (5, 300, 256)]
+    mr, nr, mc, kc = MR[isa], NR[isa], MC[isa], KC_OF.get(isa, KC)
+    shapes = [(1, 1, 1), (7, 1, 3), (mr + 1, nr - 1, 37), (2 * mr + 1, 2 * nr + 1, kc + 1),
+              (3, 70, 600), (mc + 1, nr + 3, 40), (5, 300, 256), (5, 40, 2 * kc + 3)]
     for m, n, k in shapes:
         a, b = operand(r, m, k, trans_a), operand(r, k, n, trans_b)
         big, out = padded_out((m, n), fill=1.0)
@@ -146,7 +149,7 @@ def test_batched_head_views_in_place(isa, trans_a, trans_b):
 def test_bits_do_not_depend_on_threads_or_schedule(isa, threads, trans_a, trans_b):
     r = rng(6)
     forced_cases = [((), 300, 200, 300), ((), 5, 900, 300), ((), 3, 3000, 70), ((8,), 60, 70, 180),
-                    ((), 2 * MR[isa] + 3, 2 * NR[isa] + 1, KC + 3)]
+                    ((), 2 * MR[isa] + 3, 2 * NR[isa] + 1, KC_OF.get(isa, KC) + 3)]
     try:
         for batch, m, n, k in forced_cases:
             a = r.uniform(-1, 1, batch + ((k, m) if trans_a else (m, k))).astype(np.float32)
@@ -194,7 +197,9 @@ def unpack(packed, k, isa):
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_packed_b_is_rounded_once_and_a_on_every_call(isa, threads, trans_b):
     r = rng(7)
-    for m, n, k in [(1, 1, 1), (3, NR[isa] - 1, KC + 1), (8, 5 * NR[isa] + 3, 512), (MC[isa] + 5, 20, 40)]:
+    kc = KC_OF.get(isa, KC)
+    for m, n, k in [(1, 1, 1), (3, NR[isa] - 1, kc + 1), (8, 5 * NR[isa] + 3, 512), (MC[isa] + 5, 20, 40),
+                    (4, 33, 2 * kc + 3)]:
         a, b = operand(r, m, k, False), operand(r, k, n, trans_b)
         packed = _C.gemm_pack_b(b, trans_b=trans_b, bf16=True)
         assert packed.precision == "bf16"
