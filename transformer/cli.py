@@ -580,7 +580,7 @@ def build_parser():
     train.add_argument("--n-encoder-layers", dest="n_encoder_layers", type=_positive_int)
     train.add_argument("--n-decoder-layers", dest="n_decoder_layers", type=_positive_int)
     train.add_argument("--dropout", type=_fraction,
-                       help="default with --data: 0 when the budget sees the training pairs fewer than 3 times, "
+                       help="default with --data: 0 when the budget sees the training pairs fewer than 5 times, "
                             "0.3 when it sees them 20 times or more, else 0.1; 0 for the built-in task")
     train.add_argument("--activation", choices=["relu", "gelu", "silu"])
     train.add_argument("--tie-embeddings", dest="tie_embeddings", choices=["none", "target"],
