@@ -13,6 +13,7 @@ import pytest
 import transformer as T
 from transformer import cli, train
 from transformer.checkpoint import CHECKPOINT_FILE, load_checkpoint, load_for_inference
+from transformer.data import read_pairs, split_pairs
 
 SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layers", "1",
          "--n-decoder-layers", "1", "--quiet", "--threads", "1"]
@@ -335,3 +336,42 @@ def test_the_default_dropout_follows_how_often_the_plan_sees_the_pairs(tmp_path,
     if flag is None:
         assert f"dropout {want:g}: the plan sees the training pairs" in err
     assert load_checkpoint(out).model.cfg.dropout == want
+
+
+def test_choose_vocab_size_gives_one_entry_per_16_words_within_its_bounds():
+    """The default BPE size: the two sides' mean word count / VOCAB_WORDS_PER_ENTRY, rounded down
+    to a multiple of 500, clamped to [MIN_VOCAB, MAX_VOCAB] (Tatoeba English-Hindi: 1000; the
+    Bible: 4000)."""
+    def pairs(words_a_side, n=100):
+        sentence = " ".join(["w"] * (words_a_side // n))
+        return [(sentence, sentence)] * n
+
+    assert train.choose_vocab_size(pairs(100)) == train.MIN_VOCAB == 1000
+    assert train.choose_vocab_size(pairs(16 * 1499)) == 1000
+    assert train.choose_vocab_size(pairs(16 * 1500)) == 1500
+    assert train.choose_vocab_size(pairs(16 * 3999)) == 3500
+    assert train.choose_vocab_size(pairs(16 * 100000)) == train.MAX_VOCAB == 4000
+    # the mean of the two sides: 16 * 2000 words on one, none on the other
+    assert train.choose_vocab_size([(" ".join(["w"] * 320), "")] * 100) == 1000
+    assert train.choose_vocab_size([(" ".join(["w"] * 640), "")] * 100) == 2000
+
+
+def test_the_default_vocab_size_is_printed_saved_and_kept_on_resume(tmp_path, monkeypatch, capsys):
+    """Without --vocab-size a run learns choose_vocab_size's vocabularies, says so, and records the
+    size with its flags, so a resumed run keeps it (and refuses another) even if the rule changes."""
+    data = write_corpus(tmp_path / "pairs.tsv")
+    monkeypatch.setattr(train, "VOCAB_WORDS_PER_ENTRY", 0.25)   # ~450 words a side: 1500
+    out = str(tmp_path / "run")
+    argv = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL,
+            "--batch-tokens", "300", "--dev-fraction", "0.1", "--max-steps", "2", "--out", out]
+    pairs, _ = read_pairs(data, "eng", "fake")
+    want = train.choose_vocab_size(split_pairs(pairs, dev_fraction=0.1, max_dev=500)[0])
+    assert train.MIN_VOCAB < want < train.MAX_VOCAB
+    assert cli.main(argv) == 0
+    assert f"BPE vocabulary size {want} per language" in capsys.readouterr().err
+    assert load_checkpoint(out).args["vocab_size"] == want
+    monkeypatch.setattr(train, "VOCAB_WORDS_PER_ENTRY", 1000)   # the rule changes; the run does not
+    resumed = ["train", "--resume", out, "--data", data, "--quiet", "--threads", "1", "--max-steps", "3"]
+    assert cli.main(resumed) == 0
+    assert load_checkpoint(out).args["vocab_size"] == want
+    assert cli.main(resumed[:-2] + ["--max-steps", "4", "--vocab-size", "40"]) != 0

@@ -13,10 +13,11 @@ from .errors import FlagError, blame, describe
 # read is refused): train.apply_defaults fills them in.
 # Batches of 2048 tokens and BPE vocabularies of 4000 learn more in a CPU budget than the paper's
 # 25k-token batches and 37k vocabulary (or our earlier 4096 / 8000): on the Bible corpus, 10 minutes
-# of `small` gave dev BLEU 0.92 against 0.34 (benchmarks/README.md, "Ten minutes").
+# of `small` gave dev BLEU 0.92 against 0.34 (benchmarks/README.md, "Ten minutes"). The vocabulary
+# is smaller for a small corpus (train.choose_vocab_size), so it has no default here.
 TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "seed": 0, "batch_size": 64,
                   "batch_tokens": 2048, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,
-                  "vocab_size": 4000, "max_sentence_tokens": 128, "dev_fraction": 0.05, "dev_max": 500,
+                  "max_sentence_tokens": 128, "dev_fraction": 0.05, "dev_max": 500,
                   "eval_limit": 200}
 DECODE_PRECISION_HELP = ("fp32 (default; int8 for a model written by `transformer quantize`); bf16: linear "
                          "maps on bfloat16 operands with float32 sums; int8: linear maps on int8 weights (one "
@@ -616,7 +617,9 @@ def build_parser():
     train.add_argument("--clip-norm", type=_non_negative_float,
                        help=f"clip gradients to this global norm (0: off; default {TRAIN_DEFAULTS['clip_norm']})")
     train.add_argument("--vocab-size", type=_positive_int,
-                       help=f"with --data: BPE vocabulary size per language (default {TRAIN_DEFAULTS['vocab_size']})")
+                       help="with --data: BPE vocabulary size per language (default: one per 16 words of the "
+                            "training text, per language on average, rounded down to a multiple of 500, "
+                            "between 1000 and 4000)")
     train.add_argument("--max-sentence-tokens", type=_positive_int,
                        help="with --data: longer training pairs are skipped; also the model's positions "
                             f"(default {TRAIN_DEFAULTS['max_sentence_tokens']})")
