@@ -3,6 +3,7 @@ fixed global batches, each rank on its shard (rows rank::N), then every rank wri
 
     python tests/dp_worker.py OUT_DIR [plain]     # plain: no DataParallel, the whole batch
     python tests/dp_worker.py OUT_DIR stall       # rank 1 answers late: rank 0 times out after 2 s
+                                                  # and writes the error to OUT_DIR/stall-<rank>.txt
 """
 import os
 import sys
@@ -24,7 +25,7 @@ def batch(step, B=6, S=7, T_=6, vocab=23):
     return src, tgt[:, :-1], tgt[:, 1:]
 
 
-def stall():
+def stall(out):
     from transformer.distributed import DistributedError
 
     cfg = T.ModelConfig(src_vocab_size=23, tgt_vocab_size=23, d_model=16, n_heads=2, d_ff=32,
@@ -37,7 +38,9 @@ def stall():
     try:
         dp.forward_backward(src, tgt_in, tgt_out)
     except DistributedError as exc:
-        print(exc, flush=True)
+        # a file, not stdout: Abort can end the job before mpiexec forwards what was printed
+        with open(os.path.join(out, f"stall-{dp.rank}.txt"), "w") as f:
+            f.write(str(exc))
         dp.comm.Abort(3)
 
 
@@ -74,6 +77,6 @@ def main(out, plain=False):
 if __name__ == "__main__":
     mode = sys.argv[2] if len(sys.argv) > 2 else ""
     if mode == "stall":
-        stall()
+        stall(sys.argv[1])
     else:
         main(sys.argv[1], plain=mode == "plain")

@@ -103,8 +103,10 @@ def test_a_silent_rank_times_out(tmp_path):
     """A rank that stops answering makes the others raise DistributedError naming what they waited for,
     after the DataParallel's timeout, instead of waiting forever."""
     done = mpirun(2, sys.executable, os.path.join(HERE, "dp_worker.py"), str(tmp_path), "stall", timeout=120)
-    assert "rank 0: no answer from the other ranks for 2 s while waiting for the target count" in done.stdout, \
-        done.stdout + done.stderr
+    written = tmp_path / "stall-0.txt"
+    assert written.exists(), done.stdout + done.stderr
+    assert "rank 0: no answer from the other ranks for 2 s while waiting for the target count" in \
+        written.read_text(), done.stdout + done.stderr
 
 
 # -- transformer train under mpirun -----------------------------------------------------------------
