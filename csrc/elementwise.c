@@ -268,10 +268,6 @@ AVX2_TARGET static inline __m256 act_grad_avx2(__m256 x, __m256 g, int act)
     return _mm256_and_ps(_mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_NLE_UQ), g);
 }
 
-AVX2_TARGET static inline __m256i tail_mask_avx2(size_t rem)
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)rem), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 #endif
 
 /* ---- residual add ----------------------------------------------------------------------- */
@@ -314,7 +310,7 @@ AVX512_TARGET static void add_range_avx512(const float *a, const float *b, float
 AVX2_TARGET static inline void add_masked_avx2(const float *a, const float *b, float *out, size_t i,
                                                size_t count)
 {
-    __m256i m = tail_mask_avx2(count);
+    __m256i m = tf_lanes8(count);
     _mm256_maskstore_ps(out + i, m, _mm256_add_ps(_mm256_maskload_ps(a + i, m),
                                                   _mm256_maskload_ps(b + i, m)));
 }
@@ -391,7 +387,7 @@ AVX2_TARGET static void bias_rows_avx2(float *x, const float *bias, size_t r0, s
         for (; j + 8 <= D; j += 8)
             _mm256_storeu_ps(row + j, _mm256_add_ps(_mm256_loadu_ps(row + j), _mm256_loadu_ps(bias + j)));
         if (j < D) {
-            __m256i m = tail_mask_avx2(D - j);
+            __m256i m = tf_lanes8(D - j);
             _mm256_maskstore_ps(row + j, m, _mm256_add_ps(_mm256_maskload_ps(row + j, m),
                                                           _mm256_maskload_ps(bias + j, m)));
         }
@@ -573,7 +569,7 @@ AVX512_TARGET static void bias_act_rows_avx512(float *x, const float *bias, floa
 AVX2_TARGET static inline void bias_act_masked_avx2(float *xr, const float *bias, float *outr,
                                                     size_t j, size_t count, int act)
 {
-    __m256i m = tail_mask_avx2(count);
+    __m256i m = tf_lanes8(count);
     __m256 v = _mm256_add_ps(_mm256_maskload_ps(xr + j, m), _mm256_maskload_ps(bias + j, m));
     _mm256_maskstore_ps(xr + j, m, v);
     _mm256_maskstore_ps(outr + j, m, act_avx2(v, act));
@@ -671,7 +667,7 @@ AVX2_TARGET static inline void act_backward_masked_avx2(const float *dout, const
                                                         float *dx, size_t i, size_t count, int act,
                                                         int accumulate)
 {
-    __m256i m = tail_mask_avx2(count);
+    __m256i m = tf_lanes8(count);
     __m256 g = act_grad_avx2(_mm256_maskload_ps(pre + i, m), _mm256_maskload_ps(dout + i, m), act);
     if (accumulate) {
         ROUNDED(g);

@@ -342,13 +342,6 @@ static inline __attribute__((always_inline)) TARGET_AVX2 void transpose8(__m256 
     }
 }
 
-/* Lanes [0, n) of 8 (n clamped to [0, 8]) as a maskload/maskstore mask. */
-static inline __attribute__((always_inline)) TARGET_AVX2 __m256i lanes8(long n)
-{
-    n = n < 0 ? 0 : n > 8 ? 8 : n;
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* pack_a_any for MR = 6: a row-major A is transposed 8 k-values at a time (the portable loop
  * stores one float per 24 bytes: 7% of a training step on Zen 3). */
 static TARGET_AVX2 void pack_a_avx2(int trans_a, const float *A, long lda, long m, long kc, float *Ap)
@@ -358,7 +351,7 @@ static TARGET_AVX2 void pack_a_avx2(int trans_a, const float *A, long lda, long 
         int mr = m - ip < MR ? (int)(m - ip) : MR;
         float *dst = Ap + ip * kc;
         if (trans_a) {
-            __m256i mm = lanes8(mr);
+            __m256i mm = tf_lanes8(mr);
             for (long k = 0; k < kc; k++) {
                 __m256 v = _mm256_maskload_ps(A + k * lda + ip, mm);
                 _mm_storeu_ps(dst + k * MR, _mm256_castps256_ps128(v));
@@ -367,7 +360,7 @@ static TARGET_AVX2 void pack_a_avx2(int trans_a, const float *A, long lda, long 
             continue;
         }
         for (long k0 = 0; k0 < kc; k0 += 8) {
-            __m256i mk = lanes8(kc - k0);
+            __m256i mk = tf_lanes8(kc - k0);
             __m256 r[8];
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++)
@@ -390,7 +383,7 @@ static TARGET_AVX2 void pack_b_avx2(int trans_b, const float *B, long ldb, long 
         int nr = n - jp < NR ? (int)(n - jp) : NR;
         float *dst = Bp + jp * kc;
         if (!trans_b) {
-            __m256i m0 = lanes8(nr), m1 = lanes8(nr - 8);
+            __m256i m0 = tf_lanes8(nr), m1 = tf_lanes8(nr - 8);
             const float *src = B + jp;
             for (long k = 0; k < kc; k++) {
                 _mm256_storeu_ps(dst + k * NR, _mm256_maskload_ps(src + k * ldb, m0));
@@ -401,7 +394,7 @@ static TARGET_AVX2 void pack_b_avx2(int trans_b, const float *B, long ldb, long 
         for (int h = 0; h < 2; h++) {
             int j0 = 8 * h, jn = nr - j0;   /* columns j0 .. j0+jn of this half */
             for (long k0 = 0; k0 < kc; k0 += 8) {
-                __m256i mk = lanes8(kc - k0);
+                __m256i mk = tf_lanes8(kc - k0);
                 __m256 r[8];
 #pragma GCC unroll 8
                 for (int j = 0; j < 8; j++)

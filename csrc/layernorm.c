@@ -226,11 +226,6 @@ TF_TARGET_AVX512 static void layernorm_backward_chunk_avx512(float *dx, float *d
 /* ------------------------------------------------------------------------- */
 /* AVX2 */
 
-TF_TARGET_AVX2 static inline __m256i ln_lanes8(long count)
-{
-    if (count > 8) count = 8;
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 TF_TARGET_AVX2 static inline float ln_hsum8(__m256 v)
 {
@@ -243,14 +238,14 @@ TF_TARGET_AVX2 static inline float ln_hsum8(__m256 v)
 TF_TARGET_AVX2 static inline void ln_store8(float *dst, long count, __m256 v)
 {
     if (count >= 8) _mm256_storeu_ps(dst, v);
-    else if (count > 0) _mm256_maskstore_ps(dst, ln_lanes8(count), v);
+    else if (count > 0) _mm256_maskstore_ps(dst, tf_lanes8(count), v);
 }
 
 /* The first `count` floats at src, zeros past them (nothing read past them). */
 TF_TARGET_AVX2 static inline __m256 ln_load8(const float *src, long count)
 {
     if (count >= 8) return _mm256_loadu_ps(src);
-    return _mm256_maskload_ps(src, ln_lanes8(count));
+    return _mm256_maskload_ps(src, tf_lanes8(count));
 }
 
 /* R consecutive rows, interleaved (as layernorm_rows_avx512). */
@@ -290,7 +285,7 @@ TF_TARGET_AVX2 static TF_ALWAYS_INLINE void layernorm_rows_avx2(
         }
     }
     for (; c < D; c += 8) {
-        __m256 k = _mm256_castsi256_ps(ln_lanes8(D - c));
+        __m256 k = _mm256_castsi256_ps(tf_lanes8(D - c));
 #pragma GCC unroll 2
         for (int i = 0; i < R; i++) {
             __m256 d = _mm256_and_ps(_mm256_sub_ps(ln_load8(x + i * D + c, D - c), vmean[i]), k);
@@ -340,7 +335,7 @@ TF_TARGET_AVX2 static TF_ALWAYS_INLINE void layernorm_backward_rows_avx2(
     }
     for (long c = 0; c < D; c += 8) {
         long cnt = D - c;
-        __m256 k = _mm256_castsi256_ps(ln_lanes8(cnt));
+        __m256 k = _mm256_castsi256_ps(tf_lanes8(cnt));
         __m256 vw = ln_load8(w + c, cnt);
         __m256 dwv = ln_load8(dwp + c, cnt), dbv = ln_load8(dbp + c, cnt);
 #pragma GCC unroll 2

@@ -191,10 +191,6 @@ TARGET_AVX512 static void row_shift_avx512(const float *x, float *out, long V, f
 /* ------------------------------------------------------------------------------------------ */
 /* AVX2 + FMA */
 
-TARGET_AVX2 static inline __m256i tail_mask_avx2(long k) /* first k of 8 lanes */
-{
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)k), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 #define ADD_PD_256(acc_lo, acc_hi, v)                                                           \
     do {                                                                                        \
@@ -216,7 +212,7 @@ row_stats_avx2_body(const float *x, float *e, long V, const int store, const int
     const long block = SUM_BLOCK / 2;
     const long Vv = V & ~7L;
     const long nt = V - Vv;
-    const __m256i tail = tail_mask_avx2(nt);
+    const __m256i tail = tf_lanes8(nt);
     const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
     const __m256 zero = _mm256_setzero_ps();
 
@@ -299,7 +295,7 @@ TARGET_AVX2 static void row_scale_avx2(float *d, long V, float a, float b)
     for (; c + 8 <= V; c += 8)
         _mm256_storeu_ps(d + c, _mm256_fmsub_ps(_mm256_loadu_ps(d + c), av, bv));
     if (c < V) {
-        __m256i tail = tail_mask_avx2(V - c);
+        __m256i tail = tf_lanes8(V - c);
         _mm256_maskstore_ps(d + c, tail, _mm256_fmsub_ps(_mm256_maskload_ps(d + c, tail), av, bv));
     }
 }
@@ -311,7 +307,7 @@ TARGET_AVX2 static void row_shift_avx2(const float *x, float *out, long V, float
     for (; c + 8 <= V; c += 8)
         _mm256_storeu_ps(out + c, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), mv), lv));
     if (c < V) {
-        __m256i tail = tail_mask_avx2(V - c);
+        __m256i tail = tf_lanes8(V - c);
         __m256 xv = _mm256_maskload_ps(x + c, tail);
         _mm256_maskstore_ps(out + c, tail, _mm256_sub_ps(_mm256_sub_ps(xv, mv), lv));
     }

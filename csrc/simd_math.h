@@ -48,6 +48,14 @@ TF_TARGET_AVX512 static inline __mmask16 tf_lanes16(long count)
     return count >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << count) - 1u);
 }
 
+/* The first `count` lanes of an 8-lane (AVX2) vector, as a maskload / maskstore mask (count may
+ * be <= 0 or >= 8). */
+TF_TARGET_AVX2 static inline __m256i tf_lanes8(long count)
+{
+    count = count < 0 ? 0 : count > 8 ? 8 : count;
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
 /* The first `count` floats at src (zeros past them, nothing read past them) / stored to dst.
  * Full vectors use plain loads and stores: masked ones are slower on some cores, and masked
  * stores do not forward to later loads. */

@@ -332,15 +332,10 @@ TF_TARGET_AVX512 static void exp_array_avx512(float *out, const float *x, long n
 /* ------------------------------------------------------------------------- */
 /* AVX2: 8 keys per vector, masks as all-ones lanes. */
 
-TF_TARGET_AVX2 static inline __m256i first_lanes8(long count)
-{
-    if (count > 8) count = 8;
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)count), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
 
 TF_TARGET_AVX2 static inline __m256i visible8(long k, long n, const uint8_t *pad)
 {
-    if (!pad) return first_lanes8(n - k);
+    if (!pad) return tf_lanes8(n - k);
     if (n - k >= 8) {
         __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(pad + k)));
         return _mm256_cmpeq_epi32(bytes, _mm256_setzero_si256());
@@ -370,7 +365,7 @@ TF_TARGET_AVX2 static inline float hsum8(__m256 v)
 TF_TARGET_AVX2 static inline void store8(float *dst, long count, __m256 v)
 {
     if (count >= 8) _mm256_storeu_ps(dst, v);
-    else if (count > 0) _mm256_maskstore_ps(dst, first_lanes8(count), v);
+    else if (count > 0) _mm256_maskstore_ps(dst, tf_lanes8(count), v);
 }
 
 /* The first `count` floats at src (zeros past them; nothing read past them). Full vectors use a
@@ -378,7 +373,7 @@ TF_TARGET_AVX2 static inline void store8(float *dst, long count, __m256 v)
 TF_TARGET_AVX2 static inline __m256 load8(const float *src, long count)
 {
     if (count >= 8) return _mm256_loadu_ps(src);
-    return _mm256_maskload_ps(src, first_lanes8(count));
+    return _mm256_maskload_ps(src, tf_lanes8(count));
 }
 
 TF_TARGET_AVX2 static void softmax_row_long_avx2(float *p, const float *s, const uint8_t *pad,
@@ -495,7 +490,7 @@ TF_TARGET_AVX2 static void softmax_backward_rows_avx2(float *ds, const float *p,
 TF_TARGET_AVX2 static void exp_array_avx2(float *out, const float *x, long n)
 {
     for (long k = 0; k < n; k += 8) {
-        __m256i m = first_lanes8(n - k);
+        __m256i m = tf_lanes8(n - k);
         store8(out + k, n - k, tf_exp_avx2(_mm256_maskload_ps(x + k, m)));
     }
 }
