@@ -10,6 +10,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 /* Levels, each including the ones below it:
  *   avx2:        AVX2 + FMA
@@ -34,6 +37,9 @@ int tf_probe_team(void);         /* threads a full-size parallel region really s
 /* Threads to use for `work` units when each thread should get at least `grain`. */
 static inline int tf_team(long work, long grain)
 {
+#ifdef _OPENMP
+    if (omp_in_parallel()) return 1;   /* a kernel called by one thread of a team: runs on it alone */
+#endif
     int threads = tf_get_num_threads();
     long useful = grain > 0 ? work / grain : work;
     if (useful < 1) useful = 1;

@@ -9,6 +9,11 @@ encoder output. Greedy and beam search are batched, stop per sentence at EOS or
 at its length limit, and drop finished sentences from the batch so later steps
 cost less.
 
+A step runs in C (csrc/decoder.h): the kernels below, called in the same order as
+DecoderCache._step_python calls them (which stays, for return_attention and as the reference of
+the tests), with no interpreter between them; when the weights are small, its rows are split
+across the threads (step_groups), each running the whole step on its own block.
+
 Every step multiplies a few rows by every decoder weight, so the weights stream
 from memory each step: they are kept packed as the kernels read them (_C.gemm_pack_b),
 which makes that stream sequential. The model keeps the call's buffers (packed
@@ -59,6 +64,33 @@ def int8_generator(cfg):
     return "int8" if cfg.tgt_vocab_size * d > layers else "fp32"
 
 
+# Decoding splits a step's rows across threads (csrc/decoder.h) when the weights a step reads
+# are at most GROUP_WEIGHT_BYTES, in blocks of at least MIN_GROUP_ROWS rows. Each thread then
+# reads every weight: cheap while they stay in cache, and it replaces a meeting of the team per
+# kernel (whose small products mostly ran on one thread) by one per step. Measured at 2 threads
+# (Zen 3, steps/s, split rows against split kernels): tiny greedy (4 MB of weights) 1.25x fp32,
+# 1.31x int8; small (15 MB) 1.07x at B=32, 1.24x at B=8; base (104 MB fp32, 38 MB int8) 0.93x
+# fp32, 1.00x int8: there each kernel splits well and one copy of the weights streams from memory.
+# DECODE_GROUPS: None (that rule) or a fixed count (tests, benchmarks).
+GROUP_WEIGHT_BYTES = 32 << 20
+MIN_GROUP_ROWS = 4
+DECODE_GROUPS = None
+
+
+def step_groups(cfg, precision, threads):
+    """Blocks of rows a decoding step of a model of config `cfg` is split into, one per thread
+    (at most: a step of n rows takes min(this, n // MIN_GROUP_ROWS), at least 1)."""
+    if DECODE_GROUPS is not None:
+        return DECODE_GROUPS
+    d = cfg.d_model
+    layers = cfg.n_decoder_layers * (6 * d * d + 2 * d * cfg.d_ff)
+    generator = cfg.tgt_vocab_size * d
+    size = {"fp32": 4, "bf16": 4, "int8": 1}      # bf16 is packed as float32 below avx512_bf16
+    step_bytes = layers * size[precision] + generator * size[
+        int8_generator(cfg) if precision == "int8" else precision]
+    return threads if step_bytes <= GROUP_WEIGHT_BYTES else 1
+
+
 def _buffers(ws):
     """buffer(key, shape): a float32 view of `ws`'s array for `key`, grown on demand (contents are
     never carried over from one call to the next)."""
@@ -83,6 +115,7 @@ class StepWeights:
         H = cfg.n_heads
         dh = D // H
         self.S = S
+        self.precision = precision
 
         # Cross-attention keys and values: once per sentence, [B, H, S, dh].
         self.memory_k, self.memory_v = [], []
@@ -192,6 +225,16 @@ class DecoderCache:
         self.rstd = np.empty(N, f32)
         self.keep_attention = keep_attention
         self.attention = [] if keep_attention else None
+        # The step in C (csrc/decoder.h: the same kernels and bits as _step_python, which stays
+        # for return_attention's probabilities and as the tests' reference).
+        self._native = None if keep_attention else _C.DecoderStep(
+            [dict(w, memory_k=k, memory_v=v, self_k=sk, self_v=sv)
+             for w, k, v, sk, sv in zip(self.layers, self.memory_k, self.memory_v, self.self_k, self.self_v)],
+            self.generator, self.final_norm, self.embed, self.embed_scale, self.pe, self.src_pad,
+            dict(x=self.x, h=self.h, tmp=self.tmp, ctx=self.ctx, query=self.query, qkv=self.qkv,
+                 ff_pre=self.ff_pre, ff_act=self.ff_act, logits=self.logits, mean=self.mean, rstd=self.rstd),
+            H, cfg.activation, cfg.norm_first)
+        self._groups = step_groups(cfg, shared.precision, _C.get_num_threads())
 
     def _layer_norm(self, weight_bias, x, out, n):
         _C.layernorm_forward(x[:n], weight_bias[0], weight_bias[1], out[:n], self.mean[:n], self.rstd[:n])
@@ -210,7 +253,15 @@ class DecoderCache:
         self._mul(weight_bias[0], x, out, weight_bias[1])
 
     def step(self, ids, t):
-        """Feed token ids [n] at position t; returns logits [n, V] (a view, valid until the next step)."""
+        """Feed token ids [n] (int64, C-contiguous) at position t; returns logits [n, V] (a view,
+        valid until the next step)."""
+        if self._native is None:
+            return self._step_python(ids, t)
+        return self._native.step(ids, t, self.slot, self.origin, self.sentence,
+                                 min(self._groups, max(1, len(ids) // MIN_GROUP_ROWS)))
+
+    def _step_python(self, ids, t):
+        """step, one kernel call at a time from Python."""
         cfg, D, n = self.cfg, self.D, len(ids)
         x, h, tmp, ctx, qkv = self.x[:n], self.h[:n], self.tmp[:n], self.ctx[:n], self.qkv[:n]
         slot, origin, sentence = self.slot[:n], self.origin[:n], self.sentence[:n]

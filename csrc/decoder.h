@@ -1,0 +1,64 @@
+/* One decoding step of the whole decoder in C: the token embedding, every layer (masked
+ * self-attention over the key/value cache, cross-attention over the encoder output, the
+ * feed-forward network, residuals and layer norms), the final norm and the output projection,
+ * for n rows at once ("Attention Is All You Need" section 3, one query row per hypothesis).
+ *
+ * It calls the same kernels, in the same order, as transformer/decoding.py's step in Python, so
+ * its logits have exactly those bits. Two things it adds:
+ *
+ * - no interpreter between the kernels (a tiny model's step is a few hundred microseconds, and
+ *   some thirty Python calls per layer were a sixth of it);
+ * - rows split across threads: with groups > 1 each thread runs the whole step for its own
+ *   block of rows, every kernel inside on one thread (cpu.h: tf_team gives 1 inside a parallel
+ *   region). When a step's matrices are small, each kernel on its own is too short to split
+ *   (the team costs more than it saves), so several threads were no faster than one; split by
+ *   rows, the threads meet once per step instead of once per kernel. Every kernel here computes
+ *   each row on its own, so the bits do not depend on the grouping.
+ */
+#ifndef TF_DECODER_H
+#define TF_DECODER_H
+
+#include <stdint.h>
+
+/* x @ W^T (+ bias) with W prepared once per call: packed floats for gemm_packed (fp32 or bf16,
+ * prec GEMM_FP32 | GEMM_BF16, packed for instruction set `isa`), or int8 bytes from qgemm_pack. */
+typedef struct {
+    const void *w;
+    int int8;           /* 1: qgemm_packed on w */
+    int prec;           /* gemm_packed's precision when !int8 */
+    int isa;            /* the level w was packed for */
+    long N, K;
+    const float *bias;  /* [N] or NULL */
+} tf_linear;
+
+typedef struct {
+    const float *norm_w[3], *norm_b[3];   /* norm1 (self-attention), norm2 (cross), norm3 (FF) */
+    tf_linear qkv, self_out, cross_q, cross_out, linear1, linear2;
+    const float *memory_k, *memory_v;     /* [B, H, S, dh] cross-attention keys and values */
+    float *self_k, *self_v;               /* [N, H, Tmax, dh] self-attention caches */
+} tf_decoder_layer;
+
+typedef struct {
+    long D, H, dh, d_ff, V, S, Tmax, B, N, n_layers;
+    int norm_first;       /* 1: pre-LN; 0: post-LN (the paper's) */
+    int activation;       /* TF_ACT_* (elementwise.h) */
+    float embed_scale, scale, eps;
+    const float *embed;   /* [V, D] target embedding table (dequantized for int8) */
+    const float *pe;      /* [Tmax, D] positional encodings */
+    const uint8_t *src_pad;        /* [B, S], 1 = padding */
+    const float *final_w, *final_b;   /* the final norm, or NULL */
+    tf_linear generator;
+    const tf_decoder_layer *layers;
+    /* step buffers, N rows each */
+    float *x, *h, *tmp, *ctx, *query, *qkv, *ff_pre, *ff_act, *logits, *mean, *rstd;
+} tf_decoder;
+
+/* Feed ids[0..n) at position t. Row r writes cache row slot[r] (distinct), reads its history
+ * through origin[r * ld_origin + j] (origin[r, t] is set to slot[r] here) and its sentence's
+ * encoder output through sentence[r]. Writes logits[0..n) (d->logits, [n, V]). groups: threads
+ * that each take a block of rows (1: one block, every kernel with the process's team). The
+ * caller checks every index (pyx/decoder.pxi). */
+void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const int64_t *slot,
+                  int64_t *origin, long ld_origin, const int64_t *sentence, int groups);
+
+#endif

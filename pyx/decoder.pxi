@@ -1,0 +1,303 @@
+# The decoder's step in C (csrc/decoder.h). Included by _C.pyx.
+
+from libc.stdlib cimport calloc, free
+
+cdef extern from "decoder.h" nogil:
+    ctypedef struct tf_linear:
+        const void *w
+        int int8
+        int prec
+        int isa
+        long N, K
+        const float *bias
+    ctypedef struct tf_decoder_layer:
+        const float *norm_w[3]
+        const float *norm_b[3]
+        tf_linear qkv, self_out, cross_q, cross_out, linear1, linear2
+        const float *memory_k
+        const float *memory_v
+        float *self_k
+        float *self_v
+    ctypedef struct tf_decoder:
+        long D, H, dh, d_ff, V, S, Tmax, B, N, n_layers
+        int norm_first, activation
+        float embed_scale, scale, eps
+        const float *embed
+        const float *pe
+        const uint8_t *src_pad
+        const float *final_w
+        const float *final_b
+        tf_linear generator
+        const tf_decoder_layer *layers
+        float *x
+        float *h
+        float *tmp
+        float *ctx
+        float *query
+        float *qkv
+        float *ff_pre
+        float *ff_act
+        float *logits
+        float *mean
+        float *rstd
+    void c_decoder_step "decoder_step"(const tf_decoder *d, const int64_t *ids, long n, long t,
+                                       const int64_t *slot, int64_t *origin, long ld_origin,
+                                       const int64_t *sentence, int groups)
+
+_DS_BUFFERS = ("x", "h", "tmp", "ctx", "query", "qkv", "ff_pre", "ff_act", "logits", "mean", "rstd")
+_DS_LINEARS = ("qkv", "self_out", "cross_q", "cross_out", "linear1", "linear2")
+
+
+cdef float *_ds_f32(object a, str name, tuple shape, bint writeable) except NULL:
+    _check_f32(a, name, len(shape), writeable)
+    if a.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{name} must not be empty")
+    return <float *>cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef void _ds_linear(tf_linear *out, object pair, str name, long N, long K, list keep) except *:
+    """(prepared weight, bias) -> out: a PackedMatrix from gemm_pack_b or int8 bytes from
+    qgemm_pack, of op(W) = [N, K]^T; bias None or float32 [N]."""
+    if not isinstance(pair, tuple) or len(pair) != 2:
+        raise TypeError(f"{name} must be a (weight, bias) tuple, got {type(pair).__name__}")
+    w, bias = pair
+    cdef PackedMatrix pm
+    cdef int level
+    cdef long n, k
+    cdef const void *pw
+    if isinstance(w, PackedMatrix):
+        pm = <PackedMatrix>w
+        if pm.data is None:
+            raise TypeError(f"{name} must be a PackedMatrix from gemm_pack_b, got an empty one")
+        out.w = cnp.PyArray_DATA(<cnp.ndarray>pm.data)
+        out.int8, out.prec, out.isa, n, k = 0, pm.prec, pm.level, pm.N, pm.K
+        keep.append(pm)
+    else:
+        _check(w, name, _QU8, 1)
+        pw = cnp.PyArray_DATA(<cnp.ndarray>w)
+        if <size_t>pw % 64 or c_qgemm_packed_info(pw, w.shape[0], &level, &n, &k) != 0:
+            raise ValueError(f"{name} is not a buffer from qgemm_pack (bad alignment, header or size)")
+        out.w, out.int8, out.prec, out.isa = pw, 1, 0, level
+        keep.append(w)
+    if n != N or k != K:
+        raise ValueError(f"{name} must be [{N}, {K}] weights, got [{n}, {k}]")
+    out.N, out.K = N, K
+    out.bias = NULL
+    if bias is not None:
+        out.bias = _ds_f32(bias, f"{name} bias", (N,), False)
+        keep.append(bias)
+
+
+cdef class DecoderStep:
+    """The decoder's step in C over arrays decoding.py's DecoderCache holds (csrc/decoder.h): the
+    same kernels and bits as its Python step. Made once per decoding call; holds every array it
+    reads or writes (nothing is copied: the caller must not resize them)."""
+    cdef tf_decoder d
+    cdef tf_decoder_layer *layers
+    cdef list keep
+    cdef object logits_buffer
+    cdef int level
+
+    def __cinit__(self):
+        self.layers = NULL
+
+    def __dealloc__(self):
+        free(self.layers)
+
+    def __init__(self, list layers, generator, final_norm, embed, float embed_scale, pe, src_pad,
+                 dict buffers, long n_heads, str activation, bint norm_first, float eps=1e-5):
+        """layers: per decoder layer a dict of norm1, norm2, norm3 ((weight, bias) float32 [D]),
+        qkv, self_out, cross_q, cross_out, linear1, linear2 ((prepared weight, bias), as
+        _ds_linear takes), memory_k, memory_v (float32 [B, H, S, dh]), self_k, self_v (float32
+        writeable [N, H, Tmax, dh]). generator: (prepared weight, bias) of [V, D]; final_norm: None
+        or (weight, bias); embed: float32 [V, D]; pe: float32 [Tmax, D]; src_pad: bool [B, S];
+        buffers: writeable float32 arrays named as in _DS_BUFFERS with N rows, disjoint."""
+        if not layers:
+            raise ValueError("layers must not be empty")
+        self.keep = []
+        cdef tf_decoder *d = &self.d
+        cdef long D, H, Tmax, N, B, S, V, F, dh
+        _check_f32(embed, "embed", 2)
+        V, D = embed.shape[0], embed.shape[1]
+        if n_heads < 1 or D % n_heads:
+            raise ValueError(f"n_heads must divide d_model = {D}, got {n_heads}")
+        H, dh = n_heads, D // n_heads
+        _check_f32(pe, "pe", 2)
+        Tmax = pe.shape[0]
+        first = layers[0]
+        if not isinstance(first, dict):
+            raise TypeError(f"layers[0] must be a dict, got {type(first).__name__}")
+        _check_f32(first.get("self_k"), "layers[0]['self_k']", 4, True)
+        _check_f32(first.get("memory_k"), "layers[0]['memory_k']", 4)
+        N, B, S = first["self_k"].shape[0], first["memory_k"].shape[0], first["memory_k"].shape[2]
+        if "ff_pre" not in buffers:
+            raise ValueError("buffers must hold 'ff_pre'")
+        _check_f32(buffers["ff_pre"], "buffers['ff_pre']", 2, True)
+        F = buffers["ff_pre"].shape[1]
+        d.D, d.H, d.dh, d.d_ff, d.V, d.S, d.Tmax, d.B, d.N = D, H, dh, F, V, S, Tmax, B, N
+        d.n_layers = len(layers)
+        d.norm_first = norm_first
+        d.activation = _ew_activation(activation)
+        d.embed_scale, d.scale, d.eps = embed_scale, <float>(1.0 / (dh ** 0.5)), _eps_arg(eps)
+        d.embed = _ds_f32(embed, "embed", (V, D), False)
+        d.pe = _ds_f32(pe, "pe", (Tmax, D), False)
+        src_pad = _check_mask(src_pad, "src_pad", 2)
+        if src_pad.shape != (B, S):
+            raise ValueError(f"src_pad must have shape {(B, S)}, got {src_pad.shape}")
+        d.src_pad = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>src_pad)
+        self.keep += [embed, pe, src_pad]
+
+        widths = dict(x=D, h=D, tmp=D, ctx=D, query=D, qkv=3 * D, ff_pre=F, ff_act=F, logits=V)
+        arrays = {}
+        for name in _DS_BUFFERS:
+            if name not in buffers:
+                raise ValueError(f"buffers must hold {name!r}")
+            shape = (N,) if name in ("mean", "rstd") else (N, widths[name])
+            _ds_f32(buffers[name], f"buffers[{name!r}]", shape, True)
+            arrays[name] = buffers[name]
+        d.x, d.h, d.tmp = _ds_f32(arrays["x"], "x", (N, D), True), _ds_f32(arrays["h"], "h", (N, D), True), \
+            _ds_f32(arrays["tmp"], "tmp", (N, D), True)
+        d.ctx, d.query = _ds_f32(arrays["ctx"], "ctx", (N, D), True), _ds_f32(arrays["query"], "query", (N, D), True)
+        d.qkv = _ds_f32(arrays["qkv"], "qkv", (N, 3 * D), True)
+        d.ff_pre, d.ff_act = _ds_f32(arrays["ff_pre"], "ff_pre", (N, F), True), \
+            _ds_f32(arrays["ff_act"], "ff_act", (N, F), True)
+        d.logits = _ds_f32(arrays["logits"], "logits", (N, V), True)
+        d.mean, d.rstd = _ds_f32(arrays["mean"], "mean", (N,), True), _ds_f32(arrays["rstd"], "rstd", (N,), True)
+        written = [(f"buffers[{k!r}]", a) for k, a in arrays.items()]
+        self.logits_buffer = arrays["logits"]
+        self.keep += [a for _, a in written]
+
+        self.layers = <tf_decoder_layer *>calloc(len(layers), sizeof(tf_decoder_layer))
+        if self.layers == NULL:
+            raise MemoryError()
+        cdef tf_decoder_layer *w
+        cdef int i, j, level
+        for i, layer in enumerate(layers):
+            if not isinstance(layer, dict):
+                raise TypeError(f"layers[{i}] must be a dict, got {type(layer).__name__}")
+            w = &self.layers[i]
+            for j, part in enumerate(("norm1", "norm2", "norm3")):
+                pair = layer.get(part)
+                if not isinstance(pair, tuple) or len(pair) != 2:
+                    raise TypeError(f"layers[{i}][{part!r}] must be a (weight, bias) tuple")
+                w.norm_w[j] = _ds_f32(pair[0], f"layers[{i}][{part!r}] weight", (D,), False)
+                w.norm_b[j] = _ds_f32(pair[1], f"layers[{i}][{part!r}] bias", (D,), False)
+                self.keep += list(pair)
+            _ds_linear(&w.qkv, layer.get("qkv"), f"layers[{i}]['qkv']", 3 * D, D, self.keep)
+            _ds_linear(&w.self_out, layer.get("self_out"), f"layers[{i}]['self_out']", D, D, self.keep)
+            _ds_linear(&w.cross_q, layer.get("cross_q"), f"layers[{i}]['cross_q']", D, D, self.keep)
+            _ds_linear(&w.cross_out, layer.get("cross_out"), f"layers[{i}]['cross_out']", D, D, self.keep)
+            _ds_linear(&w.linear1, layer.get("linear1"), f"layers[{i}]['linear1']", F, D, self.keep)
+            _ds_linear(&w.linear2, layer.get("linear2"), f"layers[{i}]['linear2']", D, F, self.keep)
+            w.memory_k = _ds_f32(layer.get("memory_k"), f"layers[{i}]['memory_k']", (B, H, S, dh), False)
+            w.memory_v = _ds_f32(layer.get("memory_v"), f"layers[{i}]['memory_v']", (B, H, S, dh), False)
+            w.self_k = _ds_f32(layer.get("self_k"), f"layers[{i}]['self_k']", (N, H, Tmax, dh), True)
+            w.self_v = _ds_f32(layer.get("self_v"), f"layers[{i}]['self_v']", (N, H, Tmax, dh), True)
+            self.keep += [layer["memory_k"], layer["memory_v"], layer["self_k"], layer["self_v"]]
+            written += [(f"layers[{i}]['self_k']", layer["self_k"]), (f"layers[{i}]['self_v']", layer["self_v"])]
+        _ds_linear(&d.generator, generator, "generator", V, D, self.keep)
+        d.final_w = d.final_b = NULL
+        if final_norm is not None:
+            if not isinstance(final_norm, tuple) or len(final_norm) != 2:
+                raise TypeError("final_norm must be None or a (weight, bias) tuple")
+            d.final_w = _ds_f32(final_norm[0], "final_norm weight", (D,), False)
+            d.final_b = _ds_f32(final_norm[1], "final_norm bias", (D,), False)
+            self.keep += list(final_norm)
+        d.layers = self.layers
+
+        # Every array written must be apart from every other array held (those read may share).
+        held = [(None, a) for a in self.keep if isinstance(a, np.ndarray)] + \
+            [(None, (<PackedMatrix>a).data) for a in self.keep if isinstance(a, PackedMatrix)]
+        held = written + [h for h in held if not any(h[1] is a for _, a in written)]
+        cdef list spans = []
+        cdef size_t lo
+        for _, a in held:    # every array here is C-contiguous: [lo, lo + nbytes)
+            lo = <size_t>cnp.PyArray_DATA(<cnp.ndarray>a)
+            spans.append((lo, lo + a.nbytes))
+        for i in range(len(written)):
+            for j in range(len(held)):
+                if j != i and spans[i][0] < spans[j][1] and spans[j][0] < spans[i][1]:
+                    raise ValueError(f"{written[i][0]} must not overlap "
+                                     f"{held[j][0] or 'the arrays it reads'}")
+
+        # One instruction set for every prepared weight (the one they were packed for).
+        self.level = d.generator.isa
+        for i in range(d.n_layers):
+            w = &self.layers[i]
+            for level in (w.qkv.isa, w.self_out.isa, w.cross_q.isa, w.cross_out.isa, w.linear1.isa,
+                          w.linear2.isa):
+                if level != self.level:
+                    raise ValueError(f"layers[{i}]: weights packed for {tf_isa_name(level).decode()}, "
+                                     f"the generator for {tf_isa_name(self.level).decode()}")
+
+    def step(self, ids, Py_ssize_t t, slot, origin, sentence, int groups=1):
+        """Feed ids (int64 [n], in [0, V)) at position t in [0, Tmax); returns logits[:n] (a view of
+        the logits buffer, valid until the next step). slot: int64 [>= n], distinct, in [0, N): the
+        cache row each row writes; origin: int64 C-contiguous writeable [>= n, Tmax], the cache row
+        that computed each earlier step of row r's hypothesis (columns < t in [0, N); column t is
+        set to slot); sentence: int64 [>= n] in [0, B). groups: threads that each take a block of
+        rows (1: every kernel with the process's team)."""
+        cdef tf_decoder *d = &self.d
+        if self.level != tf_isa():
+            raise ValueError(f"the weights were packed for the {tf_isa_name(self.level).decode()} kernels, the "
+                             f"instruction set is now {tf_isa_name(tf_isa()).decode()}: prepare them again")
+        _check(ids, "ids", _I64, 1)
+        cdef Py_ssize_t n = ids.shape[0]
+        if n > d.N:
+            raise ValueError(f"ids must have at most N = {d.N} rows, got {n}")
+        if not 0 <= t < d.Tmax:
+            raise ValueError(f"t must be in [0, {d.Tmax}), got {t}")
+        if groups < 1:
+            raise ValueError(f"groups must be >= 1, got {groups}")
+        _check(slot, "slot", _I64, 1)
+        _check(sentence, "sentence", _I64, 1)
+        _check(origin, "origin", _I64, 2, True)
+        if slot.shape[0] < n or sentence.shape[0] < n:
+            raise ValueError(f"slot and sentence must have at least {n} entries, got "
+                             f"{slot.shape[0]} and {sentence.shape[0]}")
+        if origin.shape[0] < n or origin.shape[1] != d.Tmax:
+            raise ValueError(f"origin must be [>= {n}, {d.Tmax}], got shape {origin.shape}")
+        if n == 0:
+            return self.logits_buffer[:0]
+        cdef const int64_t *pi = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>ids)
+        cdef const int64_t *ps = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>slot)
+        cdef const int64_t *pn = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>sentence)
+        cdef int64_t *po = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>origin)
+        cdef Py_ssize_t r, j, bad = -1, bad_origin = -1
+        cdef int which = 0
+        cdef unsigned char *seen = <unsigned char *>calloc(d.N, 1)
+        if seen == NULL:
+            raise MemoryError()
+        with nogil:
+            for r in range(n):
+                if pi[r] < 0 or pi[r] >= d.V:
+                    bad, which = r, 1
+                    break
+                if ps[r] < 0 or ps[r] >= d.N or seen[ps[r]]:
+                    bad, which = r, 2
+                    break
+                seen[ps[r]] = 1
+                if pn[r] < 0 or pn[r] >= d.B:
+                    bad, which = r, 3
+                    break
+                for j in range(t):
+                    if po[r * d.Tmax + j] < 0 or po[r * d.Tmax + j] >= d.N:
+                        bad, bad_origin, which = r, j, 4
+                        break
+                if which:
+                    break
+        free(seen)
+        if which == 1:
+            raise ValueError(f"ids must be in [0, {d.V}), got {ids[bad]} at {bad}")
+        if which == 2:
+            raise ValueError(f"slot must be distinct values in [0, {d.N}), got {slot[bad]} at {bad}")
+        if which == 3:
+            raise ValueError(f"sentence must be in [0, {d.B}), got {sentence[bad]} at {bad}")
+        if which == 4:
+            raise ValueError(f"origin must be in [0, {d.N}), got {origin[bad, bad_origin]} at "
+                             f"{(bad, bad_origin)}")
+        with nogil:
+            c_decoder_step(d, pi, n, t, ps, po, d.Tmax, pn, groups)
+        return self.logits_buffer[:n]

@@ -1,0 +1,146 @@
+"""The decoder's step in C (csrc/decoder.c) against the same step composed kernel by kernel from
+Python (DecoderCache._step_python), bit for bit, at every precision, SIMD level and split of the
+rows across threads; and its argument checks. (Greedy and beam search against full recomputation
+and PyTorch, which now run on this step, are in test_decoding.py and test_model_parity.py.)"""
+import numpy as np
+import pytest
+
+import transformer as T
+import transformer.decoding as dec
+from transformer import _C
+
+from conftest import ALL_ISA_LEVELS, isa_fixture, num_threads
+from test_decoding import MARIAN, make_model, padded_source
+
+isa = isa_fixture(ALL_ISA_LEVELS)
+
+
+def two_caches(model, src, precision, K, steps):
+    """A native and a Python cache over one encoder run, each with buffers of its own."""
+    shared, src_pad = dec._encode_once(model, src, precision, {})
+    native = dec.DecoderCache(model, shared, src_pad, K, steps)
+    python = dec.DecoderCache(model, shared, src_pad, K, steps)
+    return native, python
+
+
+def same_bits(a, b):
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+@pytest.mark.parametrize("options", [dict(norm_first=False), dict(norm_first=True, activation="gelu"),
+                                     dict(activation="silu", **MARIAN)])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("threads, groups", [(1, 1), (2, 1), (2, 2), (3, 3), (2, 5)])
+def test_native_step_has_the_bits_of_the_python_step(isa, options, precision, threads, groups):
+    """Beam-search-shaped: rows dropped, reordered and sharing parents between steps, so rows read
+    other rows' cache entries and the blocks of rows change from step to step."""
+    model = make_model(seed=3, **options)
+    V = model.cfg.tgt_vocab_size
+    rng = np.random.default_rng(4)
+    B, K, steps = 6, 3, 9
+    src = padded_source(rng, 40, rng.integers(1, 10, size=B))
+    with num_threads(threads):
+        native, python = two_caches(model, src, precision, K, steps)
+        native._groups = groups
+        n = B * K
+        ids = rng.integers(0, V, size=n)
+        for t in range(steps):
+            got = native.step(ids, t)
+            want = python._step_python(ids, t)
+            assert same_bits(got, want), (t, np.abs(got - want).max())
+            m = int(rng.integers(1, n + 1)) if t % 3 == 2 else n
+            keep = np.sort(rng.choice(n, size=m, replace=False))
+            parents = rng.integers(0, n, size=m)
+            for cache in (native, python):
+                cache.reorder(parents, t, keep if m < n else None)
+            n, ids = m, rng.integers(0, V, size=m)
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_greedy_and_beam_search_give_the_same_tokens_split_by_rows_or_not(groups, restore_threads):
+    model = make_model(seed=5)
+    rng = np.random.default_rng(6)
+    src = padded_source(rng, 40, rng.integers(1, 12, size=16))
+    T.set_num_threads(2)
+    before = dec.DECODE_GROUPS
+    try:
+        dec.DECODE_GROUPS = groups
+        got = model.greedy_decode(src), model.beam_search(src, beam_size=3)
+        dec.DECODE_GROUPS = 1
+        T.set_num_threads(1)
+        want = model.greedy_decode(src), model.beam_search(src, beam_size=3)
+    finally:
+        dec.DECODE_GROUPS = before
+    assert got == want
+
+
+def test_steps_are_split_by_rows_only_when_the_weights_are_small():
+    tiny = T.ModelConfig(src_vocab_size=4000, tgt_vocab_size=4000, d_model=128, n_heads=4, d_ff=512,
+                         n_encoder_layers=2, n_decoder_layers=2)
+    base = T.ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000)
+    assert dec.step_groups(tiny, "fp32", 4) == 4
+    assert dec.step_groups(tiny, "int8", 2) == 2
+    assert dec.step_groups(base, "fp32", 2) == 1
+    assert dec.step_groups(base, "int8", 2) == 1    # 38 MB: 22 M int8 weights and the fp32 projection
+    assert dec.step_groups(tiny, "fp32", 1) == 1
+
+
+def native_cache():
+    model = make_model(seed=7)
+    src = padded_source(np.random.default_rng(8), 40, [3, 5])
+    native, _ = two_caches(model, src, "fp32", 2, 6)
+    return native._native, native
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(ids=np.array([0, 1, 2, 47], np.int64)), r"ids must be in \[0, 47\), got 47 at 3"),
+    (dict(ids=np.array([0, -1], np.int64)), r"ids must be in \[0, 47\), got -1 at 1"),
+    (dict(ids=np.zeros(5, np.int64)), r"ids must have at most N = 4 rows"),
+    (dict(ids=np.zeros(4, np.int32)), r"ids must have dtype int64"),
+    (dict(t=6), r"t must be in \[0, 6\), got 6"),
+    (dict(t=-1), r"t must be in \[0, 6\), got -1"),
+    (dict(slot=np.array([0, 1, 1, 3], np.int64)), r"slot must be distinct values in \[0, 4\), got 1 at 2"),
+    (dict(slot=np.array([0, 1, 2, 4], np.int64)), r"slot must be distinct values in \[0, 4\), got 4 at 3"),
+    (dict(sentence=np.array([0, 0, 1, 2], np.int64)), r"sentence must be in \[0, 2\), got 2 at 3"),
+    (dict(origin=np.full((4, 6), 9, np.int64)), r"origin must be in \[0, 4\), got 9 at \(0, 0\)"),
+    (dict(origin=np.zeros((4, 5), np.int64)), r"origin must be \[>= 4, 6\]"),
+    (dict(groups=0), r"groups must be >= 1"),
+])
+def test_bad_step_arguments_are_named(change, match):
+    step, cache = native_cache()
+    args = dict(ids=np.zeros(4, np.int64), t=1, slot=cache.slot, origin=cache.origin,
+                sentence=cache.sentence, groups=1)
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        step.step(args["ids"], args["t"], args["slot"], args["origin"], args["sentence"], args["groups"])
+
+
+def test_a_step_after_the_instruction_set_changed_is_refused():
+    if _C.best_isa() == "generic":
+        pytest.skip("one instruction set only")
+    step, cache = native_cache()
+    try:
+        _C.set_isa("generic")
+        with pytest.raises(ValueError, match="prepare them again"):
+            step.step(np.zeros(4, np.int64), 0, cache.slot, cache.origin, cache.sentence, 1)
+    finally:
+        _C.set_isa(_C.best_isa())
+
+
+def test_overlapping_buffers_are_refused():
+    model = make_model(seed=7)
+    src = padded_source(np.random.default_rng(8), 40, [3, 5])
+    cache, _ = two_caches(model, src, "fp32", 2, 6)
+    layers = [dict(w, memory_k=k, memory_v=v, self_k=sk, self_v=sv) for w, k, v, sk, sv in
+              zip(cache.layers, cache.memory_k, cache.memory_v, cache.self_k, cache.self_v)]
+    buffers = dict(x=cache.x, h=cache.x, tmp=cache.tmp, ctx=cache.ctx, query=cache.query, qkv=cache.qkv,
+                   ff_pre=cache.ff_pre, ff_act=cache.ff_act, logits=cache.logits, mean=cache.mean,
+                   rstd=cache.rstd)
+    with pytest.raises(ValueError, match="must not overlap"):
+        _C.DecoderStep(layers, cache.generator, cache.final_norm, cache.embed, cache.embed_scale, cache.pe,
+                       cache.src_pad, buffers, model.cfg.n_heads, model.cfg.activation, model.cfg.norm_first)
+    buffers["h"] = cache.h
+    layers[1]["qkv"] = layers[0]["linear1"]
+    with pytest.raises(ValueError, match=r"layers\[1\]\['qkv'\] must be \[96, 32\] weights, got \[48, 32\]"):
+        _C.DecoderStep(layers, cache.generator, cache.final_norm, cache.embed, cache.embed_scale, cache.pe,
+                       cache.src_pad, buffers, model.cfg.n_heads, model.cfg.activation, model.cfg.norm_first)
