@@ -8,6 +8,7 @@
 #include "embedding.h"
 #include "gemm.h"
 #include "layernorm.h"
+#include "loss.h"
 #include "qgemm.h"
 #ifdef _OPENMP
 #include <omp.h>
@@ -67,7 +68,7 @@ static void residual(const tf_decoder *d, const rows_view *v, int which, const t
 }
 
 static void step_rows(const tf_decoder *d, const int64_t *ids, long n, long t, const int64_t *slot,
-                      int64_t *origin, long ld_origin, const int64_t *sentence, long r0)
+                      int64_t *origin, long ld_origin, const int64_t *sentence, int log_softmax, long r0)
 {
     if (n <= 0) return;
     const long D = d->D;
@@ -111,19 +112,21 @@ static void step_rows(const tf_decoder *d, const int64_t *ids, long n, long t, c
         top = v.h;
     }
     linear(&d->generator, top, n, v.logits, 1);
+    if (log_softmax) log_softmax_forward(v.logits, v.logits, n, d->V);
 }
 
 void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const int64_t *slot,
-                  int64_t *origin, long ld_origin, const int64_t *sentence, int groups)
+                  int64_t *origin, long ld_origin, const int64_t *sentence, int log_softmax,
+                  int groups)
 {
     if (groups > n) groups = (int)n;
     if (groups <= 1) {
-        step_rows(d, ids, n, t, slot, origin, ld_origin, sentence, 0);
+        step_rows(d, ids, n, t, slot, origin, ld_origin, sentence, log_softmax, 0);
         return;
     }
 #pragma omp parallel for num_threads(groups) schedule(static, 1)
     for (int g = 0; g < groups; g++) {
         const long r0 = n * g / groups, r1 = n * (g + 1) / groups;
-        step_rows(d, ids, r1 - r0, t, slot, origin, ld_origin, sentence, r0);
+        step_rows(d, ids, r1 - r0, t, slot, origin, ld_origin, sentence, log_softmax, r0);
     }
 }

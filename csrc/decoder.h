@@ -55,10 +55,12 @@ typedef struct {
 
 /* Feed ids[0..n) at position t. Row r writes cache row slot[r] (distinct), reads its history
  * through origin[r * ld_origin + j] (origin[r, t] is set to slot[r] here) and its sentence's
- * encoder output through sentence[r]. Writes logits[0..n) (d->logits, [n, V]). groups: threads
- * that each take a block of rows (1: one block, every kernel with the process's team). The
- * caller checks every index (pyx/decoder.pxi). */
+ * encoder output through sentence[r]. Writes logits[0..n) (d->logits, [n, V]), replaced by their
+ * log_softmax (loss.h) when log_softmax is set (beam search). groups: threads that each take a
+ * block of rows (1: one block, every kernel with the process's team). The caller checks every
+ * index (pyx/decoder.pxi). */
 void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const int64_t *slot,
-                  int64_t *origin, long ld_origin, const int64_t *sentence, int groups);
+                  int64_t *origin, long ld_origin, const int64_t *sentence, int log_softmax,
+                  int groups);
 
 #endif

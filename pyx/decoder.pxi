@@ -42,7 +42,7 @@ cdef extern from "decoder.h" nogil:
         float *rstd
     void c_decoder_step "decoder_step"(const tf_decoder *d, const int64_t *ids, long n, long t,
                                        const int64_t *slot, int64_t *origin, long ld_origin,
-                                       const int64_t *sentence, int groups)
+                                       const int64_t *sentence, int log_softmax, int groups)
 
 _DS_BUFFERS = ("x", "h", "tmp", "ctx", "query", "qkv", "ff_pre", "ff_act", "logits", "mean", "rstd")
 _DS_LINEARS = ("qkv", "self_out", "cross_q", "cross_out", "linear1", "linear2")
@@ -232,13 +232,14 @@ cdef class DecoderStep:
                     raise ValueError(f"layers[{i}]: weights packed for {tf_isa_name(level).decode()}, "
                                      f"the generator for {tf_isa_name(self.level).decode()}")
 
-    def step(self, ids, Py_ssize_t t, slot, origin, sentence, int groups=1):
+    def step(self, ids, Py_ssize_t t, slot, origin, sentence, int groups=1, bint log_softmax=False):
         """Feed ids (int64 [n], in [0, V)) at position t in [0, Tmax); returns logits[:n] (a view of
         the logits buffer, valid until the next step). slot: int64 [>= n], distinct, in [0, N): the
         cache row each row writes; origin: int64 C-contiguous writeable [>= n, Tmax], the cache row
         that computed each earlier step of row r's hypothesis (columns < t in [0, N); column t is
         set to slot); sentence: int64 [>= n] in [0, B). groups: threads that each take a block of
-        rows (1: every kernel with the process's team)."""
+        rows (1: every kernel with the process's team). log_softmax: return log_softmax(logits)
+        (computed in place) instead."""
         cdef tf_decoder *d = &self.d
         if self.level != tf_isa():
             raise ValueError(f"the weights were packed for the {tf_isa_name(self.level).decode()} kernels, the "
@@ -299,5 +300,5 @@ cdef class DecoderStep:
             raise ValueError(f"origin must be in [0, {d.N}), got {origin[bad, bad_origin]} at "
                              f"{(bad, bad_origin)}")
         with nogil:
-            c_decoder_step(d, pi, n, t, ps, po, d.Tmax, pn, groups)
+            c_decoder_step(d, pi, n, t, ps, po, d.Tmax, pn, log_softmax, groups)
         return self.logits_buffer[:n]

@@ -252,13 +252,14 @@ class DecoderCache:
     def _linear(self, weight_bias, x, out):
         self._mul(weight_bias[0], x, out, weight_bias[1])
 
-    def step(self, ids, t):
-        """Feed token ids [n] (int64, C-contiguous) at position t; returns logits [n, V] (a view,
-        valid until the next step)."""
+    def step(self, ids, t, log_softmax=False):
+        """Feed token ids [n] (int64, C-contiguous) at position t; returns logits [n, V], or their
+        log_softmax (a view, valid until the next step)."""
         if self._native is None:
-            return self._step_python(ids, t)
+            logits = self._step_python(ids, t)
+            return _C.log_softmax(logits, logits) if log_softmax else logits
         return self._native.step(ids, t, self.slot, self.origin, self.sentence,
-                                 min(self._groups, max(1, len(ids) // MIN_GROUP_ROWS)))
+                                 min(self._groups, max(1, len(ids) // MIN_GROUP_ROWS)), log_softmax)
 
     def _step_python(self, ids, t):
         """step, one kernel call at a time from Python."""
@@ -540,8 +541,7 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
     for t in range(max_len):
         nb = len(sentences)
         n = nb * K
-        logp = cache.step(ids, t)
-        _C.log_softmax(logp, logp)
+        logp = cache.step(ids, t, log_softmax=True)
         # never "nothing" or a second start; banned after the normalisation, as Hugging Face's
         # generate does, so a hypothesis's score is the model's log-probability of its tokens
         logp[:, cfg.pad_id] = logp[:, cfg.bos_id] = -np.inf
