@@ -2,6 +2,8 @@
  * transformer/decoding.py's DecoderCache._step_python makes, with the same arguments. */
 #include "decoder.h"
 
+#include <math.h>
+
 #include "attention.h"
 #include "dropout.h"
 #include "elementwise.h"
@@ -67,8 +69,26 @@ static void residual(const tf_decoder *d, const rows_view *v, int which, const t
     if (post) norm(d, v, which, w, v->tmp, v->x, n);
 }
 
+/* The first index of the maximum of x[0..V), or of its first NaN (numpy's argmax). */
+static int64_t argmax_row(const float *x, long V)
+{
+    long best = 0;
+    for (long j = 0; j < V; j++) {
+        if (x[j] != x[j]) return j;
+        if (x[j] > x[best]) best = j;
+    }
+    return best;
+}
+
+typedef struct {
+    int log_softmax, n_banned;
+    const int64_t *banned;
+    int64_t *argmax;
+} step_tail;
+
 static void step_rows(const tf_decoder *d, const int64_t *ids, long n, long t, const int64_t *slot,
-                      int64_t *origin, long ld_origin, const int64_t *sentence, int log_softmax, long r0)
+                      int64_t *origin, long ld_origin, const int64_t *sentence, const step_tail *tail,
+                      long r0)
 {
     if (n <= 0) return;
     const long D = d->D;
@@ -112,21 +132,27 @@ static void step_rows(const tf_decoder *d, const int64_t *ids, long n, long t, c
         top = v.h;
     }
     linear(&d->generator, top, n, v.logits, 1);
-    if (log_softmax) log_softmax_forward(v.logits, v.logits, n, d->V);
+    if (tail->log_softmax) log_softmax_forward(v.logits, v.logits, n, d->V);
+    for (long r = 0; r < n; r++) {
+        float *row = v.logits + r * d->V;
+        for (int b = 0; b < tail->n_banned; b++) row[tail->banned[b]] = -INFINITY;
+        if (tail->argmax) tail->argmax[r0 + r] = argmax_row(row, d->V);
+    }
 }
 
 void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const int64_t *slot,
                   int64_t *origin, long ld_origin, const int64_t *sentence, int log_softmax,
-                  int groups)
+                  const int64_t *banned, int n_banned, int64_t *argmax, int groups)
 {
+    const step_tail tail = {log_softmax, n_banned, banned, argmax};
     if (groups > n) groups = (int)n;
     if (groups <= 1) {
-        step_rows(d, ids, n, t, slot, origin, ld_origin, sentence, log_softmax, 0);
+        step_rows(d, ids, n, t, slot, origin, ld_origin, sentence, &tail, 0);
         return;
     }
 #pragma omp parallel for num_threads(groups) schedule(static, 1)
     for (int g = 0; g < groups; g++) {
         const long r0 = n * g / groups, r1 = n * (g + 1) / groups;
-        step_rows(d, ids, r1 - r0, t, slot, origin, ld_origin, sentence, log_softmax, r0);
+        step_rows(d, ids, r1 - r0, t, slot, origin, ld_origin, sentence, &tail, r0);
     }
 }

@@ -56,11 +56,13 @@ typedef struct {
 /* Feed ids[0..n) at position t. Row r writes cache row slot[r] (distinct), reads its history
  * through origin[r * ld_origin + j] (origin[r, t] is set to slot[r] here) and its sentence's
  * encoder output through sentence[r]. Writes logits[0..n) (d->logits, [n, V]), replaced by their
- * log_softmax (loss.h) when log_softmax is set (beam search). groups: threads that each take a
+ * log_softmax (loss.h) when log_softmax is set (beam search); then the tokens banned[0..n_banned)
+ * get -inf in every row, and when argmax is not NULL, argmax[r] is the first index of row r's
+ * maximum (numpy's argmax: the first NaN if there is one). groups: threads that each take a
  * block of rows (1: one block, every kernel with the process's team). The caller checks every
  * index (pyx/decoder.pxi). */
 void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const int64_t *slot,
                   int64_t *origin, long ld_origin, const int64_t *sentence, int log_softmax,
-                  int groups);
+                  const int64_t *banned, int n_banned, int64_t *argmax, int groups);
 
 #endif

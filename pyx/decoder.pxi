@@ -42,7 +42,8 @@ cdef extern from "decoder.h" nogil:
         float *rstd
     void c_decoder_step "decoder_step"(const tf_decoder *d, const int64_t *ids, long n, long t,
                                        const int64_t *slot, int64_t *origin, long ld_origin,
-                                       const int64_t *sentence, int log_softmax, int groups)
+                                       const int64_t *sentence, int log_softmax, const int64_t *banned,
+                                       int n_banned, int64_t *argmax, int groups)
 
 _DS_BUFFERS = ("x", "h", "tmp", "ctx", "query", "qkv", "ff_pre", "ff_act", "logits", "mean", "rstd")
 _DS_LINEARS = ("qkv", "self_out", "cross_q", "cross_out", "linear1", "linear2")
@@ -232,14 +233,17 @@ cdef class DecoderStep:
                     raise ValueError(f"layers[{i}]: weights packed for {tf_isa_name(level).decode()}, "
                                      f"the generator for {tf_isa_name(self.level).decode()}")
 
-    def step(self, ids, Py_ssize_t t, slot, origin, sentence, int groups=1, bint log_softmax=False):
+    def step(self, ids, Py_ssize_t t, slot, origin, sentence, int groups=1, bint log_softmax=False,
+             banned=(), argmax_out=None):
         """Feed ids (int64 [n], in [0, V)) at position t in [0, Tmax); returns logits[:n] (a view of
         the logits buffer, valid until the next step). slot: int64 [>= n], distinct, in [0, N): the
         cache row each row writes; origin: int64 C-contiguous writeable [>= n, Tmax], the cache row
         that computed each earlier step of row r's hypothesis (columns < t in [0, N); column t is
         set to slot); sentence: int64 [>= n] in [0, B). groups: threads that each take a block of
         rows (1: every kernel with the process's team). log_softmax: return log_softmax(logits)
-        (computed in place) instead."""
+        (computed in place) instead. banned: up to 8 token ids in [0, V) set to -inf in every row
+        (after log_softmax). argmax_out: None or int64 writeable [>= n], receiving each row's
+        argmax (numpy's) after the bans."""
         cdef tf_decoder *d = &self.d
         if self.level != tf_isa():
             raise ValueError(f"the weights were packed for the {tf_isa_name(self.level).decode()} kernels, the "
@@ -260,6 +264,21 @@ cdef class DecoderStep:
                              f"{slot.shape[0]} and {sentence.shape[0]}")
         if origin.shape[0] < n or origin.shape[1] != d.Tmax:
             raise ValueError(f"origin must be [>= {n}, {d.Tmax}], got shape {origin.shape}")
+        cdef int64_t ban[8]
+        cdef int n_banned = 0
+        if not isinstance(banned, tuple) or len(banned) > 8:
+            raise TypeError(f"banned must be a tuple of at most 8 token ids, got {banned!r}")
+        for b in banned:
+            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 <= b < d.V:
+                raise ValueError(f"banned must hold token ids in [0, {d.V}), got {b!r}")
+            ban[n_banned] = b
+            n_banned += 1
+        cdef int64_t *pa = NULL
+        if argmax_out is not None:
+            _check(argmax_out, "argmax_out", _I64, 1, True)
+            if argmax_out.shape[0] < n:
+                raise ValueError(f"argmax_out must have at least {n} entries, got {argmax_out.shape[0]}")
+            pa = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>argmax_out)
         if n == 0:
             return self.logits_buffer[:0]
         cdef const int64_t *pi = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>ids)
@@ -300,5 +319,5 @@ cdef class DecoderStep:
             raise ValueError(f"origin must be in [0, {d.N}), got {origin[bad, bad_origin]} at "
                              f"{(bad, bad_origin)}")
         with nogil:
-            c_decoder_step(d, pi, n, t, ps, po, d.Tmax, pn, log_softmax, groups)
+            c_decoder_step(d, pi, n, t, ps, po, d.Tmax, pn, log_softmax, ban, n_banned, pa, groups)
         return self.logits_buffer[:n]

@@ -44,13 +44,19 @@ def test_native_step_has_the_bits_of_the_python_step(isa, options, precision, th
         native._groups = groups
         n = B * K
         ids = rng.integers(0, V, size=n)
+        chosen = np.full(n + 2, -1, np.int64)
         for t in range(steps):
             log_softmax = t % 2 == 1
-            got = native.step(ids, t, log_softmax)
+            banned = (1, 5, V - 1)[:t % 4]
+            chosen[:] = -1
+            got = native.step(ids, t, log_softmax, banned, argmax_out=chosen)
             want = python._step_python(ids, t)
             if log_softmax:
                 _C.log_softmax(want, want)
+            want[:, list(banned)] = -np.inf
             assert same_bits(got, want), (t, np.abs(got - want).max())
+            assert np.array_equal(chosen[:len(ids)], want.argmax(axis=1))
+            assert (chosen[len(ids):] == -1).all()
             m = int(rng.integers(1, n + 1)) if t % 3 == 2 else n
             keep = np.sort(rng.choice(n, size=m, replace=False))
             parents = rng.integers(0, n, size=m)
@@ -108,14 +114,19 @@ def native_cache():
     (dict(origin=np.full((4, 6), 9, np.int64)), r"origin must be in \[0, 4\), got 9 at \(0, 0\)"),
     (dict(origin=np.zeros((4, 5), np.int64)), r"origin must be \[>= 4, 6\]"),
     (dict(groups=0), r"groups must be >= 1"),
+    (dict(banned=(47,)), r"banned must hold token ids in \[0, 47\), got 47"),
+    (dict(banned=[1]), r"banned must be a tuple"),
+    (dict(argmax_out=np.zeros(3, np.int64)), r"argmax_out must have at least 4 entries"),
+    (dict(argmax_out=np.zeros(4, np.float32)), r"argmax_out must have dtype int64"),
 ])
 def test_bad_step_arguments_are_named(change, match):
     step, cache = native_cache()
     args = dict(ids=np.zeros(4, np.int64), t=1, slot=cache.slot, origin=cache.origin,
-                sentence=cache.sentence, groups=1)
+                sentence=cache.sentence, groups=1, banned=(), argmax_out=None)
     args.update(change)
     with pytest.raises((ValueError, TypeError), match=match):
-        step.step(args["ids"], args["t"], args["slot"], args["origin"], args["sentence"], args["groups"])
+        step.step(args["ids"], args["t"], args["slot"], args["origin"], args["sentence"], args["groups"],
+                  False, args["banned"], args["argmax_out"])
 
 
 def test_a_step_after_the_instruction_set_changed_is_refused():

@@ -252,14 +252,21 @@ class DecoderCache:
     def _linear(self, weight_bias, x, out):
         self._mul(weight_bias[0], x, out, weight_bias[1])
 
-    def step(self, ids, t, log_softmax=False):
+    def step(self, ids, t, log_softmax=False, banned=(), argmax_out=None):
         """Feed token ids [n] (int64, C-contiguous) at position t; returns logits [n, V], or their
-        log_softmax (a view, valid until the next step)."""
-        if self._native is None:
-            logits = self._step_python(ids, t)
-            return _C.log_softmax(logits, logits) if log_softmax else logits
-        return self._native.step(ids, t, self.slot, self.origin, self.sentence,
-                                 min(self._groups, max(1, len(ids) // MIN_GROUP_ROWS)), log_softmax)
+        log_softmax (a view, valid until the next step), with the tokens `banned` at -inf; with
+        argmax_out (int64 [>= n]), also each row's argmax there."""
+        if self._native is not None:
+            return self._native.step(ids, t, self.slot, self.origin, self.sentence,
+                                     min(self._groups, max(1, len(ids) // MIN_GROUP_ROWS)), log_softmax,
+                                     banned, argmax_out)
+        logits = self._step_python(ids, t)
+        if log_softmax:
+            _C.log_softmax(logits, logits)
+        logits[:, list(banned)] = -np.inf
+        if argmax_out is not None:
+            np.argmax(logits, axis=1, out=argmax_out[:len(ids)])
+        return logits
 
     def _step_python(self, ids, t):
         """step, one kernel call at a time from Python."""
@@ -452,14 +459,18 @@ def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attentio
     alive = np.arange(B, dtype=np.int64)         # row -> sentence
     ids = np.full(B, cfg.bos_id, dtype=np.int64)
     attention = [[] for _ in range(B)]
+    chosen = np.empty(B, np.int64)
     for t in range(steps):
-        logits = cache.step(ids, t)
-        logits[:, cfg.pad_id] = logits[:, cfg.bos_id] = -np.inf   # never "nothing" or a second start
+        banned = (cfg.pad_id, cfg.bos_id)        # never "nothing" or a second start
         if no_repeat_ngram:
+            logits = cache.step(ids, t, banned=banned)
             _C.no_repeat_ngram_ban(logits, out, t, no_repeat_ngram, cfg.eos_id, rows=alive)
-        if t < min_len:
-            _forbid_eos(logits, cfg.eos_id, no_repeat_ngram > 0)
-        ids = logits.argmax(axis=1).astype(np.int64)
+            if t < min_len:
+                _forbid_eos(logits, cfg.eos_id, True)
+            ids = logits.argmax(axis=1).astype(np.int64)
+        else:                                    # the choice made in the step
+            cache.step(ids, t, banned=banned + ((cfg.eos_id,) if t < min_len else ()), argmax_out=chosen)
+            ids = chosen[:len(ids)].copy()
         out[alive, t] = ids
         if return_attention:
             for row, sentence in enumerate(alive):
@@ -541,10 +552,9 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
     for t in range(max_len):
         nb = len(sentences)
         n = nb * K
-        logp = cache.step(ids, t, log_softmax=True)
         # never "nothing" or a second start; banned after the normalisation, as Hugging Face's
         # generate does, so a hypothesis's score is the model's log-probability of its tokens
-        logp[:, cfg.pad_id] = logp[:, cfg.bos_id] = -np.inf
+        logp = cache.step(ids, t, log_softmax=True, banned=(cfg.pad_id, cfg.bos_id))
         banned = eos if t < min_len else -1
         if no_repeat_ngram:
             _C.no_repeat_ngram_ban(logp, hyps, t, no_repeat_ngram, eos)
