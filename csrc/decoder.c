@@ -5,6 +5,7 @@
 #include <math.h>
 
 #include "attention.h"
+#include "cpu.h"
 #include "dropout.h"
 #include "elementwise.h"
 #include "embedding.h"
@@ -133,6 +134,8 @@ static void step_rows(const tf_decoder *d, const int64_t *ids, long n, long t, c
     }
     linear(&d->generator, top, n, v.logits, 1);
     if (tail->log_softmax) log_softmax_forward(v.logits, v.logits, n, d->V);
+    /* One block (groups == 1) with a big vocabulary: the bans and argmax over rows in parallel. */
+#pragma omp parallel for num_threads(tf_team(n * d->V, 1L << 18)) schedule(static)
     for (long r = 0; r < n; r++) {
         float *row = v.logits + r * d->V;
         for (int b = 0; b < tail->n_banned; b++) row[tail->banned[b]] = -INFINITY;

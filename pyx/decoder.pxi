@@ -1,5 +1,6 @@
 # The decoder's step in C (csrc/decoder.h). Included by _C.pyx.
 
+from libc.math cimport sqrt
 from libc.stdlib cimport calloc, free
 
 cdef extern from "decoder.h" nogil:
@@ -141,7 +142,7 @@ cdef class DecoderStep:
         d.n_layers = len(layers)
         d.norm_first = norm_first
         d.activation = _ew_activation(activation)
-        d.embed_scale, d.scale, d.eps = embed_scale, <float>(1.0 / (dh ** 0.5)), _eps_arg(eps)
+        d.embed_scale, d.scale, d.eps = embed_scale, <float>(1.0 / sqrt(<double>dh)), _eps_arg(eps)
         d.embed = _ds_f32(embed, "embed", (V, D), False)
         d.pe = _ds_f32(pe, "pe", (Tmax, D), False)
         src_pad = _check_mask(src_pad, "src_pad", 2)

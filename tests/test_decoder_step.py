@@ -158,3 +158,26 @@ def test_overlapping_buffers_are_refused():
     with pytest.raises(ValueError, match=r"layers\[1\]\['qkv'\] must be \[96, 32\] weights, got \[48, 32\]"):
         _C.DecoderStep(layers, cache.generator, cache.final_norm, cache.embed, cache.embed_scale, cache.pe,
                        cache.src_pad, buffers, model.cfg.n_heads, model.cfg.activation, model.cfg.norm_first)
+
+
+def test_bans_and_argmax_over_a_big_vocabulary_split_across_threads(restore_threads):
+    """One block of rows (groups 1) with n x V past the tail's grain: the bans and argmax run over
+    rows in parallel (csrc/decoder.c), with the bits and choices of the Python step."""
+    model = make_model(seed=9, vocab=30000)
+    V = model.cfg.tgt_vocab_size
+    rng = np.random.default_rng(10)
+    src = padded_source(rng, 40, rng.integers(1, 10, size=24))
+    T.set_num_threads(2)
+    native, python = two_caches(model, src, "fp32", 1, 4)
+    native._groups = 1
+    chosen = np.empty(24, np.int64)
+    ids = rng.integers(0, V, size=24)
+    for t in range(4):
+        got = native.step(ids, t, t % 2 == 1, (0, 2, V - 1), argmax_out=chosen)
+        want = python._step_python(ids, t)
+        if t % 2:
+            _C.log_softmax(want, want)
+        want[:, [0, 2, V - 1]] = -np.inf
+        assert same_bits(got, want)
+        assert np.array_equal(chosen, want.argmax(axis=1))
+        ids = chosen.copy()
