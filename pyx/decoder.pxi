@@ -47,7 +47,6 @@ cdef extern from "decoder.h" nogil:
                                        int n_banned, int64_t *argmax, int groups)
 
 _DS_BUFFERS = ("x", "h", "tmp", "ctx", "query", "qkv", "ff_pre", "ff_act", "logits", "mean", "rstd")
-_DS_LINEARS = ("qkv", "self_out", "cross_q", "cross_out", "linear1", "linear2")
 
 
 cdef float *_ds_f32(object a, str name, tuple shape, bint writeable) except NULL:
@@ -57,6 +56,26 @@ cdef float *_ds_f32(object a, str name, tuple shape, bint writeable) except NULL
     if a.size == 0:
         raise ValueError(f"{name} must not be empty")
     return <float *>cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef object _ds_buffer(dict buffers, str name, long N, long width):
+    """buffers[name]: a writeable float32 array of N rows, [N, width] (width > 0), [N, any]
+    (width -1) or [N] (width 0)."""
+    if name not in buffers:
+        raise ValueError(f"buffers must hold {name!r}")
+    a = buffers[name]
+    label = f"buffers[{name!r}]"
+    _check_f32(a, label, 1 if width == 0 else 2, True)
+    if a.shape[0] != N or (width > 0 and a.shape[1] != width):
+        shape = (N,) if width == 0 else (N, width if width > 0 else "any")
+        raise ValueError(f"{label} must have shape {shape}, got {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{label} must not be empty")
+    return a
+
+
+cdef float *_ds_ptr(dict buffers, str name, long N, long width) except NULL:
+    return <float *>cnp.PyArray_DATA(<cnp.ndarray>_ds_buffer(buffers, name, N, width))
 
 
 cdef void _ds_linear(tf_linear *out, object pair, str name, long N, long K, list keep) except *:
@@ -134,10 +153,7 @@ cdef class DecoderStep:
         _check_f32(first.get("self_k"), "layers[0]['self_k']", 4, True)
         _check_f32(first.get("memory_k"), "layers[0]['memory_k']", 4)
         N, B, S = first["self_k"].shape[0], first["memory_k"].shape[0], first["memory_k"].shape[2]
-        if "ff_pre" not in buffers:
-            raise ValueError("buffers must hold 'ff_pre'")
-        _check_f32(buffers["ff_pre"], "buffers['ff_pre']", 2, True)
-        F = buffers["ff_pre"].shape[1]
+        F = _ds_buffer(buffers, "ff_pre", N, -1).shape[1]
         d.D, d.H, d.dh, d.d_ff, d.V, d.S, d.Tmax, d.B, d.N = D, H, dh, F, V, S, Tmax, B, N
         d.n_layers = len(layers)
         d.norm_first = norm_first
@@ -151,22 +167,14 @@ cdef class DecoderStep:
         d.src_pad = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>src_pad)
         self.keep += [embed, pe, src_pad]
 
-        widths = dict(x=D, h=D, tmp=D, ctx=D, query=D, qkv=3 * D, ff_pre=F, ff_act=F, logits=V)
-        arrays = {}
-        for name in _DS_BUFFERS:
-            if name not in buffers:
-                raise ValueError(f"buffers must hold {name!r}")
-            shape = (N,) if name in ("mean", "rstd") else (N, widths[name])
-            _ds_f32(buffers[name], f"buffers[{name!r}]", shape, True)
-            arrays[name] = buffers[name]
-        d.x, d.h, d.tmp = _ds_f32(arrays["x"], "x", (N, D), True), _ds_f32(arrays["h"], "h", (N, D), True), \
-            _ds_f32(arrays["tmp"], "tmp", (N, D), True)
-        d.ctx, d.query = _ds_f32(arrays["ctx"], "ctx", (N, D), True), _ds_f32(arrays["query"], "query", (N, D), True)
-        d.qkv = _ds_f32(arrays["qkv"], "qkv", (N, 3 * D), True)
-        d.ff_pre, d.ff_act = _ds_f32(arrays["ff_pre"], "ff_pre", (N, F), True), \
-            _ds_f32(arrays["ff_act"], "ff_act", (N, F), True)
-        d.logits = _ds_f32(arrays["logits"], "logits", (N, V), True)
-        d.mean, d.rstd = _ds_f32(arrays["mean"], "mean", (N,), True), _ds_f32(arrays["rstd"], "rstd", (N,), True)
+        d.x, d.h = _ds_ptr(buffers, "x", N, D), _ds_ptr(buffers, "h", N, D)
+        d.tmp, d.ctx, d.query = _ds_ptr(buffers, "tmp", N, D), _ds_ptr(buffers, "ctx", N, D), \
+            _ds_ptr(buffers, "query", N, D)
+        d.qkv = _ds_ptr(buffers, "qkv", N, 3 * D)
+        d.ff_pre, d.ff_act = _ds_ptr(buffers, "ff_pre", N, F), _ds_ptr(buffers, "ff_act", N, F)
+        d.logits = _ds_ptr(buffers, "logits", N, V)
+        d.mean, d.rstd = _ds_ptr(buffers, "mean", N, 0), _ds_ptr(buffers, "rstd", N, 0)
+        arrays = {name: buffers[name] for name in _DS_BUFFERS}
         written = [(f"buffers[{k!r}]", a) for k, a in arrays.items()]
         self.logits_buffer = arrays["logits"]
         self.keep += [a for _, a in written]

@@ -154,6 +154,18 @@ def test_overlapping_buffers_are_refused():
         _C.DecoderStep(layers, cache.generator, cache.final_norm, cache.embed, cache.embed_scale, cache.pe,
                        cache.src_pad, buffers, model.cfg.n_heads, model.cfg.activation, model.cfg.norm_first)
     buffers["h"] = cache.h
+    for change, match in ((dict(rstd=None), r"buffers\['rstd'\] must be a numpy.ndarray"),
+                          (dict(qkv=cache.qkv[:, :64]), r"buffers\['qkv'\] must be C-contiguous"),
+                          (dict(qkv=np.zeros((4, 64), np.float32)), r"buffers\['qkv'\] must have shape \(4, 96\)")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            _C.DecoderStep(layers, cache.generator, cache.final_norm, cache.embed, cache.embed_scale, cache.pe,
+                           cache.src_pad, dict(buffers, **change), model.cfg.n_heads, model.cfg.activation,
+                           model.cfg.norm_first)
+    without = dict(buffers)
+    del without["mean"]
+    with pytest.raises(ValueError, match=r"buffers must hold 'mean'"):
+        _C.DecoderStep(layers, cache.generator, cache.final_norm, cache.embed, cache.embed_scale, cache.pe,
+                       cache.src_pad, without, model.cfg.n_heads, model.cfg.activation, model.cfg.norm_first)
     layers[1]["qkv"] = layers[0]["linear1"]
     with pytest.raises(ValueError, match=r"layers\[1\]\['qkv'\] must be \[96, 32\] weights, got \[48, 32\]"):
         _C.DecoderStep(layers, cache.generator, cache.final_norm, cache.embed, cache.embed_scale, cache.pe,

@@ -406,13 +406,10 @@ def _check_decode_args(model, src, max_len, min_len, no_repeat_ngram):
     return src, limits, int(min_len), int(no_repeat_ngram)
 
 
-def _forbid_eos(scores, eos_id, fallback):
-    """EOS gets -inf (before min_len). With `fallback` (no-repeat-n-gram bans in play), a row left
-    with no other allowed token keeps its EOS score: the hypothesis ends short of min_len rather
-    than continuing with a token that was banned."""
-    if not fallback:
-        scores[:, eos_id] = -np.inf
-        return
+def _forbid_eos(scores, eos_id):
+    """EOS gets -inf (before min_len) where no-repeat-n-gram bans are in play: a row left with no
+    other allowed token keeps its EOS score, so the hypothesis ends short of min_len rather than
+    continuing with a token that was banned. (Without those bans the step itself bans EOS.)"""
     saved = scores[:, eos_id].copy()
     scores[:, eos_id] = -np.inf
     stuck = ~(scores > -np.inf).any(axis=1)
@@ -466,7 +463,7 @@ def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attentio
             logits = cache.step(ids, t, banned=banned)
             _C.no_repeat_ngram_ban(logits, out, t, no_repeat_ngram, cfg.eos_id, rows=alive)
             if t < min_len:
-                _forbid_eos(logits, cfg.eos_id, True)
+                _forbid_eos(logits, cfg.eos_id)
             ids = logits.argmax(axis=1).astype(np.int64)
         else:                                    # the choice made in the step
             cache.step(ids, t, banned=banned + ((cfg.eos_id,) if t < min_len else ()), argmax_out=chosen)
@@ -559,7 +556,7 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
         if no_repeat_ngram:
             _C.no_repeat_ngram_ban(logp, hyps, t, no_repeat_ngram, eos)
             if banned >= 0:                       # EOS stays where nothing else is left
-                _forbid_eos(logp, eos, True)
+                _forbid_eos(logp, eos)
                 banned = -1
         last_step[:nb] = limits[sentences] == t + 1
         _C.beam_select(logp, scores[:nb], n_finished[:nb], banned, eos,
