@@ -1,14 +1,42 @@
 /* Run-time CPU dispatch and the process-wide thread count (see cpu.h). */
 #include "cpu.h"
 
+#include "amx.h"
+
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if TF_HAVE_AMX
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 static int forced_isa = -1;   /* -1: not forced */
 static int num_threads = 0;   /* 0: not yet initialised */
+
+#if TF_HAVE_AMX
+/* AMX-TILE, AMX-BF16 and AMX-INT8 (CPUID.7.0:EDX bits 24, 22, 25), the tile state enabled by the
+ * OS (XCR0 bits 17 and 18) and, on Linux, the process's permission to use it (arch_prctl
+ * ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA; without it the first tile instruction is SIGILL). */
+static int amx_usable(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(d >> 24 & 1) || !(d >> 22 & 1) || !(d >> 25 & 1)) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c >> 27 & 1)) return 0;   /* OSXSAVE: xgetbv works */
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    if ((lo & (3u << 17)) != (3u << 17)) return 0;
+#ifdef __linux__
+    return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XFEATURE_XTILEDATA */) == 0;
+#else
+    return 0;
+#endif
+}
+#endif
 
 int tf_cpu_best_isa(void)
 {
@@ -20,7 +48,13 @@ int tf_cpu_best_isa(void)
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512bw")) {
         if (!__builtin_cpu_supports("avx512vnni")) return TF_ISA_AVX512;
-        return __builtin_cpu_supports("avx512bf16") ? TF_ISA_AVX512_BF16 : TF_ISA_AVX512_VNNI;
+        if (!__builtin_cpu_supports("avx512bf16")) return TF_ISA_AVX512_VNNI;
+#if TF_HAVE_AMX
+        static int amx = -1;   /* asked once: the permission is the process's */
+        if (amx < 0) amx = amx_usable();
+        if (amx) return TF_ISA_AMX;
+#endif
+        return TF_ISA_AVX512_BF16;
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return TF_ISA_AVX2;
@@ -39,7 +73,7 @@ int tf_isa(void)
 int tf_set_isa(int level)
 {
     if (level < TF_ISA_GENERIC) level = TF_ISA_GENERIC;
-    if (level > TF_ISA_AVX512_BF16) level = TF_ISA_AVX512_BF16;
+    if (level > TF_ISA_AMX) level = TF_ISA_AMX;
     forced_isa = level;
     return tf_isa();
 }
@@ -47,6 +81,7 @@ int tf_set_isa(int level)
 const char *tf_isa_name(int level)
 {
     switch (level) {
+    case TF_ISA_AMX: return "amx";
     case TF_ISA_AVX512_BF16: return "avx512_bf16";
     case TF_ISA_AVX512_VNNI: return "avx512_vnni";
     case TF_ISA_AVX512: return "avx512";

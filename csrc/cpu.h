@@ -19,14 +19,17 @@
  *   avx512:      AVX-512 F, VL, DQ, BW
  *   avx512_vnni: + AVX512_VNNI (vpdpbusd: the int8 GEMM's u8 x s8 kernel)
  *   avx512_bf16: + AVX512_BF16 (vdpbf16ps: the bf16 GEMM's kernel); every CPU that has it has VNNI
+ *   amx:         + AMX-TILE, AMX-BF16, AMX-INT8 with the OS's permission to use the tiles
+ *                (Sapphire Rapids and later Xeons: tdpbf16ps and tdpbusd, the bf16 and int8
+ *                GEMMs' tile kernels; csrc/amx.h)
  * Kernels with nothing specific to a level run the code of the level below it. */
 enum { TF_ISA_GENERIC = 0, TF_ISA_AVX2 = 1, TF_ISA_AVX512 = 2, TF_ISA_AVX512_VNNI = 3,
-       TF_ISA_AVX512_BF16 = 4, TF_ISA_LEVELS = 5 };
+       TF_ISA_AVX512_BF16 = 4, TF_ISA_AMX = 5, TF_ISA_LEVELS = 6 };
 
 int tf_cpu_best_isa(void);          /* best level this CPU (and OS) supports */
 int tf_isa(void);                   /* level in use: min(best, forced) */
 int tf_set_isa(int level);          /* force a level (clamped to best); returns the level in use */
-const char *tf_isa_name(int level); /* "generic" | "avx2" | "avx512" | "avx512_vnni" | "avx512_bf16" */
+const char *tf_isa_name(int level); /* "generic" | "avx2" | "avx512" | "avx512_vnni" | "avx512_bf16" | "amx" */
 
 void tf_set_num_threads(int n);     /* n >= 1 */
 int tf_get_num_threads(void);

@@ -476,7 +476,7 @@ int qgemm_packed_info(const void *packed, long bytes, int *isa, long *N, long *K
     if (bytes < (long)sizeof h) return -1;
     memcpy(&h, packed, sizeof h);
     if (memcmp(h.magic, qgemm_magic, sizeof h.magic) != 0) return -1;
-    if (h.isa < TF_ISA_GENERIC || h.isa > TF_ISA_AVX512_BF16 || h.N < 0 || h.K < 0 || h.K > QGEMM_MAX_K
+    if (h.isa < TF_ISA_GENERIC || h.isa >= TF_ISA_LEVELS || h.N < 0 || h.K < 0 || h.K > QGEMM_MAX_K
         || h.N > (1L << 40)) return -1;
     qgemm_layout L = layout_of(h.isa);
     if (h.nr != L.nr || h.kg != L.kg || qgemm_packed_bytes(h.isa, h.N, h.K) != bytes) return -1;

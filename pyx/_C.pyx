@@ -25,7 +25,7 @@ cdef extern from "cpu.h" nogil:
     int tf_probe_team()
 
 
-_ISA_LEVELS = {"generic": 0, "avx2": 1, "avx512": 2, "avx512_vnni": 3, "avx512_bf16": 4}
+_ISA_LEVELS = {"generic": 0, "avx2": 1, "avx512": 2, "avx512_vnni": 3, "avx512_bf16": 4, "amx": 5}
 
 
 def set_num_threads(n):
@@ -57,7 +57,7 @@ def isa_levels():
 
 def set_isa(name):
     """Force a SIMD level (isa_levels(): 'generic', 'avx2', 'avx512', 'avx512_vnni',
-    'avx512_bf16'); a level above the CPU's best is clamped.
+    'avx512_bf16', 'amx'); a level above the CPU's best is clamped.
     Returns the level now in use."""
     if name not in _ISA_LEVELS:
         raise ValueError(f"isa must be one of {sorted(_ISA_LEVELS)}, got {name!r}")

@@ -14,14 +14,20 @@ import transformer as T
 from transformer import _C, ops
 
 from conftest import ALL_ISA_LEVELS, isa_fixture
-from test_gemm import MR, NR, KC, MC, THREADS, TRANS, assert_same_bits, operand, outside, padded_out, rng
+from test_gemm import KC, THREADS, TRANS, assert_same_bits, operand, outside, padded_out, rng
+from test_gemm import MC as MC_FP32, MR as MR_FP32, NR
 
-isa = isa_fixture(ALL_ISA_LEVELS)   # avx512_bf16 has a kernel of its own (vdpbf16ps)
+isa = isa_fixture(ALL_ISA_LEVELS)   # avx512_bf16 and amx have kernels of their own
 
 TOL = 1e-6
-# The K block of the bf16 kernels (csrc/gemm.c): avx512_bf16's vdpbf16ps kernel takes 512 k
-# (256 pairs), every other level the fp32 kernels' 256.
-KC_OF = {"avx512_bf16": 512}
+# The K block of the bf16 kernels (csrc/gemm.c): avx512_bf16's vdpbf16ps kernel and amx's tile
+# kernel take 512 k (256 pairs), every other level the fp32 kernels' 256. amx's tile is 32 rows
+# (two A tiles of 16) and its A block 256 rows; every other level has its fp32 tile and block.
+KC_OF = {"avx512_bf16": 512, "amx": 512}
+MR = dict(MR_FP32, amx=32)
+MC = dict(MC_FP32, amx=256)
+# Levels whose packed B holds bf16 pairs (vdpbf16ps and tdpbf16ps read the same layout).
+PAIRS = ("avx512_bf16", "amx")
 
 
 def to_bf16(x):
@@ -180,10 +186,10 @@ def panels_of(opb, nr):
 
 def unpack(packed, k, isa):
     """The values a pre-packed bf16 operand holds, [panels][K][NR] (csrc/gemm.h): floats with the
-    low 16 bits zero, or at avx512_bf16 the first ceil(K / 2) rows of each panel as bf16 pairs
+    low 16 bits zero, or at avx512_bf16 and amx the first ceil(K / 2) rows of each panel as bf16 pairs
     (k = 2t in the low half of row t, 2t + 1 in the high half)."""
     words = packed.data.view(np.uint32).reshape(-1, k, NR[isa])
-    if isa != "avx512_bf16":
+    if isa not in PAIRS:
         assert (words & 0xFFFF == 0).all()
         return words.view(np.float32)
     pairs = words[:, : (k + 1) // 2]
@@ -238,3 +244,24 @@ def test_matmul_precision_is_checked():
     with pytest.raises(ValueError, match="precision='int8' is not available for matmul"):
         ops.matmul(a, a.T, precision="int8")
     assert np.array_equal(ops.matmul(a, a.T, precision="fp32"), np.full((2, 2), 3, np.float32))
+
+
+@pytest.mark.skipif("amx" not in ALL_ISA_LEVELS, reason="this CPU has no AMX tiles")
+def test_amx_tiles_survive_another_librarys_tile_configuration():
+    """Tile configuration is per thread and PyTorch's oneDNN configures its own on the same
+    (calling) thread: every GEMM configures on entry (csrc/amx.h), so results keep their bits
+    whatever ran in between."""
+    torch = pytest.importorskip("torch")
+    r = rng(9)
+    a, b = operand(r, 100, 300, False), operand(r, 300, 70, True)
+    _C.set_isa("amx")
+    try:
+        want = ops.matmul(a, b.T, precision="bf16")
+        assert_close(want, a, b, False, True)
+        x = torch.randn(64, 96, dtype=torch.bfloat16)
+        y = torch.randn(96, 48, dtype=torch.bfloat16)
+        for _ in range(3):
+            torch.matmul(x, y)   # oneDNN's AMX kernels, its tile shapes
+            assert_same_bits(ops.matmul(a, b.T, precision="bf16"), want, "after torch's tiles")
+    finally:
+        _C.set_isa(_C.best_isa())

@@ -22,8 +22,9 @@ def get_num_threads():
 def build_info():
     """What was built and what is in use: compiler, OpenMP, SIMD level, bf16 and int8 kernels, threads.
 
-    bf16: GEMM operands rounded to bfloat16 while packing, then multiplied with vdpbf16ps at the
-    avx512_bf16 level, below it by the fp32 FMA kernels of the level (exact products, fp32 sums).
+    bf16: GEMM operands rounded to bfloat16 while packing, then multiplied with AMX tiles
+    (tdpbf16ps) at the amx level, with vdpbf16ps at avx512_bf16, below it by the fp32 FMA kernels
+    of the level (exact products, fp32 sums).
     int8: vpdpbusd (u8 x s8) from avx512_vnni, vpmaddwd on AVX2 and AVX-512, plain C below."""
     return {
         "version": __version__,
@@ -31,8 +32,9 @@ def build_info():
         "openmp": _C.openmp_version(),
         "isa": _C.isa(),
         "best_isa": _C.best_isa(),
-        "bf16": (f"{_C.isa()} (vdpbf16ps, fp32 sums)" if _C.isa() == "avx512_bf16"
-                 else f"{_C.isa()} (bf16-rounded operands, fp32 FMA)"),
+        "bf16": {"amx": "amx (tdpbf16ps tiles, fp32 sums)",
+                 "avx512_bf16": "avx512_bf16 (vdpbf16ps, fp32 sums)"}.get(
+                     _C.isa(), f"{_C.isa()} (bf16-rounded operands, fp32 FMA)"),
         "int8": _C.int8_path(),
         "threads": _C.get_num_threads(),
         "cpu_count": _os.cpu_count(),
