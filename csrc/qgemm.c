@@ -18,6 +18,7 @@
  * Plain C: one int32 dot product per element over a row of Q (panels of one column).
  */
 #include "qgemm.h"
+#include "amx.h"
 #include "cpu.h"
 
 #include <math.h>
@@ -384,11 +385,102 @@ static void to_unsigned(int16_t *q, long K)
         u[k] = (uint8_t)(v + 128);
     }
 }
+
+#if TF_HAVE_AMX
+/* amx: tdpbusd, a 16 x 16 int32 tile += a 16 x 64 u8 tile @ a 64 x 16 s8 tile (quads of k per
+ * 32-bit element) per instruction. Tiles of 32 rows x 32 columns (csrc/amx.h: four C tiles, A
+ * rows 0-15 and 16-31, B columns 0-15 and 16-31). The panels are the VNNI kernel's ([groups][32]
+ * [4]: a B tile is 16 quads x 16 columns of a panel, row stride 128 bytes) and the activation
+ * rows its uint8 rows (64-byte multiples, so an A tile reads 64 k of 16 rows). The whole steps
+ * of 64 k run on tiles, the quads past them with vpdpbusd, then the VNNI kernel's
+ * dequantization: the integer sum is exact, so every bit equals the other paths'. Rows of the
+ * A tiles past the block's last row read the zero rows qgemm_packed pads the activations
+ * with; their results are dropped. */
+#define TARGET_AMX TF_TARGET_AMX
+#define AMX_MR 32
+
+static TARGET_AMX void tile_amx(long K, const uint8_t *restrict Xu, long ldu, const float *xs,
+                                const int8_t *restrict panel, const float *ws, const int32_t *comp,
+                                const float *bias, float *restrict C, long ldc, int nr, int mr)
+{
+    const long steps = K / 64, groups = ceil_div(K, 4);
+    const int two = mr > 16;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long s = 0; s < steps; s++) {
+        const int8_t *w = panel + s * 16 * 4 * VNNI_NR;
+        _tile_loadd(4, Xu + s * 64, ldu);
+        _tile_loadd(6, w, 4 * VNNI_NR);
+        _tile_loadd(7, w + 64, 4 * VNNI_NR);
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 4, 7);
+        if (two) {
+            _tile_loadd(5, Xu + 16 * ldu + s * 64, ldu);
+            _tile_dpbusd(2, 5, 6);
+            _tile_dpbusd(3, 5, 7);
+        }
+    }
+    int32_t acc[AMX_MR * VNNI_NR] __attribute__((aligned(64)));
+    _tile_stored(0, acc, 4 * VNNI_NR);
+    _tile_stored(1, acc + 16, 4 * VNNI_NR);
+    if (two) {
+        _tile_stored(2, acc + 16 * VNNI_NR, 4 * VNNI_NR);
+        _tile_stored(3, acc + 16 * VNNI_NR + 16, 4 * VNNI_NR);
+    }
+    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    const __mmask16 m1 = nr <= 16 ? (__mmask16)0 : nr >= 32 ? (__mmask16)0xFFFF
+                                                              : (__mmask16)((1u << (nr - 16)) - 1);
+    const __m512 ws0 = _mm512_loadu_ps(ws), ws1 = _mm512_loadu_ps(ws + 16);   /* padded to NR */
+    const __m512i k0 = _mm512_loadu_si512((const void *)comp), k1 = _mm512_loadu_si512((const void *)(comp + 16));
+    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
+    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    for (int i = 0; i < mr; i++) {
+        __m512i c0 = _mm512_load_si512((const void *)(acc + i * VNNI_NR));
+        __m512i c1 = _mm512_load_si512((const void *)(acc + i * VNNI_NR + 16));
+        for (long g = steps * 16; g < groups; g++) {   /* the quads past the whole steps */
+            const int8_t *w = panel + g * 4 * VNNI_NR;
+            int32_t quad;
+            memcpy(&quad, Xu + i * ldu + 4 * g, sizeof quad);
+            const __m512i x = _mm512_set1_epi32(quad);
+            c0 = _mm512_dpbusd_epi32(c0, x, _mm512_loadu_si512((const void *)w));
+            c1 = _mm512_dpbusd_epi32(c1, x, _mm512_loadu_si512((const void *)(w + 64)));
+        }
+        const __m512 x = _mm512_set1_ps(xs[i]);
+        const __m512 s0 = _mm512_mul_ps(x, ws0), s1 = _mm512_mul_ps(x, ws1);
+        const __m512 a0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c0, k0));
+        const __m512 a1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c1, k1));
+        float *c = C + i * ldc;
+        if (bias) {
+            _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(a0, s0, b0));
+            _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(a1, s1, b1));
+        } else {
+            _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(a0, s0));
+            _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(a1, s1));
+        }
+    }
+}
+
+static void kernel_amx(long m, long K, const int16_t *Xq, long ldq, const float *xs,
+                       const int8_t *panel, const float *ws, const int32_t *comp,
+                       const float *bias, float *C, long ldc, int nr)
+{
+    const long ldu = ldq * (long)sizeof(int16_t);
+    const uint8_t *Xu = (const uint8_t *)Xq;
+    for (long i = 0; i < m; i += AMX_MR)
+        tile_amx(K, Xu + i * ldu, ldu, xs + i, panel, ws, comp, bias, C + i * ldc, ldc, nr,
+                 (int)min_l(AMX_MR, m - i));
+}
+#endif
 #endif
 
 static qgemm_kernel kernel_of(int isa)
 {
 #ifdef QGEMM_X86
+#if TF_HAVE_AMX
+    if (isa >= TF_ISA_AMX) return kernel_amx;
+#endif
     if (isa >= TF_ISA_AVX512_VNNI) return kernel_vnni;
     if (isa >= TF_ISA_AVX2) return kernel_avx2;
 #endif
@@ -399,6 +491,9 @@ static qgemm_kernel kernel_of(int isa)
 const char *qgemm_path_name(int isa)
 {
 #ifdef QGEMM_X86
+#if TF_HAVE_AMX
+    if (isa >= TF_ISA_AMX) return "amx (tdpbusd tiles, int32)";
+#endif
     if (isa >= TF_ISA_AVX512_VNNI) return "avx512_vnni (vpdpbusd, int32)";
     if (isa >= TF_ISA_AVX2) return "avx2 (vpmaddwd, int32)";
 #endif
@@ -526,13 +621,17 @@ void qgemm_packed(int isa, long M, long N, long K, const float *X, long ldx, con
     if (M <= 0 || N <= 0) return;
     const qgemm_layout L = layout_of(isa);
     const long ldq = ceil_div(K, 32) * 32;   /* int16 per row: 64-byte rows, zeros past K */
+    const int amx = isa >= TF_ISA_AMX;
+    /* amx's A tiles read 16 rows at a time: zero rows up to a multiple of 16 */
+    const long rows = amx ? ceil_div(M, 16) * 16 : M;
     int16_t *Xq = forced_slow ? NULL
-                : aligned_alloc(64, (size_t)round64(M * ldq * (long)sizeof(int16_t) + M * (long)sizeof(float)));
+                : aligned_alloc(64, (size_t)round64(rows * ldq * (long)sizeof(int16_t) + M * (long)sizeof(float)));
     if (!Xq) {   /* out of memory: the slow path still gives the same answer */
         qgemm_slow(isa, M, N, K, X, ldx, packed, bias, C, ldc);
         return;
     }
-    float *xs = (float *)(Xq + M * ldq);
+    float *xs = (float *)(Xq + rows * ldq);
+    if (rows > M) memset(Xq + M * ldq, 0, (size_t)((rows - M) * ldq) * sizeof(int16_t));
 #ifdef QGEMM_X86
     const int avx2 = isa >= TF_ISA_AVX2, vnni = isa >= TF_ISA_AVX512_VNNI;
 #endif
@@ -568,6 +667,9 @@ void qgemm_packed(int isa, long M, long N, long K, const float *X, long ldx, con
 #endif
         const long per = team == 1 ? np : ceil_div(np, 8L * team), groups = ceil_div(np, per);
         long u;
+#if TF_HAVE_AMX
+        if (amx) tf_amx_begin();
+#endif
         while ((u = __atomic_fetch_add(&next, 1, __ATOMIC_RELAXED)) < blocks * groups) {
             const long i0 = u / groups * QGEMM_MB, m = min_l(QGEMM_MB, M - i0), g = u % groups;
             for (long p = g * per; p < min_l(np, (g + 1) * per); p++) {
@@ -576,6 +678,9 @@ void qgemm_packed(int isa, long M, long N, long K, const float *X, long ldx, con
                        bias ? bias + j : NULL, C + i0 * ldc + j, ldc, (int)min_l(L.nr, N - j));
             }
         }
+#if TF_HAVE_AMX
+        if (amx) tf_amx_end();
+#endif
     }
     free(Xq);
 }

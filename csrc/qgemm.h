@@ -22,7 +22,8 @@
  *   comp     int32   [Np]          128 * sum_k qw[n][k], zero past N: the compensation the
  *                                  u8 x s8 kernel (vpdpbusd, activations + 128) subtracts
  *   panels   int8    [Np / NR][ceil(K / KG)][NR][KG]   qw[p*NR + j][g*KG + t], zero padded
- * with, per instruction set: avx512_vnni (and avx512_bf16): NR = 32 columns, KG = 4 (k in
+ * with, per instruction set: avx512_vnni (and avx512_bf16, and amx, whose tdpbusd tiles read the
+ * same panels 16 quads x 16 columns at a time): NR = 32 columns, KG = 4 (k in
  * fours: vpdpbusd adds the four u8 x s8 products of a 32-bit lane into int32); AVX2 (and
  * AVX-512 without VNNI, which runs the AVX2 kernel): NR = 16, KG = 2 (k in pairs: vpmaddwd sums
  * the two int16 products of a pair exactly into int32); generic: NR = 1, KG = 1 (each panel is
@@ -67,7 +68,8 @@ void qgemm_packed(int isa, long M, long N, long K,
                   const float *bias,             /* [N] or NULL */
                   float *C, long ldc);           /* [M, N], not overlapping X, packed or bias */
 
-/* "avx512_vnni (vpdpbusd, int32)", "avx2 (vpmaddwd, int32)" or "generic (C, int32)": the path
+/* "amx (tdpbusd tiles, int32)", "avx512_vnni (vpdpbusd, int32)", "avx2 (vpmaddwd, int32)" or
+ * "generic (C, int32)": the path
  * qgemm_packed takes for `isa`. */
 const char *qgemm_path_name(int isa);
 

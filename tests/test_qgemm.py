@@ -169,7 +169,10 @@ def test_quantize_empty_shapes():
 # The product, bitwise against the oracle.
 
 SHAPES = [(1, 1, 1), (1, 16, 2), (3, 17, 3), (1, 5, 1), (7, 33, 64), (6, 15, 129), (13, 50, 255),
-          (5, 32, 16), (65, 20, 31), (2, 3, 0)]
+          (5, 32, 16), (65, 20, 31), (2, 3, 0),
+          # amx's tiles: whole steps of 64 k with and without quads past them, one and two A
+          # tiles of 16 rows, partly filled, and more than one block of 64 rows
+          (40, 70, 200), (33, 64, 128), (70, 33, 320)]
 
 
 @pytest.mark.parametrize("M,N,K", SHAPES)
@@ -464,5 +467,5 @@ def test_int8_linear_refuses_bad_arguments():
 def test_build_info_names_the_int8_path(isa):
     want = {"generic": "generic (C, int32)", "avx2": "avx2 (vpmaddwd, int32)",
             "avx512": "avx2 (vpmaddwd, int32)", "avx512_vnni": "avx512_vnni (vpdpbusd, int32)",
-            "avx512_bf16": "avx512_vnni (vpdpbusd, int32)", "amx": "avx512_vnni (vpdpbusd, int32)"}[isa]
+            "avx512_bf16": "avx512_vnni (vpdpbusd, int32)", "amx": "amx (tdpbusd tiles, int32)"}[isa]
     assert T.build_info()["int8"] == want

@@ -25,7 +25,8 @@ def build_info():
     bf16: GEMM operands rounded to bfloat16 while packing, then multiplied with AMX tiles
     (tdpbf16ps) at the amx level, with vdpbf16ps at avx512_bf16, below it by the fp32 FMA kernels
     of the level (exact products, fp32 sums).
-    int8: vpdpbusd (u8 x s8) from avx512_vnni, vpmaddwd on AVX2 and AVX-512, plain C below."""
+    int8: tdpbusd tiles (u8 x s8) at amx, vpdpbusd from avx512_vnni, vpmaddwd on AVX2 and AVX-512,
+    plain C below."""
     return {
         "version": __version__,
         "compiler": _C.compiler(),
