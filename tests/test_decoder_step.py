@@ -83,7 +83,7 @@ def test_greedy_and_beam_search_give_the_same_tokens_split_by_rows_or_not(groups
     assert got == want
 
 
-def test_steps_are_split_by_rows_only_when_the_weights_are_small():
+def test_steps_are_split_by_rows_when_the_weights_are_small_or_the_threads_many():
     tiny = T.ModelConfig(src_vocab_size=4000, tgt_vocab_size=4000, d_model=128, n_heads=4, d_ff=512,
                          n_encoder_layers=2, n_decoder_layers=2)
     base = T.ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000)
@@ -92,6 +92,10 @@ def test_steps_are_split_by_rows_only_when_the_weights_are_small():
     assert dec.step_groups(base, "fp32", 2) == 1
     assert dec.step_groups(base, "int8", 2) == 1    # 38 MB: 22 M int8 weights and the fp32 projection
     assert dec.step_groups(tiny, "fp32", 1) == 1
+    assert dec.step_groups(base, "fp32", 4) == 4    # a team of 4 meeting per kernel costs more
+    assert dec.step_groups(base, "int8", 16) == 16
+    assert dec.min_group_rows(tiny, "int8") == dec.MIN_GROUP_ROWS == 4
+    assert dec.min_group_rows(base, "int8") == dec.MIN_GROUP_ROWS_LARGE == 2
 
 
 def native_cache():

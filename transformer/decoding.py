@@ -64,31 +64,53 @@ def int8_generator(cfg):
     return "int8" if cfg.tgt_vocab_size * d > layers else "fp32"
 
 
-# Decoding splits a step's rows across threads (csrc/decoder.h) when the weights a step reads
-# are at most GROUP_WEIGHT_BYTES, in blocks of at least MIN_GROUP_ROWS rows. Each thread then
-# reads every weight: cheap while they stay in cache, and it replaces a meeting of the team per
-# kernel (whose small products mostly ran on one thread) by one per step. Measured at 2 threads
-# (Zen 3, steps/s, split rows against split kernels): tiny greedy (4 MB of weights) 1.25x fp32,
-# 1.31x int8; small (15 MB) 1.07x at B=32, 1.24x at B=8; base (104 MB fp32, 38 MB int8) 0.93x
-# fp32, 1.00x int8: there each kernel splits well and one copy of the weights streams from memory.
+# Decoding splits a step's rows across threads (csrc/decoder.h): each thread runs the whole step
+# on its own block of rows and reads every weight, against one team meeting per kernel (whose
+# small products mostly run on one thread) when kernels are split instead. Rows are split
+#  - when the weights a step reads are at most GROUP_WEIGHT_BYTES, in blocks of at least
+#    MIN_GROUP_ROWS rows. Measured at 2 threads (Zen 3, steps/s, split rows against split
+#    kernels): tiny greedy (4 MB of weights) 1.25x fp32, 1.31x int8; small (15 MB) 1.07x at B=32,
+#    1.24x at B=8; base (104 MB fp32, 38 MB int8) 0.93x fp32, 1.00x int8: there each kernel
+#    splits well and one copy of the weights streams from memory. On a 16-core Xeon (family 6
+#    model 207) tiny is fastest at 4 rows a block (greedy B=32, 16 threads: 96k tokens/s in 8
+#    blocks, 89k in 16);
+#  - from GROUP_THREADS threads on, whatever the weights, in blocks of at least
+#    MIN_GROUP_ROWS_LARGE rows: a team of 4 or more meeting ~70 times a step costs more than every
+#    thread reading all the weights. Same Xeon, base, tokens/s, split kernels against split rows:
+#    int8 greedy (B=8) 2034 / 2430 at 4 threads, 1881 / 2675 at 8, 2068 / 2611 at 16; int8 beam 4
+#    1195 / 1577, 1152 / 2038, 555 / 1970; fp32 greedy 1455 / 1282 (the one loss), 1464 / 1568,
+#    1450 / 1540; fp32 beam 4 849 / 1124, 912 / 1151, 447 / 1085. Split kernels at 16 threads were
+#    slower than at 2 (2199 int8 greedy, 1248 fp32); split rows never are.
 # DECODE_GROUPS: None (that rule) or a fixed count (tests, benchmarks).
 GROUP_WEIGHT_BYTES = 32 << 20
+GROUP_THREADS = 4
 MIN_GROUP_ROWS = 4
+MIN_GROUP_ROWS_LARGE = 2
 DECODE_GROUPS = None
 
 
-def step_groups(cfg, precision, threads):
-    """Blocks of rows a decoding step of a model of config `cfg` is split into, one per thread
-    (at most: a step of n rows takes min(this, n // MIN_GROUP_ROWS), at least 1)."""
-    if DECODE_GROUPS is not None:
-        return DECODE_GROUPS
+def _step_weight_bytes(cfg, precision):
     d = cfg.d_model
     layers = cfg.n_decoder_layers * (6 * d * d + 2 * d * cfg.d_ff)
     generator = cfg.tgt_vocab_size * d
     size = {"fp32": 4, "bf16": 4, "int8": 1}      # bf16 is packed as float32 below avx512_bf16
-    step_bytes = layers * size[precision] + generator * size[
+    return layers * size[precision] + generator * size[
         int8_generator(cfg) if precision == "int8" else precision]
-    return threads if step_bytes <= GROUP_WEIGHT_BYTES else 1
+
+
+def step_groups(cfg, precision, threads):
+    """Blocks of rows a decoding step of a model of config `cfg` is split into, one per thread
+    (at most: a step of n rows takes min(this, n // min_group_rows(cfg, precision)), at least 1)."""
+    if DECODE_GROUPS is not None:
+        return DECODE_GROUPS
+    small = _step_weight_bytes(cfg, precision) <= GROUP_WEIGHT_BYTES
+    return threads if small or threads >= GROUP_THREADS else 1
+
+
+def min_group_rows(cfg, precision):
+    """The fewest rows of a block when a step's rows are split (step_groups)."""
+    small = _step_weight_bytes(cfg, precision) <= GROUP_WEIGHT_BYTES
+    return MIN_GROUP_ROWS if small else MIN_GROUP_ROWS_LARGE
 
 
 def _buffers(ws):
@@ -235,6 +257,7 @@ class DecoderCache:
                  ff_pre=self.ff_pre, ff_act=self.ff_act, logits=self.logits, mean=self.mean, rstd=self.rstd),
             H, cfg.activation, cfg.norm_first)
         self._groups = step_groups(cfg, shared.precision, _C.get_num_threads())
+        self._group_rows = min_group_rows(cfg, shared.precision)
 
     def _layer_norm(self, weight_bias, x, out, n):
         _C.layernorm_forward(x[:n], weight_bias[0], weight_bias[1], out[:n], self.mean[:n], self.rstd[:n])
@@ -258,7 +281,7 @@ class DecoderCache:
         argmax_out (int64 [>= n]), also each row's argmax there."""
         if self._native is not None:
             return self._native.step(ids, t, self.slot, self.origin, self.sentence,
-                                     min(self._groups, max(1, len(ids) // MIN_GROUP_ROWS)), log_softmax,
+                                     min(self._groups, max(1, len(ids) // self._group_rows)), log_softmax,
                                      banned, argmax_out)
         logits = self._step_python(ids, t)
         if log_softmax:
