@@ -41,7 +41,7 @@ def test_native_step_has_the_bits_of_the_python_step(isa, options, precision, th
     src = padded_source(rng, 40, rng.integers(1, 10, size=B))
     with num_threads(threads):
         native, python = two_caches(model, src, precision, K, steps)
-        native._groups = groups
+        native._groups = lambda n: max(1, min(groups, n // dec.MIN_GROUP_ROWS))   # blocks of the step
         n = B * K
         ids = rng.integers(0, V, size=n)
         chosen = np.full(n + 2, -1, np.int64)
@@ -83,19 +83,23 @@ def test_greedy_and_beam_search_give_the_same_tokens_split_by_rows_or_not(groups
     assert got == want
 
 
-def test_steps_are_split_by_rows_when_the_weights_are_small_or_the_threads_many():
+def test_steps_are_split_by_rows_when_the_weights_are_small_or_the_rows_or_threads_many():
     tiny = T.ModelConfig(src_vocab_size=4000, tgt_vocab_size=4000, d_model=128, n_heads=4, d_ff=512,
                          n_encoder_layers=2, n_decoder_layers=2)
     base = T.ModelConfig(src_vocab_size=8000, tgt_vocab_size=8000)
-    assert dec.step_groups(tiny, "fp32", 4) == 4
-    assert dec.step_groups(tiny, "int8", 2) == 2
-    assert dec.step_groups(base, "fp32", 2) == 1
-    assert dec.step_groups(base, "int8", 2) == 1    # 38 MB: 22 M int8 weights and the fp32 projection
-    assert dec.step_groups(tiny, "fp32", 1) == 1
-    assert dec.step_groups(base, "fp32", 4) == 4    # a team of 4 meeting per kernel costs more
-    assert dec.step_groups(base, "int8", 16) == 16
-    assert dec.min_group_rows(tiny, "int8") == dec.MIN_GROUP_ROWS == 4
-    assert dec.min_group_rows(base, "int8") == dec.MIN_GROUP_ROWS_LARGE == 2
+    assert dec.step_groups(tiny, "fp32", 4, 32) == 4
+    assert dec.step_groups(tiny, "int8", 2, 8) == 2
+    assert dec.step_groups(tiny, "int8", 16, 32) == 8      # blocks of 4 rows at least
+    assert dec.step_groups(tiny, "fp32", 1, 32) == 1
+    assert dec.step_groups(tiny, "fp32", 2, 7) == 1
+    # base: 38 MB of int8 (22 M int8 weights and the fp32 projection), 104 MB of fp32
+    assert dec.step_groups(base, "fp32", 2, 8) == 1         # greedy B=8: kernels split
+    assert dec.step_groups(base, "int8", 2, 8) == 1
+    assert dec.step_groups(base, "int8", 2, 32) == 2        # beam 4: blocks of 16 rows
+    assert dec.step_groups(base, "fp32", 2, 32) == 1        # ... not for 104 MB of fp32
+    assert dec.step_groups(base, "fp32", 4, 8) == 4         # a team of 4 meeting per kernel costs more
+    assert dec.step_groups(base, "int8", 16, 8) == 4        # blocks of 2 rows at least
+    assert dec.step_groups(base, "int8", 16, 32) == 16
 
 
 def native_cache():
@@ -185,7 +189,7 @@ def test_bans_and_argmax_over_a_big_vocabulary_split_across_threads(restore_thre
     src = padded_source(rng, 40, rng.integers(1, 10, size=24))
     T.set_num_threads(2)
     native, python = two_caches(model, src, "fp32", 1, 4)
-    native._groups = 1
+    native._groups = lambda n: 1
     chosen = np.empty(24, np.int64)
     ids = rng.integers(0, V, size=24)
     for t in range(4):

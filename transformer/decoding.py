@@ -28,6 +28,7 @@ activations quantized per row on the fly, and the embedding tables' rows quantiz
 same way (what an int8 file holds). Attention over the caches, layer norm, softmax and
 the residual stream stay float32 in every precision.
 """
+import functools
 import math
 
 import numpy as np
@@ -66,26 +67,31 @@ def int8_generator(cfg):
 
 # Decoding splits a step's rows across threads (csrc/decoder.h): each thread runs the whole step
 # on its own block of rows and reads every weight, against one team meeting per kernel (whose
-# small products mostly run on one thread) when kernels are split instead. Rows are split
-#  - when the weights a step reads are at most GROUP_WEIGHT_BYTES, in blocks of at least
-#    MIN_GROUP_ROWS rows. Measured at 2 threads (Zen 3, steps/s, split rows against split
-#    kernels): tiny greedy (4 MB of weights) 1.25x fp32, 1.31x int8; small (15 MB) 1.07x at B=32,
-#    1.24x at B=8; base (104 MB fp32, 38 MB int8) 0.93x fp32, 1.00x int8: there each kernel
-#    splits well and one copy of the weights streams from memory. On a 16-core Xeon (family 6
-#    model 207) tiny is fastest at 4 rows a block (greedy B=32, 16 threads: 96k tokens/s in 8
-#    blocks, 89k in 16);
-#  - from GROUP_THREADS threads on, whatever the weights, in blocks of at least
-#    MIN_GROUP_ROWS_LARGE rows: a team of 4 or more meeting ~70 times a step costs more than every
-#    thread reading all the weights. Same Xeon, base, tokens/s, split kernels against split rows:
-#    int8 greedy (B=8) 2034 / 2430 at 4 threads, 1881 / 2675 at 8, 2068 / 2611 at 16; int8 beam 4
-#    1195 / 1577, 1152 / 2038, 555 / 1970; fp32 greedy 1455 / 1282 (the one loss), 1464 / 1568,
-#    1450 / 1540; fp32 beam 4 849 / 1124, 912 / 1151, 447 / 1085. Split kernels at 16 threads were
-#    slower than at 2 (2199 int8 greedy, 1248 fp32); split rows never are.
-# DECODE_GROUPS: None (that rule) or a fixed count (tests, benchmarks).
+# small products mostly run on one thread) when kernels are split instead. A step of n rows on
+# T threads runs in min(T, n // r) blocks (at least 1) of at least r rows, where r is
+#  - MIN_GROUP_ROWS when the weights a step reads are at most GROUP_WEIGHT_BYTES. Measured at 2
+#    threads (Zen 3, steps/s, split rows against split kernels): tiny greedy (4 MB of weights)
+#    1.25x fp32, 1.31x int8; small (15 MB) 1.07x at B=32, 1.24x at B=8. On a 16-core Xeon
+#    (family 6 model 207) tiny is fastest at 4 rows a block (greedy B=32, 16 threads: 96k
+#    tokens/s in 8 blocks, 89k in 16);
+#  - below GROUP_THREADS threads, for weights up to twice that (base int8: 38 MB),
+#    MIN_GROUP_ROWS_FEW, and for larger ones (base fp32: 104 MB) never: with few rows a block each
+#    kernel splits better and one copy of the weights streams (Zen 3, 2 threads, base greedy B=8:
+#    split rows 0.93x fp32, 1.00x int8; the Xeon: 0.80x, 0.93x), while blocks of 16 rows amortise
+#    the reading of int8 weights (the Xeon, beam 4, 32 rows: 1.01-1.30x int8; fp32 0.79-1.06x);
+#  - for larger weights, MIN_GROUP_ROWS_MANY from GROUP_THREADS threads on: a team of 4 or more
+#    meeting ~70 times a step costs more than every thread reading all weights. The Xeon, base,
+#    tokens/s, split kernels against split rows: int8 greedy (B=8) 2034 / 2430 at 4 threads,
+#    1881 / 2675 at 8, 2068 / 2611 at 16; int8 beam 4 1195 / 1577, 1152 / 2038, 555 / 1970; fp32
+#    greedy 1455 / 1282 (the one loss), 1464 / 1568, 1450 / 1540; fp32 beam 4 849 / 1124,
+#    912 / 1151, 447 / 1085. Split kernels at 16 threads were slower than at 2 (2199 int8
+#    greedy, 1248 fp32); split rows never are.
+# DECODE_GROUPS: None (that rule) or a fixed count (tests, benchmarks; still at most n // 4).
 GROUP_WEIGHT_BYTES = 32 << 20
 GROUP_THREADS = 4
 MIN_GROUP_ROWS = 4
-MIN_GROUP_ROWS_LARGE = 2
+MIN_GROUP_ROWS_FEW = 16
+MIN_GROUP_ROWS_MANY = 2
 DECODE_GROUPS = None
 
 
@@ -98,19 +104,24 @@ def _step_weight_bytes(cfg, precision):
         int8_generator(cfg) if precision == "int8" else precision]
 
 
-def step_groups(cfg, precision, threads):
-    """Blocks of rows a decoding step of a model of config `cfg` is split into, one per thread
-    (at most: a step of n rows takes min(this, n // min_group_rows(cfg, precision)), at least 1)."""
+def min_group_rows(cfg, precision, threads):
+    """The fewest rows of a block when a step's rows are split across `threads` threads, or None
+    when they are not split."""
+    step_bytes = _step_weight_bytes(cfg, precision)
+    if step_bytes <= GROUP_WEIGHT_BYTES:
+        return MIN_GROUP_ROWS
+    if threads >= GROUP_THREADS:
+        return MIN_GROUP_ROWS_MANY
+    return MIN_GROUP_ROWS_FEW if step_bytes <= 2 * GROUP_WEIGHT_BYTES else None
+
+
+def step_groups(cfg, precision, threads, rows):
+    """Blocks of rows a decoding step of `rows` rows of a model of config `cfg` is split into,
+    one per thread (1: the step's kernels split their own work instead)."""
     if DECODE_GROUPS is not None:
-        return DECODE_GROUPS
-    small = _step_weight_bytes(cfg, precision) <= GROUP_WEIGHT_BYTES
-    return threads if small or threads >= GROUP_THREADS else 1
-
-
-def min_group_rows(cfg, precision):
-    """The fewest rows of a block when a step's rows are split (step_groups)."""
-    small = _step_weight_bytes(cfg, precision) <= GROUP_WEIGHT_BYTES
-    return MIN_GROUP_ROWS if small else MIN_GROUP_ROWS_LARGE
+        return max(1, min(DECODE_GROUPS, rows // MIN_GROUP_ROWS))
+    least = min_group_rows(cfg, precision, threads)
+    return 1 if least is None else max(1, min(threads, rows // least))
 
 
 def _buffers(ws):
@@ -256,8 +267,7 @@ class DecoderCache:
             dict(x=self.x, h=self.h, tmp=self.tmp, ctx=self.ctx, query=self.query, qkv=self.qkv,
                  ff_pre=self.ff_pre, ff_act=self.ff_act, logits=self.logits, mean=self.mean, rstd=self.rstd),
             H, cfg.activation, cfg.norm_first)
-        self._groups = step_groups(cfg, shared.precision, _C.get_num_threads())
-        self._group_rows = min_group_rows(cfg, shared.precision)
+        self._groups = functools.partial(step_groups, cfg, shared.precision, _C.get_num_threads())
 
     def _layer_norm(self, weight_bias, x, out, n):
         _C.layernorm_forward(x[:n], weight_bias[0], weight_bias[1], out[:n], self.mean[:n], self.rstd[:n])
@@ -281,7 +291,7 @@ class DecoderCache:
         argmax_out (int64 [>= n]), also each row's argmax there."""
         if self._native is not None:
             return self._native.step(ids, t, self.slot, self.origin, self.sentence,
-                                     min(self._groups, max(1, len(ids) // self._group_rows)), log_softmax,
+                                     self._groups(len(ids)), log_softmax,
                                      banned, argmax_out)
         logits = self._step_python(ids, t)
         if log_softmax:
