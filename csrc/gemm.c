@@ -14,7 +14,8 @@
  * 28 zmm accumulators, one broadcast per row and two FMAs; AVX2 + FMA: 6 x 16 in
  * 12 ymm; plain C: 4 x 8) and runs one FMA chain per element of C over the kc
  * values of a K block (bf16 at the avx512_bf16 level: one vdpbf16ps chain over the kc / 2
- * pairs, the AVX-512 tile). Packing reads every transposition variant and leading
+ * pairs, the AVX-512 tile; at the amx level a 32 x 32 tile of C in four AMX tile registers,
+ * tdpbf16ps over steps of 32 k, see isa_amx_bf16). Packing reads every transposition variant and leading
  * dimension (AVX-512: 16 x 16 register transposes), so no copy of the caller's
  * data exists outside the packing buffers. Edge tiles: rows via kernels
  * specialised for 1..MR rows (no wasted FMAs on short panels), columns via

@@ -29,7 +29,9 @@
  * C, alpha and the accumulation stay fp32. This is the rounding vdpbf16ps applies. At the
  * avx512_bf16 level vdpbf16ps computes it (two products per fp32 lane and instruction, added in
  * its own order: the sums differ from the other levels' by fp32 rounding only; still bitwise
- * independent of the thread count); below it the fp32 FMA kernels of the level do. */
+ * independent of the thread count), at the amx level AMX tiles (tdpbf16ps, 32 k per step, then
+ * the remaining pairs with vdpbf16ps; the same bf16 pairs packed for B); below them the fp32 FMA
+ * kernels of the level do. */
 enum { GEMM_FP32 = 0, GEMM_BF16 = 1 };
 
 /* One GEMM. accumulate = 0: C = alpha*op(A)@op(B) (C is not read);

@@ -1,5 +1,6 @@
 /* peak_fma_gflops, peak_int8_gops (peak.h). */
 #include "peak.h"
+#include "amx.h"
 #include "cpu.h"
 
 #include <math.h>
@@ -115,6 +116,61 @@ TF_TARGET_AVX512_BF16 static float dpbf16_avx512(long rounds)
 }
 #endif
 
+#if TF_HAVE_AMX
+/* tdpbf16ps / tdpbusd: the amx GEMM kernels' instructions, on four independent C tiles (as the
+ * kernels' 32 x 32 tile), operands held in tiles: 4 x 16 x 16 x 32 bf16 or x 64 int8 products
+ * a round. */
+TF_TARGET_AMX static float tdpbf16_amx(long rounds)
+{
+    uint16_t x[16 * 32];
+    float c[16 * 16];
+    for (int i = 0; i < 16 * 32; i++) x[i] = 0x3c00;   /* 2^-7 */
+    tf_amx_begin();
+    _tile_loadd(4, x, 64);
+    _tile_loadd(5, x, 64);
+    _tile_loadd(6, x, 64);
+    _tile_loadd(7, x, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long r = 0; r < rounds; r++) {
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(1, 4, 7);
+        _tile_dpbf16ps(2, 5, 6);
+        _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(3, c, 64);
+    tf_amx_end();
+    return c[0];
+}
+
+TF_TARGET_AMX static int32_t tdpbusd_amx(long rounds)
+{
+    int8_t x[16 * 64];
+    int32_t c[16 * 16];
+    for (int i = 0; i < 16 * 64; i++) x[i] = 3;
+    tf_amx_begin();
+    _tile_loadd(4, x, 64);
+    _tile_loadd(5, x, 64);
+    _tile_loadd(6, x, 64);
+    _tile_loadd(7, x, 64);
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (long r = 0; r < rounds; r++) {
+        _tile_dpbusd(0, 4, 6);
+        _tile_dpbusd(1, 4, 7);
+        _tile_dpbusd(2, 5, 6);
+        _tile_dpbusd(3, 5, 7);
+    }
+    _tile_stored(3, c, 64);
+    tf_amx_end();
+    return c[0];
+}
+#endif
+
 volatile float peak_sink_f;
 volatile int32_t peak_sink_i;
 
@@ -123,6 +179,11 @@ static double measure(int kind, int isa, double seconds, double *ops_per_round)
     long rounds = 0;
     double start = now(), elapsed;
     do {
+#if TF_HAVE_AMX
+        if (kind == 1 && isa >= TF_ISA_AMX) { peak_sink_i = tdpbusd_amx(ROUNDS); *ops_per_round = 4 * 16 * 16 * 64 * 2.0; }
+        else if (kind == 2 && isa >= TF_ISA_AMX) { peak_sink_f = tdpbf16_amx(ROUNDS); *ops_per_round = 4 * 16 * 16 * 32 * 2.0; }
+        else
+#endif
 #ifdef PEAK_X86
         if (kind == 0 && isa >= TF_ISA_AVX512) { peak_sink_f = fma_avx512(ROUNDS); *ops_per_round = CHAINS * 32.0; }
         else if (kind == 0 && isa == TF_ISA_AVX2) { peak_sink_f = fma_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 16.0; }

@@ -341,8 +341,8 @@ cdef extern from "peak.h" nogil:
 
 def peak_per_core(double seconds=0.2):
     """{"fp32_fma_gflops": ..., "bf16_gflops": ..., "int8_gops": ...}: this core's ceilings at the
-    SIMD level in use, measured now on the calling thread (pure FMA / vdpbf16ps / vpmaddwd or
-    vpdpbusd loops, independent chains; csrc/peak.h)."""
+    SIMD level in use, measured now on the calling thread (pure FMA / tdpbf16ps or vdpbf16ps /
+    tdpbusd, vpdpbusd or vpmaddwd loops, independent chains or tiles; csrc/peak.h)."""
     if not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds}")
     cdef int level = tf_isa()

@@ -20,9 +20,9 @@ int32 product) and against torch's dynamically quantized Linear (activations qua
 call, like ours), with ours at fp32 on the same shape in the same loop. Each row carries the
 instruction ceiling measured in the same run (_C.peak_per_core: a pure loop of the instruction
 the kernel issues, per core, times the thread count): `fraction_of_ceiling` is the row's figure
-over it (bf16: vdpbf16ps at avx512_bf16, below it the fp32 FMA ceiling, since the fallback
-multiplies rounded operands with the fp32 FMAs; int8: vpdpbusd at avx512_vnni, vpmaddwd + vpaddd
-on AVX2). Beside it, ours at fp32 on a large
+over it (bf16: tdpbf16ps tiles at amx, vdpbf16ps at avx512_bf16, below it the fp32 FMA ceiling,
+since the fallback multiplies rounded operands with the fp32 FMAs; int8: tdpbusd tiles at amx,
+vpdpbusd at avx512_vnni, vpmaddwd + vpaddd on AVX2). Beside it, ours at fp32 on a large
 square product (`ours_fp32_peak_gflops`, PEAK_SHAPE).
 
     python -m transformer.bench.gemm                      # JSON lines
@@ -54,10 +54,11 @@ PRECISION_SHAPES = [(2048, 512, 512), (2048, 2048, 512), (2048, 512, 2048), (102
 # The large square product whose fp32 figure the reduced-precision rows are read against.
 PEAK_SHAPE = (2048, 2048, 2048)
 PEAK_NOTE = "ours at fp32 on a large square product in this run"
-CEILING_NOTE = {"bf16": "the bf16 kernel's instruction loop (avx512_bf16: vdpbf16ps; below it the fp32 "
-                        "FMAs the rounded operands are multiplied with), per core x threads",
-                "int8": "the int8 kernel's instruction loop (avx512_vnni: vpdpbusd; AVX2: vpmaddwd + "
-                        "vpaddd), per core x threads"}
+CEILING_NOTE = {"bf16": "the bf16 kernel's instruction loop (amx: tdpbf16ps on four tiles; avx512_bf16: "
+                        "vdpbf16ps; below it the fp32 FMAs the rounded operands are multiplied with), "
+                        "per core x threads",
+                "int8": "the int8 kernel's instruction loop (amx: tdpbusd on four tiles; avx512_vnni: "
+                        "vpdpbusd; AVX2: vpmaddwd + vpaddd), per core x threads"}
 
 
 def _openblas_threads_setter():
@@ -300,7 +301,8 @@ def run_precisions(rng, nthreads, precisions, repeats, torch, shapes=PRECISION_S
     peak = _fp32_peak(rng, peak_shape, repeats)
     per_core = _C.peak_per_core(0.3)
     ceilings = {"bf16": per_core["bf16_gflops"] * nthreads, "int8": per_core["int8_gops"] * nthreads}
-    peak.update(fp32_fma_ceiling_gflops=ceilings["bf16"], fraction_of_ceiling=peak["ours_gflops"] / ceilings["bf16"])
+    fma = per_core["fp32_fma_gflops"] * nthreads
+    peak.update(fp32_fma_ceiling_gflops=fma, fraction_of_ceiling=peak["ours_gflops"] / fma)
     records = [{**peak, "threads": nthreads}]
     for precision in precisions:
         measure = {"bf16": _measure_bf16, "int8": _measure_int8}[precision]
