@@ -15,8 +15,8 @@
  * 12 ymm; plain C: 4 x 8) and runs one FMA chain per element of C over the kc
  * values of a K block (bf16 at the avx512_bf16 level: one vdpbf16ps chain over the kc / 2
  * pairs, the AVX-512 tile; at the amx level a 32 x 32 tile of C in four AMX tile registers,
- * tdpbf16ps over steps of 32 k, see isa_amx_bf16). Packing reads every transposition variant and leading
- * dimension (AVX-512: 16 x 16 register transposes), so no copy of the caller's
+ * tdpbf16ps over steps of 32 k, see isa_amx_bf16). Packing reads every transposition variant
+ * and leading dimension (AVX-512: 16 x 16 register transposes), so no copy of the caller's
  * data exists outside the packing buffers. Edge tiles: rows via kernels
  * specialised for 1..MR rows (no wasted FMAs on short panels), columns via
  * zero-padded B panels and masked stores (AVX-512) or a small spill tile.
