@@ -889,6 +889,10 @@ kernel_amx(long kc, const float *restrict Ap, const float *restrict Bp, long bs,
     _tile_zero(3);
     for (long s = 0; s < steps; s++) {
         const float *b = Bp + s * 16 * bs;
+        for (long i = 2 * s; i < 2 * s + 2 && i < mr; i++) {   /* C's lines, two rows a step */
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
+        }
         _tile_loadd(4, A + s * 32, astride);
         _tile_loadd(6, b, bstride);
         _tile_dpbf16ps(0, 4, 6);
@@ -922,7 +926,11 @@ kernel_amx(long kc, const float *restrict Ap, const float *restrict Bp, long bs,
             if (wide) c1 = _mm512_dpbf16_ps(c1, ai, (__m512bh)_mm512_loadu_ps(Bp + t * bs + 16));
         }
         float *c = C + i * ldc;
-        if (load_c) {
+        if (nr == AMX_NR) {   /* whole rows: plain stores (masked ones stall on lines not yet here) */
+            _mm512_storeu_ps(c, load_c ? _mm512_fmadd_ps(va, c0, _mm512_loadu_ps(c)) : _mm512_mul_ps(va, c0));
+            _mm512_storeu_ps(c + 16, load_c ? _mm512_fmadd_ps(va, c1, _mm512_loadu_ps(c + 16))
+                                            : _mm512_mul_ps(va, c1));
+        } else if (load_c) {
             _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(va, c0, _mm512_maskz_loadu_ps(m0, c)));
             if (wide) _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(va, c1, _mm512_maskz_loadu_ps(m1, c + 16)));
         } else {
@@ -946,8 +954,14 @@ AMX_KERNEL(32)
 
 /* KC = 512 as for vdpbf16ps (a B micro-panel of 256 pairs x 32 = 32 KiB in L1d); MC = 256: whole
  * 32-row panels, an A block of 256 KiB of bf16 in L2. */
+#ifndef AMX_KC
+#define AMX_KC 512
+#endif
+#ifndef AMX_MC
+#define AMX_MC 256
+#endif
 static const gemm_isa isa_amx_bf16 = {
-    AMX_MR, AMX_NR, 512, 256, 4096,
+    AMX_MR, AMX_NR, AMX_KC, AMX_MC, 4096,
     {0, kernel_amx_1, kernel_amx_2, kernel_amx_3, kernel_amx_4, kernel_amx_5, kernel_amx_6,
      kernel_amx_7, kernel_amx_8, kernel_amx_9, kernel_amx_10, kernel_amx_11, kernel_amx_12,
      kernel_amx_13, kernel_amx_14, kernel_amx_15, kernel_amx_16, kernel_amx_17, kernel_amx_18,

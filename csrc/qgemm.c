@@ -411,6 +411,10 @@ static TARGET_AMX void tile_amx(long K, const uint8_t *restrict Xu, long ldu, co
     _tile_zero(3);
     for (long s = 0; s < steps; s++) {
         const int8_t *w = panel + s * 16 * 4 * VNNI_NR;
+        for (long i = 2 * s; i < 2 * s + 2 && i < mr; i++) {   /* C's lines, two rows a step */
+            _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+            _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
+        }
         _tile_loadd(4, Xu + s * 64, ldu);
         _tile_loadd(6, w, 4 * VNNI_NR);
         _tile_loadd(7, w + 64, 4 * VNNI_NR);
@@ -452,12 +456,14 @@ static TARGET_AMX void tile_amx(long K, const uint8_t *restrict Xu, long ldu, co
         const __m512 a0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c0, k0));
         const __m512 a1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c1, k1));
         float *c = C + i * ldc;
-        if (bias) {
-            _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(a0, s0, b0));
-            _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(a1, s1, b1));
+        const __m512 r0 = bias ? _mm512_fmadd_ps(a0, s0, b0) : _mm512_mul_ps(a0, s0);
+        const __m512 r1 = bias ? _mm512_fmadd_ps(a1, s1, b1) : _mm512_mul_ps(a1, s1);
+        if (nr == VNNI_NR) {   /* whole rows: plain stores (masked ones stall on lines not yet here) */
+            _mm512_storeu_ps(c, r0);
+            _mm512_storeu_ps(c + 16, r1);
         } else {
-            _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(a0, s0));
-            _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(a1, s1));
+            _mm512_mask_storeu_ps(c, m0, r0);
+            _mm512_mask_storeu_ps(c + 16, m1, r1);
         }
     }
 }
