@@ -100,6 +100,9 @@ def test_steps_are_split_by_rows_when_the_weights_are_small_or_the_rows_or_threa
     assert dec.step_groups(base, "fp32", 4, 8) == 4         # a team of 4 meeting per kernel costs more
     assert dec.step_groups(base, "int8", 16, 8) == 4        # blocks of 2 rows at least
     assert dec.step_groups(base, "int8", 16, 32) == 16
+    opus = T.ModelConfig(src_vocab_size=58101, tgt_vocab_size=58101, activation="silu")
+    assert dec.step_groups(opus, "fp32", 16, 32) == 1       # 207 MB a step: kernels split
+    assert dec.step_groups(opus, "int8", 16, 32) == 16      # its projection quantized too: 52 MB
 
 
 def native_cache():

@@ -85,9 +85,12 @@ def int8_generator(cfg):
 #    1881 / 2675 at 8, 2068 / 2611 at 16; int8 beam 4 1195 / 1577, 1152 / 2038, 555 / 1970; fp32
 #    greedy 1455 / 1282 (the one loss), 1464 / 1568, 1450 / 1540; fp32 beam 4 849 / 1124,
 #    912 / 1151, 447 / 1085. Split kernels at 16 threads were slower than at 2 (2199 int8
-#    greedy, 1248 fp32); split rows never are.
+#    greedy, 1248 fp32); split rows never are. Not beyond GROUP_MANY_BYTES (4 x 32 MiB): a
+#    MarianMT step at fp32 reads 207 MB (its 58101-word projection alone 119 MB), which every
+#    thread would stream from memory; unmeasured there, so its kernels stay split.
 # DECODE_GROUPS: None (that rule) or a fixed count (tests, benchmarks; still at most n // 4).
 GROUP_WEIGHT_BYTES = 32 << 20
+GROUP_MANY_BYTES = 4 * GROUP_WEIGHT_BYTES
 GROUP_THREADS = 4
 MIN_GROUP_ROWS = 4
 MIN_GROUP_ROWS_FEW = 16
@@ -111,7 +114,7 @@ def min_group_rows(cfg, precision, threads):
     if step_bytes <= GROUP_WEIGHT_BYTES:
         return MIN_GROUP_ROWS
     if threads >= GROUP_THREADS:
-        return MIN_GROUP_ROWS_MANY
+        return MIN_GROUP_ROWS_MANY if step_bytes <= GROUP_MANY_BYTES else None
     return MIN_GROUP_ROWS_FEW if step_bytes <= 2 * GROUP_WEIGHT_BYTES else None
 
 
