@@ -120,55 +120,33 @@ TF_TARGET_AVX512_BF16 static float dpbf16_avx512(long rounds)
 /* tdpbf16ps / tdpbusd: the amx GEMM kernels' instructions, on four independent C tiles (as the
  * kernels' 32 x 32 tile), operands held in tiles: 4 x 16 x 16 x 32 bf16 or x 64 int8 products
  * a round. */
-TF_TARGET_AMX static float tdpbf16_amx(long rounds)
-{
-    uint16_t x[16 * 32];
-    float c[16 * 16];
-    for (int i = 0; i < 16 * 32; i++) x[i] = 0x3c00;   /* 2^-7 */
-    tf_amx_begin();
-    _tile_loadd(4, x, 64);
-    _tile_loadd(5, x, 64);
-    _tile_loadd(6, x, 64);
-    _tile_loadd(7, x, 64);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (long r = 0; r < rounds; r++) {
-        _tile_dpbf16ps(0, 4, 6);
-        _tile_dpbf16ps(1, 4, 7);
-        _tile_dpbf16ps(2, 5, 6);
-        _tile_dpbf16ps(3, 5, 7);
+#define TILE_PEAK(NAME, ACC, OPERAND, VALUE, DP)                                   \
+    TF_TARGET_AMX static ACC NAME(long rounds)                                        \
+    {                                                                                 \
+        OPERAND x[16 * 64 / sizeof(OPERAND)];                                         \
+        ACC c[16 * 16];                                                               \
+        for (size_t i = 0; i < sizeof x / sizeof x[0]; i++) x[i] = VALUE;             \
+        tf_amx_begin();                                                               \
+        _tile_loadd(4, x, 64);                                                        \
+        _tile_loadd(5, x, 64);                                                        \
+        _tile_loadd(6, x, 64);                                                        \
+        _tile_loadd(7, x, 64);                                                        \
+        _tile_zero(0);                                                                \
+        _tile_zero(1);                                                                \
+        _tile_zero(2);                                                                \
+        _tile_zero(3);                                                                \
+        for (long r = 0; r < rounds; r++) {                                           \
+            DP(0, 4, 6);                                                              \
+            DP(1, 4, 7);                                                              \
+            DP(2, 5, 6);                                                              \
+            DP(3, 5, 7);                                                              \
+        }                                                                             \
+        _tile_stored(3, c, 64);                                                       \
+        tf_amx_end();                                                                 \
+        return c[0];                                                                  \
     }
-    _tile_stored(3, c, 64);
-    tf_amx_end();
-    return c[0];
-}
-
-TF_TARGET_AMX static int32_t tdpbusd_amx(long rounds)
-{
-    int8_t x[16 * 64];
-    int32_t c[16 * 16];
-    for (int i = 0; i < 16 * 64; i++) x[i] = 3;
-    tf_amx_begin();
-    _tile_loadd(4, x, 64);
-    _tile_loadd(5, x, 64);
-    _tile_loadd(6, x, 64);
-    _tile_loadd(7, x, 64);
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (long r = 0; r < rounds; r++) {
-        _tile_dpbusd(0, 4, 6);
-        _tile_dpbusd(1, 4, 7);
-        _tile_dpbusd(2, 5, 6);
-        _tile_dpbusd(3, 5, 7);
-    }
-    _tile_stored(3, c, 64);
-    tf_amx_end();
-    return c[0];
-}
+TILE_PEAK(tdpbf16_amx, float, uint16_t, 0x3c00 /* 2^-7 in bf16 */, _tile_dpbf16ps)
+TILE_PEAK(tdpbusd_amx, int32_t, int8_t, 3, _tile_dpbusd)
 #endif
 
 volatile float peak_sink_f;

@@ -288,6 +288,51 @@ static void kernel_avx2(long m, long K, const int16_t *Xq, long ldq, const float
 #define VNNI_MR 12
 #define VNNI_NR 32
 
+/* The dequantization of one 32-column panel (the VNNI and amx kernels'): its masks, scales,
+ * compensations and bias, read once per tile, then row by row C = (acc - comp) * (xs * ws) (+ bias)
+ * in the order `dequantize` computes it. */
+typedef struct {
+    __mmask16 m0, m1;
+    __m512 ws0, ws1, b0, b1;
+    __m512i k0, k1;
+    int whole, bias;
+} vnni_out;
+
+static inline __attribute__((always_inline)) TARGET_VNNI vnni_out
+vnni_out_of(const float *ws, const int32_t *comp, const float *bias, int nr)
+{
+    vnni_out o;
+    o.m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    o.m1 = nr <= 16 ? (__mmask16)0 : nr >= 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (nr - 16)) - 1);
+    o.ws0 = _mm512_loadu_ps(ws);   /* padded to NR */
+    o.ws1 = _mm512_loadu_ps(ws + 16);
+    o.k0 = _mm512_loadu_si512((const void *)comp);
+    o.k1 = _mm512_loadu_si512((const void *)(comp + 16));
+    o.b0 = bias ? _mm512_maskz_loadu_ps(o.m0, bias) : _mm512_setzero_ps();
+    o.b1 = bias ? _mm512_maskz_loadu_ps(o.m1, bias + 16) : _mm512_setzero_ps();
+    o.whole = nr == VNNI_NR;
+    o.bias = bias != NULL;
+    return o;
+}
+
+static inline __attribute__((always_inline)) TARGET_VNNI void
+vnni_store_row(const vnni_out *o, __m512i c0, __m512i c1, float xs, float *c)
+{
+    const __m512 x = _mm512_set1_ps(xs);
+    const __m512 s0 = _mm512_mul_ps(x, o->ws0), s1 = _mm512_mul_ps(x, o->ws1);
+    const __m512 a0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c0, o->k0));
+    const __m512 a1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c1, o->k1));
+    const __m512 r0 = o->bias ? _mm512_fmadd_ps(a0, s0, o->b0) : _mm512_mul_ps(a0, s0);
+    const __m512 r1 = o->bias ? _mm512_fmadd_ps(a1, s1, o->b1) : _mm512_mul_ps(a1, s1);
+    if (o->whole) {   /* whole rows: plain stores (masked ones stall on lines not yet in cache) */
+        _mm512_storeu_ps(c, r0);
+        _mm512_storeu_ps(c + 16, r1);
+    } else {
+        _mm512_mask_storeu_ps(c, o->m0, r0);
+        _mm512_mask_storeu_ps(c + 16, o->m1, r1);
+    }
+}
+
 static inline __attribute__((always_inline)) TARGET_VNNI void
 tile_vnni(long groups, const uint8_t *restrict Xu, long ldu, const float *xs,
           const int8_t *restrict panel, const float *ws, const int32_t *comp, const float *bias,
@@ -315,29 +360,10 @@ tile_vnni(long groups, const uint8_t *restrict Xu, long ldu, const float *xs,
                 c1[i] = _mm512_dpbusd_epi32(c1[i], x, w1);
             }
     }
-    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
-    const __mmask16 m1 = nr <= 16 ? (__mmask16)0 : nr >= 32 ? (__mmask16)0xFFFF
-                                                              : (__mmask16)((1u << (nr - 16)) - 1);
-    const __m512 ws0 = _mm512_loadu_ps(ws), ws1 = _mm512_loadu_ps(ws + 16);   /* padded to NR */
-    const __m512i k0 = _mm512_loadu_si512((const void *)comp), k1 = _mm512_loadu_si512((const void *)(comp + 16));
-    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    const vnni_out out = vnni_out_of(ws, comp, bias, nr);
 #pragma GCC unroll 12
     for (int i = 0; i < VNNI_MR; i++)
-        if (i < mr) {
-            const __m512 x = _mm512_set1_ps(xs[i]);
-            const __m512 s0 = _mm512_mul_ps(x, ws0), s1 = _mm512_mul_ps(x, ws1);
-            const __m512 a0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c0[i], k0));
-            const __m512 a1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c1[i], k1));
-            float *c = C + i * ldc;
-            if (bias) {
-                _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(a0, s0, b0));
-                _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(a1, s1, b1));
-            } else {
-                _mm512_mask_storeu_ps(c, m0, _mm512_mul_ps(a0, s0));
-                _mm512_mask_storeu_ps(c + 16, m1, _mm512_mul_ps(a1, s1));
-            }
-        }
+        if (i < mr) vnni_store_row(&out, c0[i], c1[i], xs[i], C + i * ldc);
 }
 
 #define VNNI_TILE(R)                                                                         \
@@ -433,13 +459,7 @@ static TARGET_AMX void tile_amx(long K, const uint8_t *restrict Xu, long ldu, co
         _tile_stored(2, acc + 16 * VNNI_NR, 4 * VNNI_NR);
         _tile_stored(3, acc + 16 * VNNI_NR + 16, 4 * VNNI_NR);
     }
-    const __mmask16 m0 = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
-    const __mmask16 m1 = nr <= 16 ? (__mmask16)0 : nr >= 32 ? (__mmask16)0xFFFF
-                                                              : (__mmask16)((1u << (nr - 16)) - 1);
-    const __m512 ws0 = _mm512_loadu_ps(ws), ws1 = _mm512_loadu_ps(ws + 16);   /* padded to NR */
-    const __m512i k0 = _mm512_loadu_si512((const void *)comp), k1 = _mm512_loadu_si512((const void *)(comp + 16));
-    const __m512 b0 = bias ? _mm512_maskz_loadu_ps(m0, bias) : _mm512_setzero_ps();
-    const __m512 b1 = bias ? _mm512_maskz_loadu_ps(m1, bias + 16) : _mm512_setzero_ps();
+    const vnni_out out = vnni_out_of(ws, comp, bias, nr);
     for (int i = 0; i < mr; i++) {
         __m512i c0 = _mm512_load_si512((const void *)(acc + i * VNNI_NR));
         __m512i c1 = _mm512_load_si512((const void *)(acc + i * VNNI_NR + 16));
@@ -451,20 +471,7 @@ static TARGET_AMX void tile_amx(long K, const uint8_t *restrict Xu, long ldu, co
             c0 = _mm512_dpbusd_epi32(c0, x, _mm512_loadu_si512((const void *)w));
             c1 = _mm512_dpbusd_epi32(c1, x, _mm512_loadu_si512((const void *)(w + 64)));
         }
-        const __m512 x = _mm512_set1_ps(xs[i]);
-        const __m512 s0 = _mm512_mul_ps(x, ws0), s1 = _mm512_mul_ps(x, ws1);
-        const __m512 a0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c0, k0));
-        const __m512 a1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c1, k1));
-        float *c = C + i * ldc;
-        const __m512 r0 = bias ? _mm512_fmadd_ps(a0, s0, b0) : _mm512_mul_ps(a0, s0);
-        const __m512 r1 = bias ? _mm512_fmadd_ps(a1, s1, b1) : _mm512_mul_ps(a1, s1);
-        if (nr == VNNI_NR) {   /* whole rows: plain stores (masked ones stall on lines not yet here) */
-            _mm512_storeu_ps(c, r0);
-            _mm512_storeu_ps(c + 16, r1);
-        } else {
-            _mm512_mask_storeu_ps(c, m0, r0);
-            _mm512_mask_storeu_ps(c + 16, m1, r1);
-        }
+        vnni_store_row(&out, c0, c1, xs[i], C + i * ldc);
     }
 }
 
