@@ -139,16 +139,31 @@ static void attend_pair_avx512(const cache_view *c, const float *qp, const float
     for (long j0 = 0; j0 < n_keys; j0 += 16) {
         const long jn = n_keys - j0 < 16 ? n_keys - j0 : 16;
         const float *key[16];
-        __m512 acc[16];
-        for (int t = 0; t < 16; t++) {
+        for (int t = 0; t < 16; t++) {   /* past the last key: the block's first again, dropped below */
             long j = j0 + (t < jn ? t : 0);
             key[t] = krow ? c->k + ((long)krow[j] * c->H + h) * c->head + j * dh : kp + j * dh;
-            acc[t] = _mm512_setzero_ps();
         }
-        for (long d = 0; d < dh; d += 16) {
-            __m512 q = tf_load16(qp + d, dh - d);
-            for (int t = 0; t < 16; t++)
-                if (t < jn) acc[t] = _mm512_fmadd_ps(q, tf_load16(key[t] + d, dh - d), acc[t]);
+        /* Key by key, up to 64 of dh (q held in four registers) at a time, every key of the block
+         * whether it exists or not: no test inside, so the 16 sums stay in registers (with a
+         * test per key gcc kept them on the stack). Each sum runs over d in order, as before. */
+        __m512 acc[16];
+#pragma GCC unroll 16
+        for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
+        for (long d0 = 0; d0 < dh; d0 += 64) {
+            const long len = dh - d0 < 64 ? dh - d0 : 64;
+            const __mmask16 m0 = tf_lanes16(len), m1 = tf_lanes16(len - 16), m2 = tf_lanes16(len - 32),
+                            m3 = tf_lanes16(len - 48);
+            const __m512 q0 = _mm512_maskz_loadu_ps(m0, qp + d0), q1 = _mm512_maskz_loadu_ps(m1, qp + d0 + 16),
+                         q2 = _mm512_maskz_loadu_ps(m2, qp + d0 + 32), q3 = _mm512_maskz_loadu_ps(m3, qp + d0 + 48);
+#pragma GCC unroll 16
+            for (int t = 0; t < 16; t++) {
+                const float *x = key[t] + d0;
+                __m512 a = _mm512_fmadd_ps(q0, _mm512_maskz_loadu_ps(m0, x), acc[t]);
+                if (len > 16) a = _mm512_fmadd_ps(q1, _mm512_maskz_loadu_ps(m1, x + 16), a);
+                if (len > 32) a = _mm512_fmadd_ps(q2, _mm512_maskz_loadu_ps(m2, x + 32), a);
+                if (len > 48) a = _mm512_fmadd_ps(q3, _mm512_maskz_loadu_ps(m3, x + 48), a);
+                acc[t] = a;
+            }
         }
         __mmask16 live = tf_lanes16(jn);
         if (mask) live &= ~_mm_test_epi8_mask(_mm_maskz_loadu_epi8(live, mask + j0), _mm_set1_epi8(-1));
@@ -185,17 +200,23 @@ static void attend_pair_avx512(const cache_view *c, const float *qp, const float
         __m512 a[2][4];
         for (int r = 0; r < 2; r++)
             for (int u = 0; u < 4; u++) a[r][u] = _mm512_setzero_ps();
-        for (long j = 0; j < n_keys; j++) {
-            const float w = scores[j];
-            if (w == 0.0f) continue;   /* hidden keys: their values are never read */
-            const float *x = (krow ? c->v + ((long)krow[j] * c->H + h) * c->head + j * dh
-                                   : vp + j * dh) + c0;
-            const __m512 vw = _mm512_set1_ps(w);
-            const int r = (int)(j & 1);   /* two chains: an FMA's latency per key, not per two */
-            a[r][0] = _mm512_fmadd_ps(vw, tf_load16(x, len), a[r][0]);
-            if (len > 16) a[r][1] = _mm512_fmadd_ps(vw, tf_load16(x + 16, len - 16), a[r][1]);
-            if (len > 32) a[r][2] = _mm512_fmadd_ps(vw, tf_load16(x + 32, len - 32), a[r][2]);
-            if (len > 48) a[r][3] = _mm512_fmadd_ps(vw, tf_load16(x + 48, len - 48), a[r][3]);
+        /* two chains over alternate keys (an FMA's latency per key, not per two), each key's
+         * chain fixed at compile time: with the chain picked at run time gcc kept them in memory */
+        for (long j = 0; j < n_keys; j += 2) {
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++) {
+                if (j + r >= n_keys) break;
+                const float w = scores[j + r];
+                if (w == 0.0f) continue;   /* hidden keys: their values are never read */
+                const long jj = j + r;
+                const float *x = (krow ? c->v + ((long)krow[jj] * c->H + h) * c->head + jj * dh
+                                       : vp + jj * dh) + c0;
+                const __m512 vw = _mm512_set1_ps(w);
+                a[r][0] = _mm512_fmadd_ps(vw, tf_load16(x, len), a[r][0]);
+                if (len > 16) a[r][1] = _mm512_fmadd_ps(vw, tf_load16(x + 16, len - 16), a[r][1]);
+                if (len > 32) a[r][2] = _mm512_fmadd_ps(vw, tf_load16(x + 32, len - 32), a[r][2]);
+                if (len > 48) a[r][3] = _mm512_fmadd_ps(vw, tf_load16(x + 48, len - 48), a[r][3]);
+            }
         }
         for (int u = 0; u < 4 && 16 * u < len; u++)
             tf_store16(op + c0 + 16 * u, len - 16 * u, _mm512_add_ps(a[0][u], a[1][u]));

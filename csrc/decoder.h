@@ -65,4 +65,9 @@ void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const
                   int64_t *origin, long ld_origin, const int64_t *sentence, int log_softmax,
                   const int64_t *banned, int n_banned, int64_t *argmax, int groups);
 
+/* out[r]: the argmax of row r of x [n, V] as decoder_step takes it (numpy's: the first index of
+ * the maximum, or of the first NaN), at the SIMD level in use, or by the one-element-at-a-time
+ * definition when `reference` (tests compare the two). */
+void argmax_rows(const float *x, long n, long V, int64_t *out, int reference);
+
 #endif

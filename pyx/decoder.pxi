@@ -45,6 +45,7 @@ cdef extern from "decoder.h" nogil:
                                        const int64_t *slot, int64_t *origin, long ld_origin,
                                        const int64_t *sentence, int log_softmax, const int64_t *banned,
                                        int n_banned, int64_t *argmax, int groups)
+    void c_argmax_rows "argmax_rows"(const float *x, long n, long V, int64_t *out, int reference)
 
 _DS_BUFFERS = ("x", "h", "tmp", "ctx", "query", "qkv", "ff_pre", "ff_act", "logits", "mean", "rstd")
 
@@ -330,3 +331,20 @@ cdef class DecoderStep:
         with nogil:
             c_decoder_step(d, pi, n, t, ps, po, d.Tmax, pn, log_softmax, ban, n_banned, pa, groups)
         return self.logits_buffer[:n]
+
+
+def argmax_rows(x, bint reference=False):
+    """int64 [n]: each row's argmax as a decoding step takes it (numpy's: the first index of the
+    maximum, or of the first NaN), at the SIMD level in use; reference=True: one element at a time
+    (the definition). x: float32 C-contiguous [n, V]."""
+    _check_f32(x, "x", 2)
+    cdef Py_ssize_t n = x.shape[0], V = x.shape[1]
+    out = np.zeros(n, np.int64)
+    if n == 0 or V == 0:
+        return out
+    cdef const float[:, ::1] xv = x
+    cdef int64_t[::1] ov = out
+    cdef int ref = 1 if reference else 0
+    with nogil:
+        c_argmax_rows(&xv[0, 0], n, V, &ov[0], ref)
+    return out

@@ -204,3 +204,47 @@ def test_bans_and_argmax_over_a_big_vocabulary_split_across_threads(restore_thre
         assert same_bits(got, want)
         assert np.array_equal(chosen, want.argmax(axis=1))
         ids = chosen.copy()
+
+
+def argmax_cases():
+    """Rows whose argmax a vectorised search could get wrong: ties (the first wins), -0 before +0,
+    infinities, NaNs (the first wins, wherever the maximum is), a NaN past a greater value, every
+    length around a vector's 8 and 16 lanes, and the maximum in the tail after the last whole vector."""
+    rng = np.random.default_rng(7)
+    rows = []
+    for V in (1, 2, 7, 8, 9, 15, 16, 17, 31, 33, 100, 4000, 4001):
+        x = rng.standard_normal(V).astype(np.float32)
+        rows.append(x.copy())
+        for where in {0, V // 2, V - 1}:
+            y = x.copy(); y[where] = 9.0; rows.append(y)                      # a single peak
+            y = x.copy(); y[where] = 9.0; y[V - 1 - where] = 9.0; rows.append(y)   # a tie
+            y = x.copy(); y[where] = np.nan; rows.append(y)
+            y = x.copy(); y[where] = np.inf; rows.append(y)
+            y = np.full(V, -np.inf, np.float32); y[where] = -1e30; rows.append(y)
+        rows.append(np.full(V, -np.inf, np.float32))
+        y = np.zeros(V, np.float32); y[:: 2] = -0.0; rows.append(y)          # -0 and +0 tie
+        if V > 3:
+            y = x.copy(); y[1] = 50.0; y[V - 1] = np.nan; y[V - 2] = np.nan; rows.append(y)
+    return rows
+
+
+def test_argmax_rows_is_numpys_argmax(isa):
+    """The step's argmax (greedy decoding's choice) against numpy's, and the one-element-at-a-time
+    definition, on rows built to trip a vectorised search."""
+    for x in argmax_cases():
+        row = x[None, :]
+        want = int(np.argmax(x))
+        assert _C.argmax_rows(row)[0] == want, (isa, x.size, want)
+        assert _C.argmax_rows(row, reference=True)[0] == want
+    many = np.random.default_rng(8).standard_normal((5, 37)).astype(np.float32)
+    assert np.array_equal(_C.argmax_rows(many), many.argmax(axis=1))
+    assert _C.argmax_rows(np.zeros((0, 4), np.float32)).shape == (0,)
+
+
+def test_argmax_rows_checks_its_argument():
+    with pytest.raises(TypeError, match="x must have dtype float32"):
+        _C.argmax_rows(np.zeros((2, 3)))
+    with pytest.raises(ValueError, match="x must be 2-D"):
+        _C.argmax_rows(np.zeros(3, np.float32))
+    with pytest.raises(ValueError, match="x must be C-contiguous"):
+        _C.argmax_rows(np.zeros((3, 4), np.float32)[:, ::2])
