@@ -2,6 +2,8 @@
 equals the autoregressive loop; without the mask it does not), the step profile, the options.
 
 Timings are not asserted (they belong to benchmarks); what is computed is."""
+import os
+
 import numpy as np
 import pytest
 
@@ -287,6 +289,28 @@ def test_ctranslate2_runs_at_the_faster_of_its_two_layouts_with_threads(monkeypa
     assert set(record["ctranslate2_layout_trials_s"]) == {"intra", "inter"}
     assert record["ctranslate2_layout"] == {"intra_threads": 1, "inter_threads": 2}
     assert record["ctranslate2_s"] < 0.004 and record["ctranslate2_compute_type"] == "float32"
+
+
+def test_ctranslate2_decodes_in_a_process_of_its_own(tmp_path):
+    """The translator lives in a child process (its OpenMP runtime apart from ours): it decodes
+    there, reports its own time, names a failure of that process, and ends with its decoder."""
+    pytest.importorskip("ctranslate2")
+    import gc
+
+    from transformer.bench import decode
+
+    model, src = decode._model(bench_train.custom_config(TINY_SPEC))
+    vocab = decode.write_ctranslate2_model(model, str(tmp_path))
+    translate = decode.ctranslate2_decoder(str(tmp_path), vocab, 1, steps=3)
+    process = translate._process
+    results = translate(src[:2], 1)
+    assert [len(r.hypotheses[0]) for r in results] == [3, 3]
+    assert process.pid != os.getpid() and process.poll() is None and 0 < translate.seconds < 60
+    del translate, results
+    gc.collect()
+    assert process.wait(10) == 0
+    with pytest.raises(RuntimeError, match="CTranslate2: "):
+        decode.ctranslate2_decoder(str(tmp_path / "missing"), vocab, 1)
 
 
 def test_ctranslate2_float32_record_names_its_compute_type_and_layout():

@@ -20,13 +20,18 @@ prefix re-run is in the fp32 records.
 CTranslate2 runs at its best setting for the thread count: with n > 1 threads both
 intra_threads=n (one translator, n OpenMP threads per op) and inter_threads=n (n translators of
 one thread each, the batch split in n with max_batch_size) are tried before timing, and the
-faster is kept; the record names it (ctranslate2_layout) with both trial times.
+faster is kept; the record names it (ctranslate2_layout) with both trial times. Each translator
+runs in a process of its own, as in a deployment, and times its calls there (ctranslate2_decoder
+says why: in one process with torch imported, the two engines' OpenMP threads slow each other).
 """
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import numpy as np
 
@@ -202,6 +207,115 @@ def write_ctranslate2_model(model, directory):
     return src_vocab
 
 
+def _ct2_worker(conn, directory, src_vocab, compute_type, inter, intra, steps, pad_id):
+    """A child process's loop: (src, beam) in, ("ok", seconds, [[tokens] per sentence]) out, where
+    seconds is what the tokenisation and translate_batch took here; None in: exit."""
+    import ctranslate2
+
+    try:
+        translator = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
+                                            inter_threads=inter, intra_threads=intra)
+        conn.send(("ready",))
+    except Exception as error:   # reported to the parent, which raises it
+        conn.send(("error", f"{type(error).__name__}: {error}"))
+        return
+    while True:
+        request = conn.recv()
+        if request is None:
+            return
+        src, beam = request
+        try:
+            start = time.perf_counter()
+            tokens = [[src_vocab[i] for i in row if i != pad_id] for row in src.tolist()]
+            results = translator.translate_batch(tokens, beam_size=beam, max_decoding_length=steps,
+                                                 min_decoding_length=steps,
+                                                 max_batch_size=-(-len(tokens) // inter))
+            seconds = time.perf_counter() - start
+            conn.send(("ok", seconds, [r.hypotheses[0] for r in results]))
+        except Exception as error:
+            conn.send(("error", f"{type(error).__name__}: {error}"))
+
+
+class Translated:
+    """One sentence of a CTranslate2 result, as translate_batch gives it (.hypotheses[0])."""
+
+    def __init__(self, tokens):
+        self.hypotheses = [tokens]
+
+
+def _ct2_child(read_fd, write_fd):
+    """The translator process's entry (python -c ...): its arguments, then its requests, arrive
+    on read_fd."""
+    from multiprocessing.connection import Connection
+
+    conn = _Pipe(Connection(read_fd), Connection(write_fd))
+    _ct2_worker(conn, *conn.recv())
+
+
+class _Pipe:
+    """Two one-way connections as one two-way one."""
+
+    def __init__(self, reader, writer):
+        self.reader, self.writer = reader, writer
+
+    def send(self, message):
+        self.writer.send(message)
+
+    def recv(self):
+        return self.reader.recv()
+
+
+def _stop_worker(conn, process):
+    try:
+        conn.send(None)
+    except OSError:
+        pass
+    try:
+        process.wait(5)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+class _RemoteTranslator:
+    """A CTranslate2 Translator in a process of its own (ctranslate2_decoder): a fresh interpreter
+    started with subprocess (multiprocessing's spawn would run the caller's main module again, and
+    fork would copy an OpenMP runtime whose threads do not follow)."""
+
+    def __init__(self, directory, src_vocab, compute_type, inter, intra, steps, pad_id):
+        from multiprocessing.connection import Connection
+
+        down_r, down_w = os.pipe()
+        up_r, up_w = os.pipe()
+        code = f"from transformer.bench.decode import _ct2_child; _ct2_child({down_r}, {up_w})"
+        self._process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(down_r, up_w))
+        os.close(down_r)
+        os.close(up_w)
+        self._conn = _Pipe(Connection(up_r), Connection(down_w))
+        weakref.finalize(self, _stop_worker, self._conn, self._process)   # the process ends with it
+        self._conn.send((directory, list(src_vocab), compute_type, inter, intra, steps, pad_id))
+        self.inter = inter
+        self.layout = {"intra_threads": intra, "inter_threads": inter}
+        self.seconds = None
+        self._answer()                                 # "ready", or its error raised here
+
+    def _answer(self):
+        try:
+            reply = self._conn.recv()
+        except EOFError:
+            raise RuntimeError(f"the CTranslate2 process ended (exit code {self._process.poll()})") from None
+        if reply[0] == "error":
+            raise RuntimeError(f"CTranslate2: {reply[1]}")
+        return reply
+
+    def __call__(self, src, beam):
+        src = np.asarray(src)
+        self.layout = {**self.layout, "max_batch_size": -(-len(src) // self.inter)}
+        self._conn.send((src, beam))
+        _, self.seconds, sentences = self._answer()
+        return [Translated(tokens) for tokens in sentences]
+
+
 def ctranslate2_decoder(directory, src_vocab, threads, compute_type="float32", layout="intra", steps=STEPS,
                         pad_id=None):
     """decode(src, beam) by a CTranslate2 Translator loaded from `directory` at `compute_type`,
@@ -209,24 +323,28 @@ def ctranslate2_decoder(directory, src_vocab, threads, compute_type="float32", l
     their own lengths). layout "intra": intra_threads=threads, inter_threads=1, the whole batch at
     once; "inter": intra_threads=1, inter_threads=threads, the batch split into `threads` parts
     (max_batch_size) that its translators decode in parallel. decode.layout says which, with the
-    batch it split."""
-    import ctranslate2
+    batch it split; decode.seconds, what the last call took in the translator's process.
 
+    The translator runs in a process of its own, as it would in a deployment. In ours its OpenMP
+    runtime could be ours: once torch is imported, its libgomp is global and CTranslate2's calls
+    bind to it, and CTranslate2's idle threads then count against ours, which libgomp answers by
+    parking our threads between parallel regions (measured, Zen 4, tiny int8 greedy at 2 threads:
+    54k tokens/s with a translator in the process, 100k without). The call's time is measured in
+    that process (the pipe's round trip left out); the process ends with the decoder."""
     if layout not in CT2_LAYOUTS:
         raise ValueError(f"layout must be one of {CT2_LAYOUTS}, got {layout!r}")
     intra, inter = (threads, 1) if layout == "intra" else (1, threads)
-    translator = ctranslate2.Translator(directory, device="cpu", compute_type=compute_type,
-                                        inter_threads=inter, intra_threads=intra)
+    return _RemoteTranslator(directory, src_vocab, compute_type, inter, intra, steps, pad_id)
 
-    def decode(src, beam):
-        tokens = [[src_vocab[i] for i in row if i != pad_id] for row in src.tolist()]
-        per_translator = -(-len(tokens) // inter)
-        decode.layout = {"intra_threads": intra, "inter_threads": inter, "max_batch_size": per_translator}
-        return translator.translate_batch(tokens, beam_size=beam, max_decoding_length=steps,
-                                          min_decoding_length=steps, max_batch_size=per_translator)
 
-    decode.layout = {"intra_threads": intra, "inter_threads": inter}
-    return decode
+def call_seconds(decode, *args):
+    """Seconds one call decode(*args) took: the engine's own measure (.seconds, set by the call:
+    a translator in another process) when it has one, otherwise the wall time here."""
+    start = time.perf_counter()
+    decode(*args)
+    elapsed = time.perf_counter() - start
+    own = getattr(decode, "seconds", None)
+    return own if own is not None else elapsed
 
 
 def fastest_layout(decoders, src, beam, trials=2, settle_s=0.0):
@@ -239,9 +357,7 @@ def fastest_layout(decoders, src, beam, trials=2, settle_s=0.0):
         for name, decode in decoders.items():
             if settle_s:
                 time.sleep(settle_s)
-            start = time.perf_counter()
-            decode(src, beam)
-            times[name].append(time.perf_counter() - start)
+            times[name].append(call_seconds(decode, src, beam))
     best = {name: min(t) for name, t in times.items()}
     return min(best, key=best.get), best
 
@@ -317,9 +433,7 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
                                 continue
                             if n > 1:
                                 time.sleep(SETTLE_S)
-                            start = time.perf_counter()
-                            decide(src, beam)
-                            times[engine].append(time.perf_counter() - start)
+                            times[engine].append(call_seconds(decide, src, beam))
                     record = _record(name, src, n, beam, precision, times)
                     if ct2_trials is not None:
                         record.update(ctranslate2_compute_type=compute_type,

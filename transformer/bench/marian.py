@@ -59,7 +59,7 @@ import warnings
 import numpy as np
 
 from . import decode as decode_bench
-from .decode import CT2_LAYOUTS, SETTLE_S, ctranslate2_compute_type, fastest_layout
+from .decode import CT2_LAYOUTS, SETTLE_S, call_seconds, ctranslate2_compute_type, fastest_layout
 from ..marian import write_marian_vocab
 from .kernels import cpu_model
 
@@ -199,9 +199,10 @@ def _remembering(decode):
     def call(src, beam):
         counts = decode(src, beam)
         call.last = (beam, counts)
+        call.seconds = getattr(decode, "seconds", None)   # a translator's own measure (decode.call_seconds)
         return counts
 
-    call.last = None
+    call.last = call.seconds = None
     return call
 
 
@@ -227,7 +228,9 @@ def ctranslate2_decoder(directory, pieces, pad_id, threads, compute_type, layout
                                                  steps=new_tokens, pad_id=pad_id)
 
     def counts(src, beam):
-        return [len(r.hypotheses[0]) for r in translate(src, beam)]
+        result = [len(r.hypotheses[0]) for r in translate(src, beam)]
+        counts.seconds = translate.seconds
+        return result
 
     counts = _remembering(counts)
     counts.layout = {**translate.layout,
@@ -292,17 +295,15 @@ class _TransformersStep:
         return loss.item()
 
 
-def _interleaved(calls, repeats, settle_s):
-    """{name: [seconds]}: every call of `calls` ({name: fn()}) once per repeat, in order, each
-    after `settle_s` of sleep."""
+def _interleaved(calls, args, repeats, settle_s):
+    """{name: [seconds]}: every decoder of `calls` ({name: fn}) called on `args` once per repeat, in
+    order, each after `settle_s` of sleep (decode.call_seconds: a translator's own measure)."""
     times = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
             if settle_s:
                 time.sleep(settle_s)
-            start = time.perf_counter()
-            call()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(call_seconds(call, *args))
     return times
 
 
@@ -400,8 +401,7 @@ def _decode(model, hf_model, pieces, ct2_dirs, config, threads, options, records
                         time.sleep(settle_s)
                     decode(src, beam)
                 generated[label] = check_counts(label, decode.last[1], src.shape[0], new_tokens)
-            times = _interleaved({label: (lambda d=decode: d(src, beam)) for label, decode in decoders.items()},
-                                 options["repeats"], settle_s)
+            times = _interleaved(decoders, (src, beam), options["repeats"], settle_s)
             search = "greedy" if beam == 1 else f"beam {beam}"
             for precision, ours, refs in (
                     ("fp32", "ours", {"ctranslate2": "ctranslate2", "transformers": "transformers"}),
@@ -439,7 +439,7 @@ def _train(model, hf_model, config, threads, options, records, stream):
         torch.set_num_threads(n)
         warm_up = {name: step() for name, step in steps.items()}    # buffers, thread teams
         first_loss = first_loss or warm_up
-        times = _interleaved(steps, options["train_repeats"], SETTLE_S if n > 1 else 0.0)
+        times = _interleaved(steps, (), options["train_repeats"], SETTLE_S if n > 1 else 0.0)
         record = _record(config, n, "marian fine-tune fp32",
                          f"fine-tuning step (forward, backward, Adam), fp32: target tokens/s, {TRAIN_BATCH} "
                          f"pairs of ~{np.mean(TRAIN_TOKENS):.0f} tokens, label smoothing {LABEL_SMOOTHING}, "
