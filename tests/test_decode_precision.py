@@ -221,7 +221,7 @@ def test_int8_output_projection_setting_is_honoured(monkeypatch):
     decoding: its logits come from that product, and an int8 file stores it so."""
     model = make_model(seed=20)
     src, tin = inputs(model.cfg, seed=21)
-    assert decoding.INT8_GENERATOR is None and decoding.int8_generator(model.cfg) == "fp32"
+    assert decoding.INT8_GENERATOR is None and decoding.int8_generator(model.cfg) == "bf16"
     assert "generator.weight" not in model.int8_matrices()
     wide = model.forward(src, tin, precision="int8")
     monkeypatch.setattr(decoding, "INT8_GENERATOR", "int8")
@@ -232,13 +232,14 @@ def test_int8_output_projection_setting_is_honoured(monkeypatch):
 
 
 def test_the_output_projection_is_int8_where_it_is_most_of_a_step():
-    """By default it stays float32 unless it holds more weights than every decoder layer together
-    (OPUS-MT's 58101 x 512 against 6 layers): then int8 decoding quantizes it too."""
+    """By default it is bf16 (float32 in an int8 file) unless it holds more weights than every
+    decoder layer together (OPUS-MT's 58101 x 512 against 6 layers): then int8 decoding quantizes
+    it too."""
     cfg = T.ModelConfig(src_vocab_size=50, tgt_vocab_size=50, d_model=16, n_heads=2, d_ff=32,
                         n_encoder_layers=1, n_decoder_layers=2)
     layers = 2 * (6 * 16 * 16 + 2 * 16 * 32)          # 5120 weights; the projection: vocab x 16
-    assert decoding.int8_generator(cfg) == "fp32"
-    assert decoding.int8_generator(cfg.replace(tgt_vocab_size=layers // 16)) == "fp32"
+    assert decoding.int8_generator(cfg) == "bf16"
+    assert decoding.int8_generator(cfg.replace(tgt_vocab_size=layers // 16)) == "bf16"
     big = cfg.replace(tgt_vocab_size=layers // 16 + 1, src_vocab_size=400)
     assert decoding.int8_generator(big) == "int8"
     model = unit_embeddings(T.Seq2SeqTransformer(big, seed=3))

@@ -23,7 +23,7 @@ changed since (prepared.py: a fingerprint per matrix), so changes are always see
 
 Precision (per call): "fp32"; "bf16": every linear map's operands rounded to bfloat16
 (float32 sums); "int8": every linear map of the encoder and decoder (the output projection
-at int8_generator's precision: float32 unless it is the biggest part of a step) on int8 weights quantized per output row and
+at int8_generator's precision: bf16 unless it is the biggest part of a step) on int8 weights quantized per output row and
 activations quantized per row on the fly, and the embedding tables' rows quantized the
 same way (what an int8 file holds). Attention over the caches, layer norm, softmax and
 the residual stream stay float32 in every precision.
@@ -47,10 +47,13 @@ MAX_LEN_B = 10
 # The output projection's precision in int8 decoding. Measured on a Bible model (small, 1800 steps,
 # 500 held-out sentences, Zen 3): int8 / bf16 / fp32 projection give greedy BLEU 2.60 / 2.61 / 2.63
 # (fp32 decoding 2.64) with 62% / 69% / 68% of sentences identical to fp32's, beam 4 3.66 / 3.61 /
-# 3.70 (fp32 3.67) with 58% / 67% / 67%; base greedy decoding is ~5% faster with an int8 projection.
-# The projection picks the word, so it stays float32 (an int8 file stores it so) -- unless it holds
-# more weights than all decoder layers together (OPUS-MT: 58101 x 512 against 6 layers' 22 M):
-# then it is most of what a step reads, float32 would leave int8 decoding barely faster than fp32
+# 3.70 (fp32 3.67) with 58% / 67% / 67%. The projection picks the word: int8 changes 6-9% more
+# sentences, bf16 none more than float32 does, so it is bf16 (its operands rounded, float32 sums; an
+# int8 file stores it as float32), which halves what it reads where the CPU has bf16 products
+# (Zen 4, family 25 model 17, base int8, 1 thread: greedy 1574 -> 1640 tokens/s, beam 4 662 -> 712;
+# an int8 projection would give 1878 and 792) and costs nothing elsewhere -- unless it holds more
+# weights than all decoder layers together (OPUS-MT: 58101 x 512 against 6 layers' 22 M): then it
+# is most of what a step reads, float32 would leave int8 decoding barely faster than fp32
 # (measured: 1.13x at OPUS-MT's size), and it is quantized like the rest, as CTranslate2 does.
 # None: that rule (int8_generator); "fp32", "bf16" or "int8": that precision for every model.
 INT8_GENERATOR = None
@@ -62,7 +65,7 @@ def int8_generator(cfg):
         return INT8_GENERATOR
     d = cfg.d_model
     layers = cfg.n_decoder_layers * (6 * d * d + 2 * d * cfg.d_ff)   # what a decoder step multiplies by
-    return "int8" if cfg.tgt_vocab_size * d > layers else "fp32"
+    return "int8" if cfg.tgt_vocab_size * d > layers else "bf16"
 
 
 # Decoding splits a step's rows across threads (csrc/decoder.h): each thread runs the whole step
