@@ -74,6 +74,14 @@ TF_TARGET_AVX512 static float fma_avx512(long rounds)
     return _mm512_reduce_add_ps(s);
 }
 
+/* v, as if changed here: in a register, or in memory where SIMDe's vectors are structs (the
+ * emulated test build, csrc/simd.h). */
+#ifdef TF_EMULATE_X86
+#define OPAQUE(v) __asm__("" : "+m"(v))
+#else
+#define OPAQUE(v) __asm__("" : "+x"(v))
+#endif
+
 /* vpmaddwd + vpaddd: what the AVX2 int8 kernel issues per 16 products (csrc/qgemm.c), in its
  * shape: rows' activation pairs, broadcast from memory, times two weight vectors. The products do
  * not depend on the sums (a chain through the madd would measure its latency, not its
@@ -87,7 +95,9 @@ TF_TARGET_AVX2 static int32_t madd_avx2(long rounds)
     __m256i w0 = _mm256_set1_epi16(-5), w1 = _mm256_set1_epi16(7);
     __m256i a0 = w0, a1 = w0, a2 = w0, a3 = w0, a4 = w0, a5 = w0;
     for (long r = 0; r < rounds; r++) {
-        __asm__("" : "+x"(w0), "+x"(w1), "+r"(p));
+        OPAQUE(w0);
+        OPAQUE(w1);
+        __asm__("" : "+r"(p));
 #define MADD_ROW(A, B, I)                                                    \
         {                                                                    \
             const __m256i x = _mm256_set1_epi32(p[I]);                       \
