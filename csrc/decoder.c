@@ -104,8 +104,7 @@ TF_TARGET_AVX512 static int64_t argmax_row_avx512(const float *x, long V)
     const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(vmax));
     for (long j = 0; j < V; j += 16) {
         const __mmask16 live = tf_lanes16(V - j);   /* nothing read past the row */
-        const __mmask16 hit = _mm512_mask_cmp_ps_mask(live, _mm512_maskz_loadu_ps(live, x + j), top,
-                                                      _CMP_EQ_OQ);
+        const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_maskz_loadu_ps(live, x + j), top, _CMP_EQ_OQ) & live;
         if (hit) return j + __builtin_ctz(hit);
     }
     return 0;   /* V <= 0 */
