@@ -220,7 +220,10 @@ def _ct2_worker(conn, directory, src_vocab, compute_type, inter, intra, steps, p
         conn.send(("error", f"{type(error).__name__}: {error}"))
         return
     while True:
-        request = conn.recv()
+        try:
+            request = conn.recv()
+        except EOFError:       # the parent is gone
+            return
         if request is None:
             return
         src, beam = request
