@@ -25,7 +25,7 @@ runs in a process of its own, as in a deployment, and times its calls there (ctr
 says why: in one process with torch imported, the two engines' OpenMP threads slow each other).
 """
 import json
-import os
+import socket
 import statistics
 import subprocess
 import sys
@@ -246,26 +246,13 @@ class Translated:
         self.hypotheses = [tokens]
 
 
-def _ct2_child(read_fd, write_fd):
+def _ct2_child(fd):
     """The translator process's entry (python -c ...): its arguments, then its requests, arrive
-    on read_fd."""
+    on the socket `fd`, and its answers leave on it."""
     from multiprocessing.connection import Connection
 
-    conn = _Pipe(Connection(read_fd), Connection(write_fd))
+    conn = Connection(fd)
     _ct2_worker(conn, *conn.recv())
-
-
-class _Pipe:
-    """Two one-way connections as one two-way one."""
-
-    def __init__(self, reader, writer):
-        self.reader, self.writer = reader, writer
-
-    def send(self, message):
-        self.writer.send(message)
-
-    def recv(self):
-        return self.reader.recv()
 
 
 def _stop_worker(conn, process):
@@ -288,13 +275,11 @@ class _RemoteTranslator:
     def __init__(self, directory, src_vocab, compute_type, inter, intra, steps, pad_id):
         from multiprocessing.connection import Connection
 
-        down_r, down_w = os.pipe()
-        up_r, up_w = os.pipe()
-        code = f"from transformer.bench.decode import _ct2_child; _ct2_child({down_r}, {up_w})"
-        self._process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(down_r, up_w))
-        os.close(down_r)
-        os.close(up_w)
-        self._conn = _Pipe(Connection(up_r), Connection(down_w))
+        ours, theirs = socket.socketpair()
+        code = f"from transformer.bench.decode import _ct2_child; _ct2_child({theirs.fileno()})"
+        self._process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),))
+        theirs.close()
+        self._conn = Connection(ours.detach())
         weakref.finalize(self, _stop_worker, self._conn, self._process)   # the process ends with it
         self._conn.send((directory, list(src_vocab), compute_type, inter, intra, steps, pad_id))
         self.inter = inter
@@ -328,8 +313,8 @@ def ctranslate2_decoder(directory, src_vocab, threads, compute_type="float32", l
     (max_batch_size) that its translators decode in parallel. decode.layout says which, with the
     batch it split; decode.seconds, what the last call took in the translator's process.
 
-    The translator runs in a process of its own, as it would in a deployment. In ours its OpenMP
-    runtime could be ours: once torch is imported, its libgomp is global and CTranslate2's calls
+    The translator runs in a process of its own, as it would in a deployment. In our process its
+    OpenMP runtime could be ours: once torch is imported, its libgomp is global and CTranslate2's calls
     bind to it, and CTranslate2's idle threads then count against ours, which libgomp answers by
     parking our threads between parallel regions (measured, Zen 4, tiny int8 greedy at 2 threads:
     54k tokens/s with a translator in the process, 100k without). The call's time is measured in
