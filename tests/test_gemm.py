@@ -661,6 +661,19 @@ def test_packed_bits_do_not_depend_on_thread_count(isa, threads):
             assert_same_bits(out, results[0], f"{nthreads} vs 1 threads, {(m, n, k)}")
             assert_same_bits(_C.gemm_pack_b(b, trans_b=True).data, packed.data, f"packing on {nthreads} threads")
         assert_close(results[0], a, b, False, True, alpha=0.3, out0=np.ones((m, n), np.float32))
+    # small products split across every thread (the test hook), so a team shares few panels
+    for m, n, k in [(5, 37, 19), (8, 40, 512)]:
+        a, b = operand(r, m, k, False), operand(r, k, n, True)
+        packed = _C.gemm_pack_b(b, trans_b=True)
+        T.set_num_threads(1)
+        want = _C.gemm_packed(a, packed, np.empty((m, n), np.float32))
+        T.set_num_threads(max(THREADS))
+        try:
+            _C._gemm_force_schedule(all_threads=True)
+            got = _C.gemm_packed(a, packed, np.empty((m, n), np.float32))
+        finally:
+            _C._gemm_force_schedule()
+        assert_same_bits(got, want, f"every thread vs 1, {(m, n, k)}")
 
 
 def test_packed_is_a_copy_of_b_and_read_only():
