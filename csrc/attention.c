@@ -222,6 +222,121 @@ static void attend_pair_avx512(const cache_view *c, const float *qp, const float
             tf_store16(op + c0 + 16 * u, len - 16 * u, _mm512_add_ps(a[0][u], a[1][u]));
     }
 }
+
+/* Up to 8 floats at x (count of them; zeros past them, nothing read past them). */
+TF_TARGET_AVX2
+static inline __m256 load8(const float *x, long count)
+{
+    return count >= 8 ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, tf_lanes8(count));
+}
+
+/* attend_pair at the AVX2 level, as attend_pair_avx512 with 8 keys at a time: 8 dot products as
+ * 8-lane FMA chains reduced together (tf_sum8x8), the vector exp, and the weighted sum in
+ * registers (32 output floats at a time, two chains over alternate keys). Same definition as
+ * attend_pair; the sums run in another order and the exp is simd_math.h's (1 ulp; exp below -87
+ * gives 0), so the bits differ from it by rounding. `scores` holds n_keys rounded up to 8. */
+TF_TARGET_AVX2
+static void attend_pair_avx2(const cache_view *c, const float *qp, const float *kp,
+                             const float *vp, const int64_t *krow, long h,
+                             const uint8_t *mask, float *scores, float *op, float *pp)
+{
+    const long n_keys = c->n_keys, dh = c->dh;
+    const __m256 vscale = _mm256_set1_ps(c->scale), minus_inf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax = minus_inf;
+    for (long j0 = 0; j0 < n_keys; j0 += 8) {
+        const long jn = n_keys - j0 < 8 ? n_keys - j0 : 8;
+        const float *key[8];
+        for (int t = 0; t < 8; t++) {   /* past the last key: the block's first again, dropped below */
+            long j = j0 + (t < jn ? t : 0);
+            key[t] = krow ? c->k + ((long)krow[j] * c->H + h) * c->head + j * dh : kp + j * dh;
+        }
+        /* key by key, up to 32 of dh (q held in four registers) at a time, every key of the
+         * block whether it exists or not: no test inside, so the 8 sums stay in registers */
+        __m256 acc[8];
+#pragma GCC unroll 8
+        for (int t = 0; t < 8; t++) acc[t] = _mm256_setzero_ps();
+        for (long d0 = 0; d0 < dh; d0 += 32) {
+            const long len = dh - d0 < 32 ? dh - d0 : 32;
+            const __m256 q0 = load8(qp + d0, len), q1 = load8(qp + d0 + 8, len - 8),
+                         q2 = load8(qp + d0 + 16, len - 16), q3 = load8(qp + d0 + 24, len - 24);
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                const float *x = key[t] + d0;
+                __m256 a = _mm256_fmadd_ps(q0, load8(x, len), acc[t]);
+                if (len > 8) a = _mm256_fmadd_ps(q1, load8(x + 8, len - 8), a);
+                if (len > 16) a = _mm256_fmadd_ps(q2, load8(x + 16, len - 16), a);
+                if (len > 24) a = _mm256_fmadd_ps(q3, load8(x + 24, len - 24), a);
+                acc[t] = a;
+            }
+        }
+        __m256i live = tf_lanes8(jn);
+        if (mask) {   /* the block's mask bytes, widened to lanes: shown where the byte is 0 */
+            uint64_t bytes = 0;
+            memcpy(&bytes, mask + j0, (size_t)jn);
+            __m256i m = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)bytes));
+            live = _mm256_and_si256(live, _mm256_cmpeq_epi32(m, _mm256_setzero_si256()));
+        }
+        __m256 s = _mm256_blendv_ps(minus_inf, _mm256_mul_ps(vscale, tf_sum8x8(acc)),
+                                    _mm256_castsi256_ps(live));
+        vmax = _mm256_max_ps(s, vmax);   /* a NaN score is passed over, as by the plain loop */
+        _mm256_storeu_ps(scores + j0, s);   /* the lanes past n_keys hold -inf */
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float max = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    if (max == -INFINITY) {   /* every key masked (or none): zeros, never NaN */
+        for (long d = 0; d < dh; d++) op[d] = 0.0f;
+        if (pp) for (long j = 0; j < n_keys; j++) pp[j] = 0.0f;
+        return;
+    }
+    const __m256 vpeak = _mm256_set1_ps(max);
+    __m256 vsum = _mm256_setzero_ps();
+    for (long j0 = 0; j0 < n_keys; j0 += 8) {   /* hidden keys (-inf) weigh exactly 0; NaN stays NaN */
+        __m256 e = tf_exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(scores + j0), vpeak));
+        vsum = _mm256_add_ps(vsum, e);
+        _mm256_storeu_ps(scores + j0, e);
+    }
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(vsum), _mm256_extractf128_ps(vsum, 1));
+    s4 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    const __m256 vinv = _mm256_set1_ps(1.0f / _mm_cvtss_f32(_mm_add_ss(s4, _mm_movehdup_ps(s4))));
+    for (long j0 = 0; j0 < n_keys; j0 += 8) {
+        const long jn = n_keys - j0 < 8 ? n_keys - j0 : 8;
+        __m256 w = _mm256_mul_ps(_mm256_loadu_ps(scores + j0), vinv);
+        _mm256_storeu_ps(scores + j0, w);
+        if (pp) {
+            if (jn == 8) _mm256_storeu_ps(pp + j0, w);
+            else _mm256_maskstore_ps(pp + j0, tf_lanes8(jn), w);
+        }
+    }
+    for (long c0 = 0; c0 < dh; c0 += 32) {
+        const long len = dh - c0 < 32 ? dh - c0 : 32;
+        __m256 a[2][4];
+        for (int r = 0; r < 2; r++)
+            for (int u = 0; u < 4; u++) a[r][u] = _mm256_setzero_ps();
+        /* two chains over alternate keys, each key's chain fixed at compile time */
+        for (long j = 0; j < n_keys; j += 2) {
+#pragma GCC unroll 2
+            for (int r = 0; r < 2; r++) {
+                if (j + r >= n_keys) break;
+                const float w = scores[j + r];
+                if (w == 0.0f) continue;   /* hidden keys: their values are never read */
+                const long jj = j + r;
+                const float *x = (krow ? c->v + ((long)krow[jj] * c->H + h) * c->head + jj * dh
+                                       : vp + jj * dh) + c0;
+                const __m256 vw = _mm256_set1_ps(w);
+                a[r][0] = _mm256_fmadd_ps(vw, load8(x, len), a[r][0]);
+                if (len > 8) a[r][1] = _mm256_fmadd_ps(vw, load8(x + 8, len - 8), a[r][1]);
+                if (len > 16) a[r][2] = _mm256_fmadd_ps(vw, load8(x + 16, len - 16), a[r][2]);
+                if (len > 24) a[r][3] = _mm256_fmadd_ps(vw, load8(x + 24, len - 24), a[r][3]);
+            }
+        }
+        for (int u = 0; u < 4 && 8 * u < len; u++) {
+            __m256 sum = _mm256_add_ps(a[0][u], a[1][u]);
+            if (len - 8 * u >= 8) _mm256_storeu_ps(op + c0 + 8 * u, sum);
+            else _mm256_maskstore_ps(op + c0 + 8 * u, tf_lanes8(len - 8 * u), sum);
+        }
+    }
+}
 #endif
 
 void attention_decode_rows_forward(const float *q, long ldq, const float *k, const float *v,
@@ -243,7 +358,8 @@ void attention_decode_rows_forward(const float *q, long ldq, const float *k, con
     int threads = tf_team(pairs * n_keys * dh, 1L << 15);
 #pragma omp parallel num_threads(threads)
     {
-        float *scores = malloc((size_t)(n_keys > 0 ? n_keys : 1) * sizeof(float));
+        /* rounded up to whole blocks of 8 (attend_pair_avx2 stores whole vectors) */
+        float *scores = malloc((size_t)((n_keys + 7) / 8 * 8 + 8) * sizeof(float));
 #pragma omp for schedule(static)
         for (long p = 0; p < pairs; p++) {
             long n = p / H, h = p % H;
@@ -258,6 +374,10 @@ void attention_decode_rows_forward(const float *q, long ldq, const float *k, con
 #if TF_HAVE_X86
             if (isa >= TF_ISA_AVX512) {
                 attend_pair_avx512(&c, qp, kp, vp, krow, h, mask, scores, op, pp);
+                continue;
+            }
+            if (isa >= TF_ISA_AVX2) {
+                attend_pair_avx2(&c, qp, kp, vp, krow, h, mask, scores, op, pp);
                 continue;
             }
 #endif

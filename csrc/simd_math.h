@@ -89,6 +89,17 @@ TF_TARGET_AVX512 static inline __m512 tf_sum16x16(const __m512 v[16])
     return _mm512_add_ps(_mm512_shuffle_f32x4(e0, e1, 0x88), _mm512_shuffle_f32x4(e0, e1, 0xDD));
 }
 
+/* Lane t: the sum of v[t]'s eight lanes (adjacent lanes added first, then pairs of those, then
+ * the two halves). */
+TF_TARGET_AVX2 static inline __m256 tf_sum8x8(const __m256 v[8])
+{
+    __m256 l1[4];
+    for (int p = 0; p < 4; p++) l1[p] = _mm256_hadd_ps(v[2 * p], v[2 * p + 1]);
+    /* l2[q], half H: part H of the sums of v[4q] .. v[4q + 3] */
+    __m256 l2_0 = _mm256_hadd_ps(l1[0], l1[1]), l2_1 = _mm256_hadd_ps(l1[2], l1[3]);
+    return _mm256_add_ps(_mm256_permute2f128_ps(l2_0, l2_1, 0x20), _mm256_permute2f128_ps(l2_0, l2_1, 0x31));
+}
+
 TF_TARGET_AVX512 static inline __m512 tf_exp_avx512(__m512 x)
 {
     /* min/max with the constant first: a NaN in x passes through. */
