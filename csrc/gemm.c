@@ -85,6 +85,8 @@ typedef struct {
     int pairs;             /* 1: packed B panels hold bf16 pairs [ceil(kc/2)][NR] (vdpbf16ps, amx); A
                               panels too, except amx's (rows of kc bf16: pack_a_amx) */
     int amx;               /* 1: tile kernels: tf_amx_begin / tf_amx_end around them (amx.h) */
+    int even_k;            /* 1: K blocks of even length, as pairs have (k_block), with packing in
+                              floats: AVX2's bf16 kernels, whose pre-packed B holds pairs */
 } gemm_isa;
 
 static long ceil_div(long a, long b) { return (a + b - 1) / b; }
@@ -423,11 +425,115 @@ static const gemm_isa isa_avx2 = {
 
 BF16_PACKS(avx2, AVX2_MR, AVX2_NR)
 
+/* K blocks of even length (even_k), as the pre-packed pairs below need, so that a product with a
+ * pre-packed B has the bits of the same product packed on the fly. */
 static const gemm_isa isa_avx2_bf16 = {
     AVX2_MR, AVX2_NR, 256, 144, 4096,
     {0, kernel_avx2_1, kernel_avx2_2, kernel_avx2_3, kernel_avx2_4, kernel_avx2_5,
      kernel_avx2_6}, {0},
-    pack_a_avx2_bf16, pack_b_avx2_bf16, NULL, AVX2_STREAM, 1};
+    pack_a_avx2_bf16, pack_b_avx2_bf16, NULL, AVX2_STREAM, 1, 0, 0, 1};
+
+/* A pre-packed bf16 B at the AVX2 level (gemm_pack_b, gemm_packed: decoding's x @ W^T) holds bf16
+ * pairs as avx512_bf16's does, [ceil(kc/2)][NR] per panel: half the bytes a step streams from
+ * memory. The kernel widens each half back to a float (a shift, or a mask) and runs the fp32
+ * kernel's FMA chains in the same order (k = 2t, then 2t + 1), so the bits are those of the
+ * rounded floats; op(A) stays packed in floats. */
+static inline __attribute__((always_inline)) TARGET_AVX2 void
+kernel_avx2_pairs(long kc, const float *restrict Ap, const float *restrict Bp, long bs,
+                  float *restrict C, long ldc, int nr, const float *alpha, int load_c, const int mr,
+                  const int stream)
+{
+    __m256 c0[AVX2_MR], c1[AVX2_MR];
+#pragma GCC unroll 6
+    for (int i = 0; i < AVX2_MR; i++)
+        if (i < mr) { c0[i] = _mm256_setzero_ps(); c1[i] = _mm256_setzero_ps(); }
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    for (long t = 0; 2 * t < kc; t++) {
+        const __m256i *b = (const __m256i *)(Bp + t * bs);
+        if (stream)     /* one 64-byte row of pairs per two k */
+            _mm_prefetch((const char *)(Bp + t * bs + GEMM_STREAM_AHEAD_AVX2), _MM_HINT_T0);
+        const float *a = Ap + 2 * t * AVX2_MR;
+        __m256 b0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(b), 16));
+        __m256 b1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(b + 1), 16));
+#pragma GCC unroll 6
+        for (int i = 0; i < AVX2_MR; i++)
+            if (i < mr) {
+                __m256 ai = _mm256_broadcast_ss(a + i);
+                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+            }
+        if (2 * t + 1 == kc) break;   /* an odd K block's last k has no partner */
+        b0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(b), high));
+        b1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(b + 1), high));
+#pragma GCC unroll 6
+        for (int i = 0; i < AVX2_MR; i++)
+            if (i < mr) {
+                __m256 ai = _mm256_broadcast_ss(a + AVX2_MR + i);
+                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+            }
+    }
+    __m256 va = _mm256_set1_ps(*alpha);
+    float tile[AVX2_NR] __attribute__((aligned(32)));
+#pragma GCC unroll 6
+    for (int i = 0; i < AVX2_MR; i++)   /* as kernel_avx2 stores its tile */
+        if (i < mr) {
+            float *c = C + i * ldc;
+            if (nr == AVX2_NR) {
+                if (load_c) {
+                    _mm256_storeu_ps(c, _mm256_fmadd_ps(va, c0[i], _mm256_loadu_ps(c)));
+                    _mm256_storeu_ps(c + 8, _mm256_fmadd_ps(va, c1[i], _mm256_loadu_ps(c + 8)));
+                } else {
+                    _mm256_storeu_ps(c, _mm256_mul_ps(va, c0[i]));
+                    _mm256_storeu_ps(c + 8, _mm256_mul_ps(va, c1[i]));
+                }
+                continue;
+            }
+            _mm256_store_ps(tile, c0[i]);
+            _mm256_store_ps(tile + 8, c1[i]);
+            if (load_c)
+                for (int j = 0; j < nr; j++) c[j] = __builtin_fmaf(*alpha, tile[j], c[j]);
+            else
+                for (int j = 0; j < nr; j++) c[j] = *alpha * tile[j];
+        }
+}
+
+#define AVX2_PAIRS_KERNEL(R)                                                                     \
+    static TARGET_AVX2 void kernel_avx2_pairs_##R(long kc, const float *Ap, const float *Bp,      \
+                                                  long bs, float *C, long ldc, int nr,            \
+                                                  const float *alpha, int load_c)                 \
+    { kernel_avx2_pairs(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 0); }                      \
+    static TARGET_AVX2 void kernel_avx2_pairs_stream_##R(long kc, const float *Ap, const float *Bp, \
+                                                         long bs, float *C, long ldc, int nr,     \
+                                                         const float *alpha, int load_c)          \
+    { kernel_avx2_pairs(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 1); }
+AVX2_PAIRS_KERNEL(1) AVX2_PAIRS_KERNEL(2) AVX2_PAIRS_KERNEL(3) AVX2_PAIRS_KERNEL(4)
+AVX2_PAIRS_KERNEL(5) AVX2_PAIRS_KERNEL(6)
+
+/* Packed panels [kc][NR] of rounded floats (pack_b_avx2_bf16) into pairs in place: pair (t, w)
+ * is written at t * NR + w, below every float not read yet (2t * NR + w and on). */
+static void pack_b_avx2_pairs(int t, const float *X, long ldx, long n, long kc, float *dst)
+{
+    pack_b_avx2_bf16(t, X, ldx, n, kc, dst);
+    for (long q = 0; q < ceil_div(n, AVX2_NR); q++) {
+        uint32_t *x = (uint32_t *)(dst + q * AVX2_NR * kc);
+        for (long r = 0; r < (kc + 1) / 2; r++)
+            for (int w = 0; w < AVX2_NR; w++) {
+                uint32_t lo = x[2 * r * AVX2_NR + w] >> 16;
+                uint32_t hi = 2 * r + 1 < kc ? x[(2 * r + 1) * AVX2_NR + w] & 0xffff0000u : 0;
+                x[r * AVX2_NR + w] = lo | hi;
+            }
+    }
+}
+
+static const gemm_isa isa_avx2_bf16_packed = {
+    AVX2_MR, AVX2_NR, 256, 144, 4096,
+    {0, kernel_avx2_pairs_1, kernel_avx2_pairs_2, kernel_avx2_pairs_3, kernel_avx2_pairs_4,
+     kernel_avx2_pairs_5, kernel_avx2_pairs_6}, {0},
+    pack_a_avx2_bf16, pack_b_avx2_pairs, NULL,
+    {0, kernel_avx2_pairs_stream_1, kernel_avx2_pairs_stream_2, kernel_avx2_pairs_stream_3,
+     kernel_avx2_pairs_stream_4, kernel_avx2_pairs_stream_5, kernel_avx2_pairs_stream_6},
+    1, 1, 0, 0};
 
 /* ------------------------------------------------------------------------- */
 /* AVX-512 micro-kernel: 14 x 32, 28 zmm accumulators. */
@@ -1019,7 +1125,7 @@ typedef struct {
 static long k_block(const gemm_isa *s, long K)
 {
     const long kcb = ceil_div(K, ceil_div(K, s->kc));
-    return s->pairs ? kcb + (kcb & 1) : kcb;   /* pairs: blocks start at even k */
+    return s->pairs || s->even_k ? kcb + (kcb & 1) : kcb;   /* pairs: blocks start at even k */
 }
 
 /* Element (i, k) of op(A) and (k, j) of op(B). */
@@ -1516,6 +1622,16 @@ void gemm(int trans_a, int trans_b, long M, long N, long K, float alpha,
  * Bp + jp*K*NR, so a thread streams its panels in one sequential pass; K block pc of a panel
  * is the kc x NR slice at + pc*NR that the micro-kernels read as usual. */
 
+/* The kernels a pre-packed op(B) is packed for and multiplied with: gemm_isa_of's, except bf16 at
+ * the AVX2 level, whose pre-packed panels hold pairs (isa_avx2_bf16_packed). */
+static const gemm_isa *packed_isa_of(int level, int prec)
+{
+#ifdef GEMM_X86
+    if (level == TF_ISA_AVX2 && prec == GEMM_BF16) return &isa_avx2_bf16_packed;
+#endif
+    return gemm_isa_of(level, prec);
+}
+
 long gemm_packed_floats(int isa, long N, long K)
 {
     const gemm_isa *s = gemm_isa_of(isa, GEMM_FP32);
@@ -1524,7 +1640,7 @@ long gemm_packed_floats(int isa, long N, long K)
 
 void gemm_pack_b(int isa, int prec, int trans_b, long N, long K, const float *B, long ldb, float *Bp)
 {
-    const gemm_isa *s = gemm_isa_of(isa, prec);
+    const gemm_isa *s = packed_isa_of(isa, prec);
     const long NR = s->nr, np = ceil_div(N, NR);
 #pragma omp parallel for num_threads(tf_team(N * K, GEMM_GRAIN / 4)) schedule(static)
     for (long jp = 0; jp < np; jp++) {
@@ -1569,7 +1685,7 @@ void gemm_packed(int isa, int prec, long M, long N, long K, float alpha, const f
         for (long i = 0; i < M && !accumulate; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
         return;
     }
-    const gemm_isa *s = gemm_isa_of(isa, prec);
+    const gemm_isa *s = packed_isa_of(isa, prec);
     const long NR = s->nr, np = ceil_div(N, NR), kcb = k_block(s, K);
     const long rows = min_l(M, s->mc), rpad = ceil_div(rows, s->mr) * s->mr;
     int owned = 1;

@@ -63,8 +63,9 @@ void gemm_batched_prec(int prec, int trans_a, int trans_b, long batch0, long bat
 /* Pre-packed op(B), for many products with one fixed op(B) and few rows (decoding: x @ W^T with
  * the same weights every step). gemm_pack_b stores op(B) (K x N, as in gemm) the way the micro-
  * kernels of instruction set `isa` (a TF_ISA_* level) read it: ceil(N / NR) panels of K x NR
- * floats, columns past N zero (avx512_bf16 with GEMM_BF16: the first ceil(K / 2) x NR of each
- * panel's floats hold bf16 pairs, k = 2t in the low half and 2t + 1 in the high half of row t);
+ * floats, columns past N zero (avx2, avx512_bf16 and amx with GEMM_BF16: the first ceil(K / 2) x NR
+ * of each panel's floats hold bf16 pairs, k = 2t in the low half and 2t + 1 in the high half of
+ * row t: half the bytes to stream);
  * gemm_packed_floats(isa, N, K) floats, 64-byte aligned. gemm_packed
  * then computes C = alpha * A @ op(B) (or C += ...), A row-major M x K, with the kernels of the
  * same `isa`, reading each panel in one sequential pass and packing nothing of op(B): no

@@ -26,8 +26,9 @@ TOL = 1e-6
 KC_OF = {"avx512_bf16": 512, "amx": 512}
 MR = dict(MR_FP32, amx=32)
 MC = dict(MC_FP32, amx=256)
-# Levels whose packed B holds bf16 pairs (vdpbf16ps and tdpbf16ps read the same layout).
-PAIRS = ("avx512_bf16", "amx")
+# Levels whose pre-packed B holds bf16 pairs (vdpbf16ps and tdpbf16ps read the same layout; the
+# AVX2 kernels widen each half back to a float).
+PAIRS = ("avx2", "avx512_bf16", "amx")
 
 
 def to_bf16(x):
@@ -186,7 +187,7 @@ def panels_of(opb, nr):
 
 def unpack(packed, k, isa):
     """The values a pre-packed bf16 operand holds, [panels][K][NR] (csrc/gemm.h): floats with the
-    low 16 bits zero, or at avx512_bf16 and amx the first ceil(K / 2) rows of each panel as bf16 pairs
+    low 16 bits zero, or at avx2, avx512_bf16 and amx the first ceil(K / 2) rows of each panel as bf16 pairs
     (k = 2t in the low half of row t, 2t + 1 in the high half)."""
     words = packed.data.view(np.uint32).reshape(-1, k, NR[isa])
     if isa not in PAIRS:
