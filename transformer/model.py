@@ -281,14 +281,28 @@ class Seq2SeqTransformer:
             try:
                 h = self._encode_decode(src, tgt_in)
                 ws = self.ws
-                logits = ws.scratch("model.logits", (B * T, V))
-                self.generator.forward(h, logits)
-                # softmax + cross-entropy; the gradient of the mean loss overwrites the logits
-                loss, _ = _C.cross_entropy(logits, tgt_out.reshape(-1), logits, self.cfg.pad_id,
-                                           label_smoothing, grad_scale)
                 dh = ws.persistent(self, "dh", (B * T, D))
                 dmemory = ws.persistent(self, "dmemory", (B * S, D))
-                self.generator.backward(logits, h, dh)
+                targets = tgt_out.reshape(-1)
+                # Only the positions with a target go through the output projection and the loss:
+                # a pad position's loss and gradient are zero, its logits (a vocabulary's worth per
+                # position) were computed for nothing. Its dh is zero, as the full product gives.
+                kept = np.flatnonzero(targets != self.cfg.pad_id)
+                if 0 < len(kept) < B * T:
+                    h_kept = np.take(h, kept, axis=0, out=ws.scratch("model.h_kept", (len(kept), D)))
+                    targets = targets[kept]
+                else:
+                    h_kept = h
+                logits = ws.scratch("model.logits", (len(h_kept), V))
+                self.generator.forward(h_kept, logits)
+                # softmax + cross-entropy; the gradient of the mean loss overwrites the logits
+                loss, _ = _C.cross_entropy(logits, targets, logits, self.cfg.pad_id, label_smoothing, grad_scale)
+                if h_kept is h:
+                    self.generator.backward(logits, h, dh)
+                else:
+                    dh_kept = self.generator.backward(logits, h_kept, ws.scratch("model.dh_kept", (len(kept), D)))
+                    dh.fill(0.0)
+                    dh[kept] = dh_kept
                 ready("generator.")
                 self.tgt_embed.backward(self.decoder.backward(dh, dmemory, ready))
                 ready("tgt_embed.")
