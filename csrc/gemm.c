@@ -264,28 +264,11 @@ static const gemm_isa isa_generic_bf16 = {
 #define GEMM_STREAM_AHEAD_AVX2 1024
 #define TARGET_AVX2 TF_TARGET_AVX2
 
+/* C[mr x nr] = alpha * tile (load_c = 0) or C += alpha * tile, from the 6 x 16 tile's sums. */
 static inline __attribute__((always_inline)) TARGET_AVX2 void
-kernel_avx2(long kc, const float *restrict Ap, const float *restrict Bp, long bs, float *restrict C,
-            long ldc, int nr, const float *alpha, int load_c, const int mr,
-            const int stream) /* 1: Bp streams from memory (pre-packed B): fetch ahead */
+store_tile_avx2(const __m256 *c0, const __m256 *c1, float *restrict C, long ldc, int nr,
+                const float *alpha, int load_c, const int mr)
 {
-    __m256 c0[AVX2_MR], c1[AVX2_MR];
-#pragma GCC unroll 6
-    for (int i = 0; i < AVX2_MR; i++)
-        if (i < mr) { c0[i] = _mm256_setzero_ps(); c1[i] = _mm256_setzero_ps(); }
-    for (long k = 0; k < kc; k++) {
-        if (stream)     /* one 64-byte row of the panel per k */
-            _mm_prefetch((const char *)(Bp + k * bs + GEMM_STREAM_AHEAD_AVX2), _MM_HINT_T0);
-        __m256 b0 = _mm256_loadu_ps(Bp + k * bs), b1 = _mm256_loadu_ps(Bp + k * bs + 8);
-        const float *a = Ap + k * AVX2_MR;
-#pragma GCC unroll 6
-        for (int i = 0; i < AVX2_MR; i++)
-            if (i < mr) {
-                __m256 ai = _mm256_broadcast_ss(a + i);
-                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
-                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
-            }
-    }
     __m256 va = _mm256_set1_ps(*alpha);   /* read late: keeps a register free in the loop */
     if (nr == AVX2_NR) {
 #pragma GCC unroll 6
@@ -315,6 +298,31 @@ kernel_avx2(long kc, const float *restrict Ap, const float *restrict Bp, long bs
                     for (int j = 0; j < nr; j++) c[j] = *alpha * tile[j];
             }
     }
+}
+
+static inline __attribute__((always_inline)) TARGET_AVX2 void
+kernel_avx2(long kc, const float *restrict Ap, const float *restrict Bp, long bs, float *restrict C,
+            long ldc, int nr, const float *alpha, int load_c, const int mr,
+            const int stream) /* 1: Bp streams from memory (pre-packed B): fetch ahead */
+{
+    __m256 c0[AVX2_MR], c1[AVX2_MR];
+#pragma GCC unroll 6
+    for (int i = 0; i < AVX2_MR; i++)
+        if (i < mr) { c0[i] = _mm256_setzero_ps(); c1[i] = _mm256_setzero_ps(); }
+    for (long k = 0; k < kc; k++) {
+        if (stream)     /* one 64-byte row of the panel per k */
+            _mm_prefetch((const char *)(Bp + k * bs + GEMM_STREAM_AHEAD_AVX2), _MM_HINT_T0);
+        __m256 b0 = _mm256_loadu_ps(Bp + k * bs), b1 = _mm256_loadu_ps(Bp + k * bs + 8);
+        const float *a = Ap + k * AVX2_MR;
+#pragma GCC unroll 6
+        for (int i = 0; i < AVX2_MR; i++)
+            if (i < mr) {
+                __m256 ai = _mm256_broadcast_ss(a + i);
+                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+            }
+    }
+    store_tile_avx2(c0, c1, C, ldc, nr, alpha, load_c, mr);
 }
 
 #define AVX2_KERNEL(R)                                                                     \
@@ -435,7 +443,7 @@ static const gemm_isa isa_avx2_bf16 = {
 
 /* A pre-packed bf16 B at the AVX2 level (gemm_pack_b, gemm_packed: decoding's x @ W^T) holds bf16
  * pairs as avx512_bf16's does, [ceil(kc/2)][NR] per panel: half the bytes a step streams from
- * memory. The kernel widens each half back to a float (a shift, or a mask) and runs the fp32
+ * memory. The kernel widens each half back to a float (shifts) and runs the fp32
  * kernel's FMA chains in the same order (k = 2t, then 2t + 1), so the bits are those of the
  * rounded floats; op(A) stays packed in floats. */
 static inline __attribute__((always_inline)) TARGET_AVX2 void
@@ -447,7 +455,6 @@ kernel_avx2_pairs(long kc, const float *restrict Ap, const float *restrict Bp, l
 #pragma GCC unroll 6
     for (int i = 0; i < AVX2_MR; i++)
         if (i < mr) { c0[i] = _mm256_setzero_ps(); c1[i] = _mm256_setzero_ps(); }
-    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
     for (long t = 0; 2 * t < kc; t++) {
         const __m256i *b = (const __m256i *)(Bp + t * bs);
         if (stream)     /* one 64-byte row of pairs per two k */
@@ -463,8 +470,10 @@ kernel_avx2_pairs(long kc, const float *restrict Ap, const float *restrict Bp, l
                 c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
             }
         if (2 * t + 1 == kc) break;   /* an odd K block's last k has no partner */
-        b0 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(b), high));
-        b1 = _mm256_castsi256_ps(_mm256_and_si256(_mm256_loadu_si256(b + 1), high));
+        /* the high halves, low bits cleared by two shifts (no mask held in a register; the 6-row
+         * tile still keeps one loaded row of pairs on the stack: a store per 24 FMAs) */
+        b0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(_mm256_loadu_si256(b), 16), 16));
+        b1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(_mm256_loadu_si256(b + 1), 16), 16));
 #pragma GCC unroll 6
         for (int i = 0; i < AVX2_MR; i++)
             if (i < mr) {
@@ -473,29 +482,7 @@ kernel_avx2_pairs(long kc, const float *restrict Ap, const float *restrict Bp, l
                 c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
             }
     }
-    __m256 va = _mm256_set1_ps(*alpha);
-    float tile[AVX2_NR] __attribute__((aligned(32)));
-#pragma GCC unroll 6
-    for (int i = 0; i < AVX2_MR; i++)   /* as kernel_avx2 stores its tile */
-        if (i < mr) {
-            float *c = C + i * ldc;
-            if (nr == AVX2_NR) {
-                if (load_c) {
-                    _mm256_storeu_ps(c, _mm256_fmadd_ps(va, c0[i], _mm256_loadu_ps(c)));
-                    _mm256_storeu_ps(c + 8, _mm256_fmadd_ps(va, c1[i], _mm256_loadu_ps(c + 8)));
-                } else {
-                    _mm256_storeu_ps(c, _mm256_mul_ps(va, c0[i]));
-                    _mm256_storeu_ps(c + 8, _mm256_mul_ps(va, c1[i]));
-                }
-                continue;
-            }
-            _mm256_store_ps(tile, c0[i]);
-            _mm256_store_ps(tile + 8, c1[i]);
-            if (load_c)
-                for (int j = 0; j < nr; j++) c[j] = __builtin_fmaf(*alpha, tile[j], c[j]);
-            else
-                for (int j = 0; j < nr; j++) c[j] = *alpha * tile[j];
-        }
+    store_tile_avx2(c0, c1, C, ldc, nr, alpha, load_c, mr);
 }
 
 #define AVX2_PAIRS_KERNEL(R)                                                                     \
