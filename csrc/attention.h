@@ -29,8 +29,9 @@ void attention_decode_forward(const float *q, long ldq, const float *k, const fl
  * Every index must be in [0, R) (the caller checks). Arithmetic and its order are those
  * of attention_decode_forward: the same bits as gathering the cache first.
  * reference = 1: the plain per-key loop (a dot product and an axpy call per key) at the
- * current SIMD level; the fast path (AVX-512: dot inlined, the weighted sum kept in
- * registers) must give exactly its bits. */
+ * current SIMD level. The fast paths (AVX-512 and AVX2: 16 or 8 keys at a time, the vector
+ * exp, the weighted sum kept in registers) agree with it within rounding; in plain C the fast
+ * path is that loop. */
 void attention_decode_rows_forward(const float *q, long ldq, const float *k, const float *v,
                                    const int64_t *rows, const int64_t *key_rows, long ld_key_rows,
                                    const uint8_t *key_mask, float *out, long ldo, float *probs,
