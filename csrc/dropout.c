@@ -192,6 +192,22 @@ static dropout_range_fn dropout_pick(void)
     return dropout_range_generic;
 }
 
+/* The range at p = 0 (thr 0: every draw keeps, scale 1): x * 1 is x, so the same bits without the
+ * draws. Decoding's residual adds and training at dropout 0 (short budgets' default) take it. */
+static void keep_all_range(const float *x, const float *bias, const float *residual, float *out,
+                           size_t i0, size_t i1, uint32_t thr, float scale, uint64_t key, uint64_t offset)
+{
+    (void)thr, (void)scale, (void)key, (void)offset;
+    if (bias && residual)
+        for (size_t i = i0; i < i1; i++) out[i] = residual[i] + (x[i] + bias[i - i0]);
+    else if (bias)
+        for (size_t i = i0; i < i1; i++) out[i] = x[i] + bias[i - i0];
+    else if (residual)
+        for (size_t i = i0; i < i1; i++) out[i] = residual[i] + x[i];
+    else if (out != x)
+        memmove(out + i0, x + i0, (i1 - i0) * sizeof(float));
+}
+
 /* out = (x (+ bias)) * keep * scale (+ residual) over n = N * D elements, one pass. Without a bias
  * each thread takes one contiguous range cut at multiples of 16 elements (one 64-byte line); with
  * one, whole rows (the bias restarts at each row). */
@@ -202,7 +218,7 @@ static void dropout_apply(const float *x, const float *bias, const float *residu
     const uint32_t thr = dropout_threshold(p);
     const float scale = dropout_scale(p);
     const uint64_t key = tf_rng_key(seed);
-    dropout_range_fn fn = dropout_pick();
+    dropout_range_fn fn = thr == 0 ? keep_all_range : dropout_pick();
     int team = tf_team((long)n, DROPOUT_GRAIN);
     if (bias) {
         if (team > (long)N) team = (int)N;

@@ -239,13 +239,16 @@ def test_bias_dropout_add_same_bits_at_1_and_2_threads(restore_threads):
     np.testing.assert_array_equal(outs[0], outs[1])
 
 
-def test_dropout_add_in_place_on_either_input(isa):
+@pytest.mark.parametrize("p", [0.0, 0.2])   # 0: the path without draws
+def test_dropout_add_in_place_on_either_input(isa, p):
     x, res = rand(3, 67, seed=1), rand(3, 67, seed=2)
     want = np.empty_like(x)
-    _C.dropout_add_forward(x, res, want, 0.2, seed=5)
+    _C.dropout_add_forward(x, res, want, p, seed=5)
+    if p == 0.0:
+        np.testing.assert_array_equal(want, res + x)
     x1, r1 = x.copy(), res.copy()
-    _C.dropout_add_forward(x1, res, x1, 0.2, seed=5)
-    _C.dropout_add_forward(x, r1, r1, 0.2, seed=5)
+    _C.dropout_add_forward(x1, res, x1, p, seed=5)
+    _C.dropout_add_forward(x, r1, r1, p, seed=5)
     np.testing.assert_array_equal(x1, want)
     np.testing.assert_array_equal(r1, want)
 
