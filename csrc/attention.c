@@ -87,6 +87,14 @@ typedef struct {
     float scale;
 } cache_view;
 
+/* Key (cache c->k, the pair's own rows at kp) or value (c->v, vp) j of head h: through krow, or
+ * the pair's own row. */
+static inline const float *cache_row(const cache_view *c, const float *cache, const float *own,
+                                     const int64_t *krow, long h, long j)
+{
+    return krow ? cache + ((long)krow[j] * c->H + h) * c->head + j * c->dh : own + j * c->dh;
+}
+
 static void attend_pair(const cache_view *c, const float *qp, const float *kp, const float *vp,
                         const int64_t *krow, long h, const uint8_t *mask, float *scores,
                         float *op, float *pp,
@@ -97,7 +105,7 @@ static void attend_pair(const cache_view *c, const float *qp, const float *kp, c
     float max = -INFINITY;
     for (long j = 0; j < n_keys; j++) {
         if (mask && mask[j]) { scores[j] = -INFINITY; continue; }
-        const float *kj = krow ? c->k + ((long)krow[j] * c->H + h) * c->head + j * dh : kp + j * dh;
+        const float *kj = cache_row(c, c->k, kp, krow, h, j);
         scores[j] = c->scale * dot(qp, kj, dh);
         if (scores[j] > max) max = scores[j];
     }
@@ -117,7 +125,7 @@ static void attend_pair(const cache_view *c, const float *qp, const float *kp, c
         float w = scores[j] * inv;
         if (pp) pp[j] = w;
         if (w == 0.0f) continue;
-        const float *vj = krow ? c->v + ((long)krow[j] * c->H + h) * c->head + j * dh : vp + j * dh;
+        const float *vj = cache_row(c, c->v, vp, krow, h, j);
         axpy(op, w, vj, dh);
     }
 }
@@ -141,7 +149,7 @@ static void attend_pair_avx512(const cache_view *c, const float *qp, const float
         const float *key[16];
         for (int t = 0; t < 16; t++) {   /* past the last key: the block's first again, dropped below */
             long j = j0 + (t < jn ? t : 0);
-            key[t] = krow ? c->k + ((long)krow[j] * c->H + h) * c->head + j * dh : kp + j * dh;
+            key[t] = cache_row(c, c->k, kp, krow, h, j);
         }
         /* Key by key, up to 64 of dh (q held in four registers) at a time, every key of the block
          * whether it exists or not: no test inside, so the 16 sums stay in registers (with a
@@ -209,8 +217,7 @@ static void attend_pair_avx512(const cache_view *c, const float *qp, const float
                 const float w = scores[j + r];
                 if (w == 0.0f) continue;   /* hidden keys: their values are never read */
                 const long jj = j + r;
-                const float *x = (krow ? c->v + ((long)krow[jj] * c->H + h) * c->head + jj * dh
-                                       : vp + jj * dh) + c0;
+                const float *x = cache_row(c, c->v, vp, krow, h, jj) + c0;
                 const __m512 vw = _mm512_set1_ps(w);
                 a[r][0] = _mm512_fmadd_ps(vw, tf_load16(x, len), a[r][0]);
                 if (len > 16) a[r][1] = _mm512_fmadd_ps(vw, tf_load16(x + 16, len - 16), a[r][1]);
@@ -248,7 +255,7 @@ static void attend_pair_avx2(const cache_view *c, const float *qp, const float *
         const float *key[8];
         for (int t = 0; t < 8; t++) {   /* past the last key: the block's first again, dropped below */
             long j = j0 + (t < jn ? t : 0);
-            key[t] = krow ? c->k + ((long)krow[j] * c->H + h) * c->head + j * dh : kp + j * dh;
+            key[t] = cache_row(c, c->k, kp, krow, h, j);
         }
         /* key by key, up to 32 of dh (q held in four registers) at a time, every key of the
          * block whether it exists or not: no test inside, so the 8 sums stay in registers */
@@ -321,8 +328,7 @@ static void attend_pair_avx2(const cache_view *c, const float *qp, const float *
                 const float w = scores[j + r];
                 if (w == 0.0f) continue;   /* hidden keys: their values are never read */
                 const long jj = j + r;
-                const float *x = (krow ? c->v + ((long)krow[jj] * c->H + h) * c->head + jj * dh
-                                       : vp + jj * dh) + c0;
+                const float *x = cache_row(c, c->v, vp, krow, h, jj) + c0;
                 const __m256 vw = _mm256_set1_ps(w);
                 a[r][0] = _mm256_fmadd_ps(vw, load8(x, len), a[r][0]);
                 if (len > 8) a[r][1] = _mm256_fmadd_ps(vw, load8(x + 8, len - 8), a[r][1]);

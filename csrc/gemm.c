@@ -300,6 +300,19 @@ store_tile_avx2(const __m256 *c0, const __m256 *c1, float *restrict C, long ldc,
     }
 }
 
+/* c0[i] += a[i] * b0, c1[i] += a[i] * b1 for the tile's mr rows: one k of the 6 x 16 tile. */
+static inline __attribute__((always_inline)) TARGET_AVX2 void
+fma_rows_avx2(__m256 *c0, __m256 *c1, const float *a, __m256 b0, __m256 b1, const int mr)
+{
+#pragma GCC unroll 6
+    for (int i = 0; i < AVX2_MR; i++)
+        if (i < mr) {
+            __m256 ai = _mm256_broadcast_ss(a + i);
+            c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+            c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+        }
+}
+
 static inline __attribute__((always_inline)) TARGET_AVX2 void
 kernel_avx2(long kc, const float *restrict Ap, const float *restrict Bp, long bs, float *restrict C,
             long ldc, int nr, const float *alpha, int load_c, const int mr,
@@ -312,28 +325,22 @@ kernel_avx2(long kc, const float *restrict Ap, const float *restrict Bp, long bs
     for (long k = 0; k < kc; k++) {
         if (stream)     /* one 64-byte row of the panel per k */
             _mm_prefetch((const char *)(Bp + k * bs + GEMM_STREAM_AHEAD_AVX2), _MM_HINT_T0);
-        __m256 b0 = _mm256_loadu_ps(Bp + k * bs), b1 = _mm256_loadu_ps(Bp + k * bs + 8);
-        const float *a = Ap + k * AVX2_MR;
-#pragma GCC unroll 6
-        for (int i = 0; i < AVX2_MR; i++)
-            if (i < mr) {
-                __m256 ai = _mm256_broadcast_ss(a + i);
-                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
-                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
-            }
+        fma_rows_avx2(c0, c1, Ap + k * AVX2_MR, _mm256_loadu_ps(Bp + k * bs), _mm256_loadu_ps(Bp + k * bs + 8), mr);
     }
     store_tile_avx2(c0, c1, C, ldc, nr, alpha, load_c, mr);
 }
 
-#define AVX2_KERNEL(R)                                                                     \
-    static TARGET_AVX2 void kernel_avx2_##R(long kc, const float *Ap, const float *Bp,      \
-                                            long bs, float *C, long ldc, int nr,            \
-                                            const float *alpha, int load_c)                 \
-    { kernel_avx2(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 0); }                      \
-    static TARGET_AVX2 void kernel_avx2_stream_##R(long kc, const float *Ap, const float *Bp, \
-                                                   long bs, float *C, long ldc, int nr,     \
-                                                   const float *alpha, int load_c)          \
-    { kernel_avx2(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 1); }
+/* KERNEL_R and KERNEL_stream_R: the R-row kernels of an AVX2 kernel body, as gemm_kernel. */
+#define AVX2_KERNELS(KERNEL, R)                                                              \
+    static TARGET_AVX2 void KERNEL##_##R(long kc, const float *Ap, const float *Bp, long bs,  \
+                                         float *C, long ldc, int nr, const float *alpha,     \
+                                         int load_c)                                         \
+    { KERNEL(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 0); }                             \
+    static TARGET_AVX2 void KERNEL##_stream_##R(long kc, const float *Ap, const float *Bp,    \
+                                                long bs, float *C, long ldc, int nr,         \
+                                                const float *alpha, int load_c)              \
+    { KERNEL(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 1); }
+#define AVX2_KERNEL(R) AVX2_KERNELS(kernel_avx2, R)
 AVX2_KERNEL(1) AVX2_KERNEL(2) AVX2_KERNEL(3) AVX2_KERNEL(4) AVX2_KERNEL(5) AVX2_KERNEL(6)
 
 #define AVX2_STREAM \
@@ -460,40 +467,20 @@ kernel_avx2_pairs(long kc, const float *restrict Ap, const float *restrict Bp, l
         if (stream)     /* one 64-byte row of pairs per two k */
             _mm_prefetch((const char *)(Bp + t * bs + GEMM_STREAM_AHEAD_AVX2), _MM_HINT_T0);
         const float *a = Ap + 2 * t * AVX2_MR;
-        __m256 b0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(b), 16));
-        __m256 b1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(b + 1), 16));
-#pragma GCC unroll 6
-        for (int i = 0; i < AVX2_MR; i++)
-            if (i < mr) {
-                __m256 ai = _mm256_broadcast_ss(a + i);
-                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
-                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
-            }
+        fma_rows_avx2(c0, c1, a, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(b), 16)),
+                      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_loadu_si256(b + 1), 16)), mr);
         if (2 * t + 1 == kc) break;   /* an odd K block's last k has no partner */
         /* the high halves, low bits cleared by two shifts (no mask held in a register; the 6-row
          * tile still keeps one loaded row of pairs on the stack: a store per 24 FMAs) */
-        b0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(_mm256_loadu_si256(b), 16), 16));
-        b1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(_mm256_loadu_si256(b + 1), 16), 16));
-#pragma GCC unroll 6
-        for (int i = 0; i < AVX2_MR; i++)
-            if (i < mr) {
-                __m256 ai = _mm256_broadcast_ss(a + AVX2_MR + i);
-                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
-                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
-            }
+        fma_rows_avx2(c0, c1, a + AVX2_MR,
+                      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(_mm256_loadu_si256(b), 16), 16)),
+                      _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_srli_epi32(_mm256_loadu_si256(b + 1), 16), 16)),
+                      mr);
     }
     store_tile_avx2(c0, c1, C, ldc, nr, alpha, load_c, mr);
 }
 
-#define AVX2_PAIRS_KERNEL(R)                                                                     \
-    static TARGET_AVX2 void kernel_avx2_pairs_##R(long kc, const float *Ap, const float *Bp,      \
-                                                  long bs, float *C, long ldc, int nr,            \
-                                                  const float *alpha, int load_c)                 \
-    { kernel_avx2_pairs(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 0); }                      \
-    static TARGET_AVX2 void kernel_avx2_pairs_stream_##R(long kc, const float *Ap, const float *Bp, \
-                                                         long bs, float *C, long ldc, int nr,     \
-                                                         const float *alpha, int load_c)          \
-    { kernel_avx2_pairs(kc, Ap, Bp, bs, C, ldc, nr, alpha, load_c, R, 1); }
+#define AVX2_PAIRS_KERNEL(R) AVX2_KERNELS(kernel_avx2_pairs, R)
 AVX2_PAIRS_KERNEL(1) AVX2_PAIRS_KERNEL(2) AVX2_PAIRS_KERNEL(3) AVX2_PAIRS_KERNEL(4)
 AVX2_PAIRS_KERNEL(5) AVX2_PAIRS_KERNEL(6)
 
