@@ -259,6 +259,58 @@ def test_average_last_makes_the_saved_model_the_mean_of_the_last_snapshots(tmp_p
     assert np.array_equal(Seq2SeqTransformer.load(averaged).params.flat, saved)
 
 
+def test_quality_bench_averages_the_pytorch_run_like_ours(tmp_path, capsys):
+    """benchmarks/quality.py --engine torch --average-last K: the PyTorch network's snapshots are
+    saved in our format and averaged as ours are, and both the raw and the averaged weights are
+    scored, greedy and beam 4."""
+    pytest.importorskip("torch")
+    from transformer import Seq2SeqTransformer
+    from transformer.bench import quality
+    from transformer.checkpoint import list_snapshots
+
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out, records = str(tmp_path / "run"), tmp_path / "records.jsonl"
+    assert quality.main(["--engine", "torch", "--json", str(records), "--data", data, "--src-col", "eng",
+                         "--tgt-col", "fake", *SMALL, "--vocab-size", "60", "--batch-tokens", "300",
+                         "--dev-fraction", "0.1", "--max-steps", "6", "--average-last", "2",
+                         "--snapshot-every", "2", "--eval-every", "3", "--out", out]) == 0
+    record = json.loads(records.read_text())
+    assert record["engine"] == "torch" and record["steps"] == 6
+    snapshots = list_snapshots(out)
+    assert [os.path.basename(p) for p in snapshots] == ["step-0000004", "step-0000006"]
+    weights = [Seq2SeqTransformer.load(p).params.flat.astype(np.float64) for p in snapshots]
+    np.testing.assert_allclose(Seq2SeqTransformer.load(out).params.flat, np.mean(weights, axis=0),
+                               rtol=1e-6, atol=1e-7)
+    assert not np.array_equal(weights[0], weights[1])
+    averaged = record["averaged_last"]
+    assert averaged["k"] == 2 and set(averaged["beam4"]) == {"bleu", "chrf"}
+    assert set(record["greedy"]) == set(record["beam4"]) == {"bleu", "chrf"}
+
+
+def test_train_on_data_hands_back_the_raw_weights_and_the_average_apart(tmp_path):
+    """With --average-last the caller's trainer holds the raw final weights (what a benchmark
+    scores as "final") and model_for_inference the average; neither replaces the other."""
+    from transformer import Seq2SeqTransformer
+    from transformer.checkpoint import list_snapshots
+
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    args = cli.build_parser().parse_args(["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL,
+                                          "--vocab-size", "60", "--batch-tokens", "300", "--dev-fraction", "0.1",
+                                          "--max-steps", "6", "--average-last", "2", "--snapshot-every", "2",
+                                          "--out", out])
+    train.load_resume(args)
+    train.apply_defaults(args)
+    train.prepare_out_dir(args)
+    result = {}
+    assert train.train_on_data(args, result=result) == 0
+    raw, averaged = result["trainer"].model.params.flat, result["trainer"].model_for_inference.params.flat
+    snapshots = [Seq2SeqTransformer.load(p).params.flat for p in list_snapshots(out)]
+    assert np.array_equal(raw, snapshots[-1])
+    assert np.array_equal(averaged, Seq2SeqTransformer.load(out).params.flat)
+    assert not np.array_equal(raw, averaged)
+
+
 def test_average_refuses_models_of_different_runs(tmp_path):
     from transformer.checkpoint import average_weights
 

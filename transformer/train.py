@@ -147,6 +147,9 @@ class Trainer:
         self.task = task
         self.clip = clip                    # (model, max_norm) -> global norm before clipping
         self.checkpoints = checkpoints      # False for the PyTorch comparison runs
+        # --average-last snapshots: ours, and the PyTorch comparison's engine (which saves a copy of
+        # its weights in our format), so that both average the same way
+        self.snapshots = checkpoints or callable(getattr(model, "save", None))
         self.dp = dp                        # a DataParallel under mpirun: this rank trains on its shard
         self.leader = dp is None or dp.rank == 0   # logs, evaluates and writes checkpoints
         self.model_for_inference = None     # with --average-last: the averaged model, after run()
@@ -478,7 +481,7 @@ class Trainer:
                             dp.sync("rank 0's evaluation")
                         if deadline is not None:     # periodic evaluation is not training time
                             deadline += time.monotonic() - eval_started
-                    if args.average_last and self.checkpoints and self.state.step % self.snapshot_every() == 0:
+                    if args.average_last and self.snapshots and self.state.step % self.snapshot_every() == 0:
                         if self.leader:
                             save_snapshot(args.out, self.state.step, self.model, keep=args.average_last)
                         if dp is not None:
@@ -506,8 +509,8 @@ class Trainer:
                  f"buckets a step) and {st['imbalance_seconds'] / st['seconds']:.1%} for slower ranks", stream)
         if self.checkpoints:
             _log(f"saved checkpoint at step {self.state.step} to {args.out}")
-            if args.average_last and status == 0 and self.leader:
-                self.model_for_inference = self.write_average(stream)
+        if args.average_last and self.snapshots and status == 0 and self.leader:
+            self.model_for_inference = self.write_average(stream)
         return status
 
     def _stopped_by_signal(self, stop, bar, stream):
@@ -962,10 +965,10 @@ def train_on_data(args, engine=None, result=None):
     if result is not None:
         result.update(record=record, trainer=trainer)
     samples = [s for s, _ in dev_pairs[:5]] + list(args.samples or [])
-    if averaged is not None:
-        trainer.model = averaged
+    raw, trainer.model = trainer.model, averaged or trainer.model      # samples from the saved model
     for src, hyp in zip(samples, trainer.translate(samples)):
         print(f"  {src}  ->  {hyp}")
+    trainer.model = raw      # result["trainer"] keeps the raw weights; the average is model_for_inference
     return 0
 
 
