@@ -965,7 +965,9 @@ def train_on_data(args, engine=None, result=None):
     if result is not None:
         result.update(record=record, trainer=trainer)
     samples = [s for s, _ in dev_pairs[:5]] + list(args.samples or [])
-    raw, trainer.model = trainer.model, averaged or trainer.model      # samples from the saved model
+    raw = trainer.model
+    if averaged is not None:         # the samples come from the model saved for inference
+        trainer.model = averaged
     for src, hyp in zip(samples, trainer.translate(samples)):
         print(f"  {src}  ->  {hyp}")
     trainer.model = raw      # result["trainer"] keeps the raw weights; the average is model_for_inference
