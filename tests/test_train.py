@@ -259,7 +259,7 @@ def test_average_last_makes_the_saved_model_the_mean_of_the_last_snapshots(tmp_p
     assert np.array_equal(Seq2SeqTransformer.load(averaged).params.flat, saved)
 
 
-def test_quality_bench_averages_the_pytorch_run_like_ours(tmp_path, capsys):
+def test_quality_bench_averages_the_pytorch_run_like_ours(tmp_path):
     """benchmarks/quality.py --engine torch --average-last K: the PyTorch network's snapshots are
     saved in our format and averaged as ours are, and both the raw and the averaged weights are
     scored, greedy and beam 4."""

@@ -5,6 +5,7 @@ Every source of randomness is a function of (seed, step) or of state stored in
 the checkpoint, so `--resume` continues with exactly the losses an uninterrupted
 run would have had.
 """
+import contextlib
 import json
 import math
 import os
@@ -339,6 +340,16 @@ class Trainer:
         hyps = self.translate([s for s, _ in dev], beam=beam)
         result.update(score_translations(hyps, [t for _, t in dev]))
         return result
+
+    @contextlib.contextmanager
+    def scoring(self, model):
+        """evaluate() and translate() use `model` (e.g. the --average-last average) inside the block;
+        the trained model comes back after it."""
+        trained, self.model = self.model, model
+        try:
+            yield self
+        finally:
+            self.model = trained
 
     # -- checkpoints --------------------------------------------------------------------------
     def save(self):
@@ -956,21 +967,17 @@ def train_on_data(args, engine=None, result=None):
     metrics = trainer.evaluate()
     averaged = trainer.model_for_inference
     if averaged is not None:           # report the raw final weights and the average side by side
-        raw, trainer.model = trainer.model, averaged
-        metrics = {"final": _rounded(metrics), **trainer.evaluate()}
-        trainer.model = raw
+        with trainer.scoring(averaged):
+            metrics = {"final": _rounded(metrics), **trainer.evaluate()}
     record = {"step": trainer.state.step, "seconds": round(trainer.state.seconds, 1),
               "tokens": trainer.state.tokens, **_rounded(metrics)}
     print(json.dumps(record))
     if result is not None:
         result.update(record=record, trainer=trainer)
     samples = [s for s, _ in dev_pairs[:5]] + list(args.samples or [])
-    raw = trainer.model
-    if averaged is not None:         # the samples come from the model saved for inference
-        trainer.model = averaged
-    for src, hyp in zip(samples, trainer.translate(samples)):
-        print(f"  {src}  ->  {hyp}")
-    trainer.model = raw      # result["trainer"] keeps the raw weights; the average is model_for_inference
+    with trainer.scoring(trainer.model if averaged is None else averaged):   # the model saved in --out
+        for src, hyp in zip(samples, trainer.translate(samples)):
+            print(f"  {src}  ->  {hyp}")
     return 0
 
 

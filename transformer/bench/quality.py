@@ -229,10 +229,9 @@ def main(argv=None):
         record["averaged_last"] = {"k": args.average_last, "snapshot_every": trainer.snapshot_every(),
                                    **{k: report["record"].get(k) for k in ("dev_loss", "bleu", "chrf")}}
         record["best_dev_loss_periodic"] = trainer.state.best_dev_loss
-        raw, trainer.model = trainer.model, trainer.model_for_inference
-        averaged_beam = trainer.evaluate(beam=4)
+        with trainer.scoring(trainer.model_for_inference):
+            averaged_beam = trainer.evaluate(beam=4)
         record["averaged_last"]["beam4"] = {k: averaged_beam.get(k) for k in ("bleu", "chrf")}
-        trainer.model = raw
     print(json.dumps(record))
     if options["--json"]:
         with open(options["--json"], "a", encoding="utf-8") as f:
