@@ -249,3 +249,123 @@ def test_an_unknown_precision_names_the_choices(run):
     done = run_cli("translate", "--model", run["out"], "--precision", "fp8", "hi")
     assert done.returncode == 2
     assert "--precision" in done.stderr and "'fp32', 'bf16', 'int8'" in done.stderr
+
+
+# -- no output written over a model or run that is still wanted -------------------------------------------
+
+def test_a_new_run_does_not_overwrite_another_runs_checkpoint_without_overwrite(run, tmp_path):
+    out = str(tmp_path / "kept")
+    shutil.copytree(run["out"], out)
+    before = open(os.path.join(out, CHECKPOINT_FILE), "rb").read()
+    line = error_line(run_cli("train", *SMALL, "--batch-size", "4", "--max-steps", "1", "--out", out), "train")
+    assert f"--out {out}:" in line and "--overwrite" in line
+    assert open(os.path.join(out, CHECKPOINT_FILE), "rb").read() == before     # untouched
+    done = run_cli("train", *SMALL, "--batch-size", "4", "--max-steps", "1", "--out", out, "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert open(os.path.join(out, CHECKPOINT_FILE), "rb").read() != before
+
+
+@pytest.mark.parametrize("command", ["quantize", "average", "convert-to", "init-from"])
+def test_an_output_that_is_the_input_is_refused_even_with_overwrite(run, tmp_path, command):
+    model = str(tmp_path / "model")
+    shutil.copytree(run["out"], model)
+    files = {name: open(os.path.join(model, name), "rb").read() for name in os.listdir(model)
+             if os.path.isfile(os.path.join(model, name))}
+    argv = {"quantize": ["quantize", "--model", model],
+            "average": ["average", model, run["out"]],
+            "convert-to": ["convert", "--to", "marian", model],
+            "init-from": ["train", "--data", run["data"], "--src-col", "eng", "--tgt-col", "fake",
+                          "--init-from", model, "--max-steps", "1", "--quiet"]}[command]
+    line = error_line(run_cli(*argv, "--out", model, "--overwrite"), argv[0])
+    assert f"--out {model}: the same directory as" in line
+    assert {name: open(os.path.join(model, name), "rb").read() for name in files} == files
+
+
+def test_quantize_into_a_model_directory_needs_overwrite(run, tmp_path):
+    other = str(tmp_path / "other")
+    shutil.copytree(run["out"], other)
+    line = error_line(run_cli("quantize", "--model", run["out"], "--out", other), "quantize")
+    assert "already holds a model" in line
+    done = run_cli("quantize", "--model", run["out"], "--out", other, "--overwrite")
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_builtin_demo_can_be_run_again_in_its_default_directory(tmp_path):
+    argv = [sys.executable, "-m", "transformer", "train", *SMALL, "--batch-size", "4", "--max-steps", "1"]
+    for _ in range(2):          # runs/builtin under the working directory, both times
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=ENV)
+        assert done.returncode == 0, done.stderr
+    assert os.path.exists(tmp_path / "runs" / "builtin" / CHECKPOINT_FILE)
+
+
+# -- more mistakes that ended in a traceback or were silently ignored -------------------------------------
+
+def test_sizes_that_cannot_make_a_model_are_refused_before_any_work(run):
+    line = error_line(run_cli("train", "--data", run["data"], "--src-col", "eng", "--tgt-col", "fake",
+                              "--d-model", "100", "--n-heads", "7", "--max-steps", "1", "--quiet"), "train")
+    assert "model sizes:" in line and "n_heads (7)" in line
+
+
+@pytest.mark.parametrize("value", ["3", "4"])
+def test_a_vocabulary_too_small_for_the_reserved_ids_is_refused_when_parsed(value):
+    done = run_cli("train", "--vocab-size", value)
+    assert done.returncode == 2
+    assert "argument --vocab-size: must be >= 5" in error_line(done, "train")
+
+
+def test_an_unknown_argument_is_the_commands_one_line_error(run):
+    done = run_cli("translate", "--model", run["out"], "--bogus", "hi")
+    assert done.returncode == 2
+    assert "unrecognized arguments: --bogus" in error_line(done, "translate")
+
+
+def test_translate_with_standard_input_closed_is_one_line(run):
+    done = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", run["out"]],
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300, cwd=OUTSIDE,
+                          env=ENV, preexec_fn=lambda: os.close(0))
+    assert "no text" in error_line(done, "translate")
+
+
+def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
+    def too_big(args):
+        raise MemoryError
+
+    monkeypatch.setattr(cli, "_info", too_big)
+    assert cli.main(["info"]) == 1
+    assert capsys.readouterr().err.startswith("transformer info: error: out of memory")
+
+
+def test_resume_with_max_steps_already_reached_is_refused(run, tmp_path):
+    copy = str(tmp_path / "copy")
+    shutil.copytree(run["out"], copy)
+    line = error_line(run_cli("train", "--resume", copy, "--max-steps", "2"), "train")
+    assert "--max-steps 2:" in line and "already trained 2 steps" in line
+
+
+def test_average_last_needs_two_snapshots_and_warns_when_the_run_made_fewer(run, tmp_path):
+    done = run_cli("train", *SMALL, "--average-last", "1", "--max-steps", "2")
+    assert done.returncode == 2 and "must be >= 2" in error_line(done, "train")
+    done = run_cli("train", *SMALL, "--batch-size", "4", "--average-last", "3", "--snapshot-every", "100",
+                   "--max-steps", "2", "--out", str(tmp_path / "avg"))
+    assert done.returncode == 0, done.stderr
+    assert "warning: --average-last 3 found only 1 snapshot" in done.stderr
+
+
+def test_keep_best_that_would_never_evaluate_is_refused(run, tmp_path):
+    line = error_line(run_cli("train", *SMALL, "--keep-best", "--eval-every", "10", "--max-steps", "2",
+                              "--out", str(tmp_path / "kb")), "train")
+    assert "--keep-best" in line and "before the first evaluation" in line
+
+
+def test_fine_tuning_takes_the_dropout_asked_for(run, tmp_path, monkeypatch):
+    from transformer import train
+
+    args = cli.build_parser().parse_args(
+        ["train", "--data", run["data"], "--src-col", "eng", "--tgt-col", "fake", "--init-from", run["out"],
+         "--dropout", "0.25", "--max-steps", "1", "--quiet", "--out", str(tmp_path / "ft")])
+    train.load_resume(args)
+    train.apply_defaults(args)
+    train.prepare_out_dir(args)
+    report = {}
+    assert train.train_on_data(args, result=report) == 0
+    assert report["trainer"].model.cfg.dropout == 0.25

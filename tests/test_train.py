@@ -343,7 +343,8 @@ def test_bf16_run_resumes_bit_exactly_in_bf16_and_its_checkpoints_load_in_any_pr
     assert losses(fp32) != losses(straight)
     assert losses(fp32)[0] == pytest.approx(losses(straight)[0], rel=1e-2)
     # --schedule noam: the plan does not depend on the step count, so 4 + 4 steps is 8 steps
-    assert cli.main([*base, "--precision", "bf16", "--schedule", "noam", "--max-steps", "8", "--out", straight]) == 0
+    assert cli.main([*base, "--precision", "bf16", "--schedule", "noam", "--max-steps", "8", "--out", straight,
+                     "--overwrite"]) == 0
     assert cli.main([*base, "--precision", "bf16", "--schedule", "noam", "--max-steps", "4", "--out", half]) == 0
     assert cli.main(["train", "--resume", half, "--max-steps", "8", "--quiet"]) == 0
     assert losses(half) == losses(straight)

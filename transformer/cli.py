@@ -256,6 +256,19 @@ def _non_negative_int(text):
     return _integer(text, 0)
 
 
+def _at_least_two(text):
+    return _integer(text, 2)
+
+
+def _vocab_size(text):
+    from .tokenizer import MAX_VOCAB_SIZE, SPECIAL_TOKENS
+
+    value = _integer(text, len(SPECIAL_TOKENS) + 1)      # the reserved ids and one learned entry
+    if value > MAX_VOCAB_SIZE:
+        raise argparse.ArgumentTypeError(f"must be <= {MAX_VOCAB_SIZE}, got {value}")
+    return value
+
+
 def _real(text):
     try:
         value = float(text)
@@ -362,6 +375,8 @@ def _train(args):
             raise FileNotFoundError("no checkpoint.safetensors in it: not the --out of a training run")
         train.load_resume(args)
     train.apply_defaults(args)
+    builtin_default = args.out is None and args.resume is None and not args.data
+    _check_train_out(args, builtin_default)
     with blame("--out", args.out):
         train.prepare_out_dir(args)
     if args.data:
@@ -369,11 +384,44 @@ def _train(args):
     return train.train_builtin(args)
 
 
+def _check_train_out(args, builtin_default):
+    """A new run does not write over another run's checkpoint or model: --resume continues it,
+    --overwrite replaces it. The built-in task's default directory (a two-minute demo) is the
+    exception, so that `transformer train` can be run again."""
+    from .train import default_out_dir
+
+    out = args.out or args.resume or default_out_dir(args)
+    if args.resume is not None and os.path.realpath(out) == os.path.realpath(args.resume):
+        return
+    if builtin_default:
+        return
+    _check_out_dir(out, [("--init-from", getattr(args, "init_from", None))], args.overwrite)
+
+
 def _read_texts(texts):
     if texts:
         return list(texts)
+    if sys.stdin is None:            # started with standard input closed
+        raise FlagError("no text: give sentences as arguments or as lines on standard input")
     with blame("standard input"):
         return [line.rstrip("\n") for line in sys.stdin]
+
+
+# What marks a directory as holding a model or a training run: ours, or a MarianMT export's.
+MODEL_FILES = ("checkpoint.safetensors", "config.json", "model.safetensors", "pytorch_model.bin")
+
+
+def _check_out_dir(out, inputs=(), overwrite=False):
+    """Refuse, before any work, an --out that is one of the command's inputs (the input would be
+    lost while it is read), or that already holds a model or run, unless --overwrite."""
+    target = os.path.realpath(out)
+    for flag, path in inputs:
+        if path is not None and os.path.realpath(path) == target:
+            raise FlagError(f"--out {out}: the same directory as {flag}; write the result to another one")
+    held = [name for name in MODEL_FILES if os.path.exists(os.path.join(out, name))]
+    if held and not overwrite:
+        raise FlagError(f"--out {out}: already holds a model ({held[0]}); give --overwrite to replace it, "
+                        "or another directory")
 
 
 def _load_model(directory, flag="--model"):
@@ -408,8 +456,13 @@ def _translate(args):
         from .plot import plot_cross_attention
 
         with blame("--attention", args.attention):
-            plot_cross_attention(model, src_tok, tgt_tok, texts[0], args.attention)
-        print(f"cross-attention of {texts[0]!r} drawn in {args.attention}", file=sys.stderr)
+            plot_cross_attention(model, src_tok, tgt_tok, texts[0], args.attention, max_len=args.max_len)
+        # the heatmap follows one greedy float32 decoding: say so when the lines above came otherwise
+        other = [f"{flag} {value}" for flag, value, plain in (
+            ("--beam", args.beam, 1), ("--no-repeat-ngram", args.no_repeat_ngram, 0),
+            ("--precision", args.precision or model.stored_precision, "fp32")) if value != plain]
+        note = f" (of its greedy float32 translation, not the one with {', '.join(other)} above)" if other else ""
+        print(f"cross-attention of {texts[0]!r} drawn in {args.attention}{note}", file=sys.stderr)
     return 0
 
 
@@ -444,6 +497,7 @@ def _evaluate(args):
 def _average(args):
     from .checkpoint import average_model_dirs, save_inference_files
 
+    _check_out_dir(args.out, [("a model it averages", m) for m in args.models], args.overwrite)
     with blame():
         model, src_tok, tgt_tok = average_model_dirs(args.models)
     with blame("--out", args.out):
@@ -455,6 +509,7 @@ def _average(args):
 def _quantize(args):
     from .checkpoint import save_inference_files
 
+    _check_out_dir(args.out, [("--model", args.model)], args.overwrite)
     model, src_tok, tgt_tok = _load_model(args.model)
     with blame("--out", args.out):
         save_inference_files(args.out, model, src_tok, tgt_tok, precision="int8")
@@ -473,6 +528,7 @@ def _convert(args):
         fmt, directory = args.source
         if fmt != "marian":
             raise FlagError(f"--from {fmt}: the formats are: marian")
+        _check_out_dir(args.out, [("--from", directory)], args.overwrite)
         with blame("--from", directory):
             if not os.path.isdir(directory):
                 raise FileNotFoundError("MarianMT directory not found")
@@ -485,6 +541,7 @@ def _convert(args):
     fmt, directory = args.to
     if fmt != "marian":
         raise FlagError(f"--to {fmt}: the formats are: marian")
+    _check_out_dir(args.out, [("--to", directory)], args.overwrite)
     model, src_tok, tgt_tok = _load_model(directory, "--to")
     with blame("--to", directory):
         config_to_marian(model.cfg)
@@ -525,6 +582,15 @@ class _Parser(argparse.ArgumentParser):
             self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
+    def parse_args(self, args=None, namespace=None):
+        # an argument no parser took is the command's error (`transformer translate: error: ...`),
+        # not the top level's, which would print the usage of every command
+        args, extras = self.parse_known_args(args, namespace)
+        if extras:
+            command = getattr(self, "commands", {}).get(getattr(args, "command", None), self)
+            command.error(f"unrecognized arguments: {' '.join(extras)}")
+        return args
+
 
 def build_parser():
     parser = _Parser(prog="transformer", description=__doc__)
@@ -532,6 +598,7 @@ def build_parser():
     parser.add_argument("--debug", action="store_true",
                         help="show the Python traceback of a failure (a user's mistake is one line without it)")
     sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = sub.choices
 
     bench = sub.add_parser("bench", help="benchmark our kernels against numpy/PyTorch")
     bench.add_argument("--what", default="kernels",
@@ -568,7 +635,10 @@ def build_parser():
                        "(e.g. tatoeba:eng-hin, downloaded once into a cache)")
     train.add_argument("--src-col", help="source column: header name or 0-based index (default 0)")
     train.add_argument("--tgt-col", help="target column: header name or 0-based index (default 1)")
-    train.add_argument("--out", help="output directory for checkpoints and the model")
+    train.add_argument("--out", help="output directory for checkpoints and the model (one that holds another "
+                       "run or model is refused without --overwrite)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="let a new run replace the run or model in --out")
     train.add_argument("--resume", metavar="DIR", help="continue the run whose checkpoint is in DIR")
     train.add_argument("--init-from", dest="init_from", metavar="DIR",
                        help="with --data: fine-tune the model in DIR (a training run's --out, or a MarianMT "
@@ -616,7 +686,7 @@ def build_parser():
     train.add_argument("--label-smoothing", type=_fraction, help=f"default {TRAIN_DEFAULTS['label_smoothing']}")
     train.add_argument("--clip-norm", type=_non_negative_float,
                        help=f"clip gradients to this global norm (0: off; default {TRAIN_DEFAULTS['clip_norm']})")
-    train.add_argument("--vocab-size", type=_positive_int,
+    train.add_argument("--vocab-size", type=_vocab_size,
                        help="with --data: BPE vocabulary size per language (default: one per 16 words of the "
                             "training text, per language on average, rounded down to a multiple of 500, "
                             "between 1000 and 4000)")
@@ -634,7 +704,7 @@ def build_parser():
     train.add_argument("--save-every", type=_non_negative_int, default=0, help="checkpoint every N steps")
     train.add_argument("--save-minutes", type=_non_negative_float, default=5.0,
                        help="checkpoint every M minutes (default 5)")
-    train.add_argument("--average-last", type=_positive_int, metavar="K",
+    train.add_argument("--average-last", type=_at_least_two, metavar="K",
                        help="snapshot the weights every --snapshot-every steps and make the saved model "
                             "the average of the last K (the checkpoint keeps the raw weights)")
     train.add_argument("--snapshot-every", type=_positive_int, metavar="N",
@@ -676,11 +746,13 @@ def build_parser():
     average = sub.add_parser("average", help="average the weights of several model directories of one run")
     average.add_argument("models", nargs="+", metavar="DIR", help="model directories (same config and tokenizers)")
     average.add_argument("--out", required=True, metavar="DIR", help="where to write the averaged model")
+    average.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
     average.set_defaults(func=_average)
 
     quantize = sub.add_parser("quantize", help="write an int8 copy of a model (its weight matrices at a quarter of their size)")
     quantize.add_argument("--model", required=True, metavar="DIR")
     quantize.add_argument("--out", required=True, metavar="DIR", help="where to write the int8 model")
+    quantize.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
     quantize.set_defaults(func=_quantize)
     convert = sub.add_parser("convert", help="import a MarianMT (OPUS-MT) model, or export one")
     convert.add_argument("--from", dest="source", nargs=2, metavar=("FORMAT", "HF_DIR"),
@@ -689,6 +761,7 @@ def build_parser():
     convert.add_argument("--to", nargs=2, metavar=("FORMAT", "DIR"),
                          help="marian DIR: write our model directory DIR as a MarianMTModel directory")
     convert.add_argument("--out", required=True, metavar="DIR", help="the directory to write")
+    convert.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
     convert.set_defaults(func=_convert)
     info = sub.add_parser("info", help="print build_info(): compiler, OpenMP, SIMD level, threads")
     info.set_defaults(func=_info)

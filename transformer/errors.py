@@ -63,6 +63,8 @@ def describe(exc, args):
         return str(exc), exc.status
     if isinstance(exc, DistributedError):
         return str(exc), 1
+    if isinstance(exc, MemoryError):                   # sizes asked for beyond this machine's memory
+        return "out of memory: the sizes asked for (model, beam, batch, positions) need more than is free", 1
     argument = getattr(exc, "argument", None)          # data.ColumnError: src_col or tgt_col
     if isinstance(argument, str) and hasattr(args, argument):
         flag = "--" + argument.replace("_", "-")

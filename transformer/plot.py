@@ -59,7 +59,7 @@ def plot_cross_attention(model, src_tokenizer, tgt_tokenizer, text, path, max_le
             ax.set_ylabel("generated token")
         if head // cols == rows - 1:
             ax.set_xlabel("source token")
-    fig.suptitle(f"Cross-attention of the last decoder layer\n{text!r} -> "
+    fig.suptitle(f"Cross-attention of the last decoder layer, greedy decoding\n{text!r} -> "
                  f"{tgt_tokenizer.decode(hyps[0])!r}", fontsize=11)
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.savefig(path, dpi=120)

@@ -378,6 +378,11 @@ class Trainer:
         save_inference_files(self.args.out, model, self.src_tokenizer, self.tgt_tokenizer)
         _log(f"the model in {self.args.out} is the average of {len(snapshots)} snapshots (steps "
              + ", ".join(str(int(os.path.basename(p)[5:])) for p in snapshots) + ")", stream)
+        if len(snapshots) < k:
+            _log(f"warning: --average-last {k} found only {len(snapshots)} snapshot"
+                 f"{'s' if len(snapshots) != 1 else ''}: the run was shorter than {k} x --snapshot-every "
+                 f"({self.snapshot_every()} steps)" + (", so the model is the final weights" if len(snapshots) == 1 else ""),
+                 stream)
         return model
 
     def keep_if_best(self, metrics):
@@ -507,8 +512,13 @@ class Trainer:
                         break
             except NonFiniteLoss as exc:
                 bar.close()
-                _log(f"training stopped: {exc}. The last checkpoint in {args.out} is left as it was; "
-                     "lower the learning rate or clip gradients (--clip-norm) and resume.")
+                saved = os.path.exists(os.path.join(args.out, "checkpoint.safetensors"))
+                advice = (f"the last checkpoint in {args.out} is left as it was: lower the learning rate "
+                          "(--lr, --lr-scale) or clip gradients (--clip-norm) and --resume it"
+                          if saved else "no checkpoint was written: lower the learning rate (--lr, "
+                          "--lr-scale) or clip gradients (--clip-norm) and start again")
+                # the command line's one-line form of an expected failure; run() returns its status
+                _log(f"transformer train: error: training stopped: {exc}; {advice}")
                 return 1
             finally:
                 bar.close()
@@ -746,8 +756,23 @@ def apply_defaults(args):
             args.minutes = 2.0 if not args.data else 10.0
     if args.warmup is None and args.schedule == "noam":
         args.warmup = 300 if not args.data else 4000
+    if args.checkpoint is None and getattr(args, "initial", None) is None:
+        try:        # the sizes, checked before any data is read or vocabulary learned
+            model_config_from_args(args, 16, 16, max_len=(args.max_sentence_tokens or 128) + 1)
+        except ValueError as exc:
+            raise FlagError(f"model sizes: {exc}") from None
     if args.keep_best and not args.eval_every:
         raise FlagError("--keep-best keeps the model of the best dev loss: it needs --eval-every N")
+    if args.keep_best and args.max_steps is not None and args.eval_every > args.max_steps:
+        raise FlagError(f"--keep-best with --eval-every {args.eval_every}: the run stops at --max-steps "
+                        f"{args.max_steps}, before the first evaluation")
+    if args.keep_best and args.data and args.dev_fraction == 0:
+        raise FlagError("--keep-best compares the dev loss, and --dev-fraction 0 holds no pairs out")
+    if args.max_steps is not None and args.checkpoint is not None:
+        done = args.checkpoint.train_state.get("step", 0)
+        if args.max_steps <= done:
+            raise FlagError(f"--max-steps {args.max_steps}: the run in {args.resume} has already trained "
+                            f"{done} steps (--max-steps counts from the start of the run)")
     if args.snapshot_every and not args.average_last:
         raise FlagError("--snapshot-every only applies with --average-last K")
     if args.lr is not None and args.schedule != "budget":
@@ -939,6 +964,8 @@ def train_on_data(args, engine=None, result=None):
 
     def make_model():
         if initial is not None:
+            if args.dropout is not None:      # the model's stored rate otherwise (choose_dropout)
+                initial[0].set_dropout(args.dropout)
             return initial[0]
         cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)
         return Seq2SeqTransformer(cfg, seed=args.seed)
@@ -981,9 +1008,14 @@ def train_on_data(args, engine=None, result=None):
     return 0
 
 
+def default_out_dir(args):
+    """Where a run without --out (or --resume) writes: runs/builtin, or runs/<data file's name>."""
+    return "runs/builtin" if not args.data else "runs/" + os.path.splitext(os.path.basename(args.data))[0]
+
+
 def prepare_out_dir(args):
     if args.resume and not args.out:
         args.out = args.resume
     if not args.out:
-        args.out = "runs/builtin" if not args.data else "runs/" + os.path.splitext(os.path.basename(args.data))[0]
+        args.out = default_out_dir(args)
     os.makedirs(args.out, exist_ok=True)
