@@ -83,6 +83,21 @@ def test_a_damaged_model_and_a_damaged_checkpoint_are_named(run, tmp_path):
     assert "--resume" in line
 
 
+def test_a_model_whose_weights_are_not_finite_is_refused_by_every_command_that_reads_it(run, tmp_path):
+    """Its data area overwritten with 0xFF bytes (NaN): translate printed empty lines, status 0."""
+    copy = str(tmp_path / "copy")
+    shutil.copytree(run["out"], copy)
+    weights = os.path.join(copy, "model.safetensors")
+    raw = bytearray(open(weights, "rb").read())
+    start = 8 + int.from_bytes(raw[:8], "little")
+    raw[start:] = b"\xff" * (len(raw) - start)
+    open(weights, "wb").write(bytes(raw))
+    for argv in (["translate", "--model", copy, "hi"], ["quantize", "--model", copy, "--out", str(tmp_path / "q")],
+                 ["average", run["out"], copy, "--out", str(tmp_path / "a")]):
+        line = error_line(run_cli(*argv), argv[0])
+        assert "model.safetensors: tensor 'src_embed.weight' holds non-finite values" in line, line
+
+
 def test_a_wrong_column_names_the_column_flag_and_the_columns_there(run):
     line = error_line(run_cli("evaluate", "--model", run["out"], "--data", run["data"], "--src-col", "xyz"),
                       "evaluate")

@@ -187,7 +187,7 @@ def test_damaged_int8_files_are_refused(tmp_path):
         ({k: v for k, v in good.items() if k != f"{name}.scale"}, "needs a float32"),             # no scale
         ({**good, f"{name}.scale": good[f"{name}.scale"][:-1]}, "needs a float32"),               # wrong shape
         ({**good, f"{name}.scale": -good[f"{name}.scale"]}, "finite scales >= 0"),               # negative
-        ({**good, f"{name}.scale": np.full_like(good[f"{name}.scale"], np.nan)}, "finite scales >= 0"),
+        ({**good, f"{name}.scale": np.full_like(good[f"{name}.scale"], np.nan)}, "scale' holds non-finite"),
         ({**good, "generator.bias.scale": np.ones(3, np.float32)}, "unexpected"),                # stray scale
     ]
     for tensors, message in cases:

@@ -8,6 +8,7 @@ download) with a SentencePiece model trained here on a few sentences. Tolerances
 """
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -272,6 +273,54 @@ def test_what_cannot_be_mapped_is_named(marian):
     learned = dict(sd, **{"model.encoder.embed_positions.weight": sd["model.encoder.embed_positions.weight"] + 0.1})
     with pytest.raises(ValueError, match="sinusoidal"):
         state_dict_from_marian(learned, cfg)
+
+
+@pytest.mark.parametrize("damage, match", [
+    (lambda c: [1], "config.json: not a MarianMT config: a JSON object is expected, got list"),
+    (lambda c: {**c, "activation_function": ["swish"]}, "config.json: activation_function must be a string"),
+    (lambda c: {**c, "d_model": "32"}, "config.json: d_model must be an integer, got '32'"),
+    (lambda c: {**c, "encoder_layers": True}, "config.json: encoder_layers must be an integer, got True"),
+    (lambda c: {**c, "scale_embedding": "false"}, "config.json: scale_embedding must be true or false"),
+    (lambda c: {**c, "dropout": [0.1]}, "config.json: dropout must be a number"),
+    (lambda c: {**c, "decoder_start_token_id": None}, "config.json: decoder_start_token_id must be an integer"),
+], ids=["list", "activation-list", "string-size", "bool-size", "string-bool", "list-dropout", "null-id"])
+def test_a_damaged_or_foreign_config_is_a_value_error_naming_the_field(marian, damage, match):
+    hf_cfg = json.load(open(os.path.join(marian["dir"], "config.json")))
+    with pytest.raises(ValueError, match=match):
+        config_from_marian(damage(hf_cfg), "/some/dir/config.json")
+
+
+def test_non_finite_weights_are_refused_naming_the_tensor(marian, tmp_path):
+    """A data area overwritten with 0xFF bytes (NaN) was imported as a model that translates to
+    empty lines; the importer checks every tensor, from safetensors and pytorch_model.bin alike."""
+    root = tmp_path / "hf"
+    shutil.copytree(marian["dir"], root)
+    path = root / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(raw[:8], "little")
+    raw[start:] = b"\xff" * (len(raw) - start)
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ValueError, match=f"{root}: tensor '.+' holds non-finite values"):
+        import_marian(str(root))
+    sd = {k: v.numpy() for k, v in marian["hf"].state_dict().items()}
+    sd["model.decoder.layers.1.fc2.bias"] = np.full_like(sd["model.decoder.layers.1.fc2.bias"], np.inf)
+    with pytest.raises(ValueError, match="tensor 'model.decoder.layers.1.fc2.bias' holds non-finite"):
+        state_dict_from_marian(sd, marian["ours"].cfg)
+
+
+def test_command_line_refuses_damaged_configs_and_weights_in_one_line(marian, tmp_path):
+    for name, damage in (("config", lambda root: (root / "config.json").write_text("[1]")),
+                         ("activation", lambda root: (root / "config.json").write_text(json.dumps(
+                             {**json.loads((root / "config.json").read_text()), "activation_function": ["swish"]}))),
+                         ("weights", lambda root: (root / "model.safetensors").write_bytes(
+                             (root / "model.safetensors").read_bytes()[:-4] + b"\xff" * 4))):
+        root = tmp_path / name
+        shutil.copytree(marian["dir"], root)
+        damage(root)
+        r = _cli("convert", "--from", "marian", str(root), "--out", str(tmp_path / f"{name}-out"))
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and f"--from {root}:" in r.stderr, r.stderr
+        assert ("config.json" if name != "weights" else "non-finite") in r.stderr, r.stderr
 
 
 def test_export_refuses_what_marianmt_cannot_hold(marian, tmp_path):

@@ -332,6 +332,33 @@ def test_damaged_config_raises_value_error(tmp_path):
         T.Seq2SeqTransformer.load(tmp_path / "ckpt")
 
 
+@pytest.mark.parametrize("fill", [b"\xff" * 4, np.float32(np.inf).tobytes()], ids=["0xFF (NaN)", "inf"])
+def test_a_data_area_overwritten_with_non_finite_floats_is_refused(tmp_path, fill):
+    """Such a model loaded and decoded nothing but empty lines: the file and tensor are named."""
+    T.Seq2SeqTransformer(cfg(), seed=0).save(tmp_path / "m")
+    path = tmp_path / "m" / "model.safetensors"
+    raw = bytearray(path.read_bytes())
+    start = 8 + int.from_bytes(raw[:8], "little")
+    raw[start:] = fill * ((len(raw) - start) // 4)
+    path.write_bytes(bytes(raw))
+    first = next(k for k in json.loads(raw[8:start]) if k != "__metadata__")
+    with pytest.raises(ValueError, match=f"model.safetensors: tensor '{first}' holds non-finite values"):
+        T.Seq2SeqTransformer.load(tmp_path / "m")
+
+
+@pytest.mark.parametrize("precision, name", [("fp32", "transformer.decoder.layers.1.linear2.bias"),
+                                             ("int8", "transformer.encoder.layers.0.linear1.bias")])
+def test_one_non_finite_value_is_refused_naming_its_tensor(tmp_path, precision, name):
+    """Float tensors of int8 files too (their scales: test_decode_precision.py)."""
+    T.Seq2SeqTransformer(cfg(), seed=0).save(tmp_path / "m", precision=precision)
+    path = str(tmp_path / "m" / "model.safetensors")
+    tensors = load_file(path)
+    tensors[name].reshape(-1)[-1] = np.inf
+    save_file(tensors, path)
+    with pytest.raises(ValueError, match=f"model.safetensors: tensor '{name}' holds non-finite values"):
+        T.Seq2SeqTransformer.load(tmp_path / "m")
+
+
 def test_save_is_atomic_and_leaves_no_temporary_files(tmp_path):
     m = T.Seq2SeqTransformer(cfg(), seed=0)
     m.save(tmp_path)

@@ -1,4 +1,5 @@
 """Training runs: exact resume, checkpoints that survive damage and interruption, clean stops."""
+import dataclasses
 import json
 import os
 import signal
@@ -12,8 +13,10 @@ import pytest
 
 import transformer as T
 from transformer import cli, train
-from transformer.checkpoint import CHECKPOINT_FILE, load_checkpoint, load_for_inference
+from transformer.checkpoint import (CHECKPOINT_FILE, TRAIN_STATE_FIELDS, _digest, load_checkpoint,
+                                    load_for_inference)
 from transformer.data import read_pairs, split_pairs
+from transformer.serialization import load_file, read_metadata, save_file
 
 SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layers", "1",
          "--n-decoder-layers", "1", "--quiet", "--threads", "1"]
@@ -101,6 +104,49 @@ def test_damaged_checkpoints_are_refused_with_a_clear_error(tmp_path):
         load_checkpoint(out)
     with pytest.raises(FileNotFoundError):
         load_checkpoint(str(tmp_path / "nowhere"))
+
+
+def _rewrite_metadata(path, **entries):
+    """The checkpoint at `path` with these metadata entries replaced, its tensors (and so their
+    SHA-256) as they were."""
+    save_file(load_file(path), path, metadata={**read_metadata(path), **entries})
+
+
+def test_damaged_train_state_metadata_is_refused_naming_the_file(tmp_path):
+    """The SHA-256 covers the tensors only: a train_state that TrainState(**state) or the trainer
+    cannot take is refused as the checkpoint loads, not met as a traceback on resume."""
+    out, path = small_checkpoint(tmp_path)
+    state = load_checkpoint(out).train_state
+    plan = state["schedule"]
+    for damaged in ([state], {**state, "bogus": 1}, {k: v for k, v in state.items() if k != "step"},
+                    {**state, "step": "2"}, {**state, "step": True}, {**state, "tokens": -1},
+                    {**state, "best_dev_loss": None}, {**state, "schedule": [plan]},
+                    {**state, "schedule": {"name": plan["name"]}}):
+        _rewrite_metadata(path, train_state=json.dumps(damaged))
+        with pytest.raises(ValueError, match="checkpoint.safetensors: damaged train_state metadata"):
+            load_checkpoint(out)
+    # written before the plan was kept in the checkpoint: loads, and the resumed run plans anew
+    _rewrite_metadata(path, train_state=json.dumps({k: v for k, v in state.items() if k != "schedule"}))
+    assert load_checkpoint(out).train_state["step"] == 2
+    _rewrite_metadata(path, train_state=json.dumps([state]))
+    done = run_cli("train", "--resume", out, "--max-steps", "4", "--quiet")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"transformer train: error: --resume {out}: checkpoint.safetensors: damaged train_state metadata: "
+        "a JSON object is expected, got list"]
+
+
+def test_the_checkpoint_checks_every_field_of_train_state():
+    assert set(TRAIN_STATE_FIELDS) == {field.name for field in dataclasses.fields(train.TrainState)}
+
+
+def test_non_finite_values_in_a_checkpoint_are_refused_even_with_a_matching_checksum(tmp_path):
+    out, path = small_checkpoint(tmp_path)
+    tensors, metadata = load_file(path), read_metadata(path)
+    tensors["optimizer/exp_avg_sq"][7] = np.inf               # a writer's bug, not a flipped bit
+    save_file(tensors, path, metadata={**metadata, "sha256": _digest(tensors)})
+    with pytest.raises(ValueError, match="checkpoint.safetensors: tensor 'optimizer/exp_avg_sq' holds non-finite"):
+        load_checkpoint(out)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])

@@ -13,7 +13,9 @@ what `transformer translate --model DIR` reads.
 """
 import hashlib
 import json
+import math
 import os
+import reprlib
 import shutil
 from dataclasses import dataclass
 
@@ -30,6 +32,16 @@ SRC_TOKENIZER_FILE = "src_tokenizer.json"
 TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
 FORMAT = "transformer-cpu/checkpoint"
 VERSION = 1
+
+
+# The fields of train.TrainState with the JSON types each may have (a test keeps the two in step).
+# The SHA-256 covers the tensors only, so the metadata is checked here, before train.py rebuilds
+# the state from it. "schedule" came later: checkpoints written before it lack it (None: planned).
+TRAIN_STATE_FIELDS = {"step": int, "epoch": int, "batch_in_epoch": int, "tokens": int,
+                      "seconds": (int, float), "best_dev_loss": (int, float), "schedule": (dict, type(None))}
+_OPTIONAL_FIELDS = ("schedule",)
+# The entries each learning-rate plan of train.Trainer.plan_schedule needs; all but "name" numbers.
+_PLAN_ENTRIES = {"noam": ("warmup", "peak"), "budget": ("warmup", "total", "peak", "final")}
 
 
 @dataclass
@@ -105,7 +117,44 @@ def load_checkpoint(directory):
         tgt_tokenizer = tokenizer_from_json(metadata["tgt_tokenizer"], source=path)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{path}: damaged checkpoint ({exc})") from None
+    _check_train_state(train_state, path)
+    if not isinstance(args, dict):
+        raise ValueError(f"{path}: damaged args metadata: a JSON object is expected, got "
+                         f"{type(args).__name__}")
     return Checkpoint(model, optimizer, train_state, args, src_tokenizer, tgt_tokenizer)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_train_state(state, path):
+    """ValueError naming the file unless `state` has the shape TrainState(**state) and the
+    trainer need: the known fields only, each of its type, counts >= 0, a plan it can follow."""
+    def bad(why):
+        return ValueError(f"{path}: damaged train_state metadata: {why}")
+
+    if not isinstance(state, dict):
+        raise bad(f"a JSON object is expected, got {type(state).__name__}")
+    unknown = sorted(k for k in state if k not in TRAIN_STATE_FIELDS)
+    missing = [k for k in TRAIN_STATE_FIELDS if k not in state and k not in _OPTIONAL_FIELDS]
+    if unknown or missing:
+        raise bad(f"unknown fields {unknown}" if unknown else f"missing fields {missing}")
+    for key, value in state.items():
+        kinds = TRAIN_STATE_FIELDS[key]
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise bad(f"{key} is {reprlib.repr(value)}")
+        if kinds is int and value < 0:
+            raise bad(f"{key} is {value}, a count below 0")
+    if not (math.isfinite(state["seconds"]) and state["seconds"] >= 0):
+        raise bad(f"seconds is {state['seconds']}")
+    plan = state.get("schedule")
+    if plan is not None:
+        name = plan.get("name")
+        needs = _PLAN_ENTRIES.get(name) if isinstance(name, str) else None
+        if needs is None or any(k not in plan for k in needs) \
+                or not all(_is_number(v) for k, v in plan.items() if k != "name"):
+            raise bad(f"schedule is {reprlib.repr(plan)}")
 
 
 def save_inference_files(directory, model, src_tokenizer, tgt_tokenizer, precision="fp32"):

@@ -90,9 +90,11 @@ def _read_sharded(index_path):
 
 def read_safetensors(path):
     """{name: float32 ndarray} of one safetensors file (F32, F16, BF16), in the header's order.
-    The file is read and checked by serialization.load_file (BF16 as its uint16 bits)."""
+    The file is read and checked by serialization.load_file (BF16 as its uint16 bits), its values
+    kept bit for bit, NaN and inf too, as read_pytorch_bin keeps them: the importer that maps them
+    checks they are finite (marian.state_dict_from_marian), whichever file they came from."""
     path = _path(path, "path")
-    raw = load_file(path, read_as={"BF16": np.dtype("<u2")})
+    raw = load_file(path, read_as={"BF16": np.dtype("<u2")}, finite=False)
     out = {}
     for name, arr in raw.items():
         if arr.dtype not in (np.float32, np.float16, np.uint16):   # load_file has no U16: uint16 is BF16

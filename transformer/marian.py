@@ -13,6 +13,7 @@ torch and transformers are never imported here: weights are read by transformer/
 """
 import json
 import os
+import reprlib
 
 import numpy as np
 
@@ -38,18 +39,30 @@ def _marian_error(source, message):
     return ValueError(f"{source}: cannot map this MarianMT model: {message}")
 
 
+_KINDS = {int: "an integer", bool: "true or false", str: "a string", (int, float): "a number"}
+_REQUIRED = object()
+
+
 def config_from_marian(hf, source="config.json"):
-    """ModelConfig for a MarianMT config.json dict; ValueError naming what has no equivalent."""
+    """ModelConfig for a MarianMT config.json dict; ValueError naming what has no equivalent, or
+    the field whose value has the wrong type (a damaged or foreign config.json)."""
     if not isinstance(hf, dict):
-        raise TypeError(f"{source}: a config must be a dict, got {type(hf).__name__}")
+        raise ValueError(f"{source}: not a MarianMT config: a JSON object is expected, got "
+                         f"{type(hf).__name__}")
     model_type = hf.get("model_type")
     if model_type != "marian":
-        raise _marian_error(source, f"model_type is {model_type!r}, not 'marian'")
+        raise _marian_error(source, f"model_type is {reprlib.repr(model_type)}, not 'marian'")
 
-    def get(name, default=None):
-        if name not in hf and default is None:
-            raise _marian_error(source, f"config.json has no {name!r}")
-        return hf.get(name, default)
+    def get(name, kind=int, default=_REQUIRED):
+        """hf[name], of `kind` (JSON's true and false are not integers), or `default` when absent."""
+        if name not in hf:
+            if default is _REQUIRED:
+                raise _marian_error(source, f"config.json has no {name!r}")
+            return default
+        value = hf[name]
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+            raise ValueError(f"{source}: {name} must be {_KINDS[kind]}, got {reprlib.repr(value)}")
+        return value
 
     for ours, theirs in (("attention heads", ("encoder_attention_heads", "decoder_attention_heads")),
                          ("feed-forward sizes", ("encoder_ffn_dim", "decoder_ffn_dim"))):
@@ -57,18 +70,18 @@ def config_from_marian(hf, source="config.json"):
         if a != b:
             raise _marian_error(source, f"the encoder and decoder {ours} differ ({theirs[0]}={a}, "
                                         f"{theirs[1]}={b}); this engine has one for both")
-    activation = get("activation_function")
+    activation = get("activation_function", str)
     if activation not in _ACTIVATIONS:
         raise _marian_error(source, f"activation_function {activation!r} (supported: {sorted(_ACTIVATIONS)})")
-    if hf.get("normalize_before", False) or hf.get("add_final_layer_norm", False) \
-            or hf.get("normalize_embedding", False):
+    if get("normalize_before", bool, False) or get("add_final_layer_norm", bool, False) \
+            or get("normalize_embedding", bool, False):
         raise _marian_error(source, "normalize_before / add_final_layer_norm / normalize_embedding "
                                     "(only MarianMT's post-LN layout is mapped)")
-    if hf.get("static_position_embeddings", True) is False:
+    if not get("static_position_embeddings", bool, True):
         raise _marian_error(source, "learned position embeddings (static_position_embeddings=false)")
     vocab = get("vocab_size")
-    share = hf.get("share_encoder_decoder_embeddings", True)
-    tie_output = hf.get("tie_word_embeddings", True)
+    share = get("share_encoder_decoder_embeddings", bool, True)
+    tie_output = get("tie_word_embeddings", bool, True)
     if share:
         if not tie_output:
             raise _marian_error(source, "share_encoder_decoder_embeddings=true with "
@@ -76,19 +89,21 @@ def config_from_marian(hf, source="config.json"):
                                         "output projection) has no equivalent here")
         tgt_vocab, tie = vocab, "all"
     else:
-        tgt_vocab = hf.get("decoder_vocab_size") or vocab
+        # null in configs whose decoder shares the source vocabulary's size
+        tgt_vocab = vocab if hf.get("decoder_vocab_size") is None else get("decoder_vocab_size")
         tie = "target" if tie_output else "none"
     pad = get("pad_token_id")
+    options = dict(
+        src_vocab_size=vocab, tgt_vocab_size=tgt_vocab, d_model=get("d_model"),
+        n_heads=get("encoder_attention_heads"), d_ff=get("encoder_ffn_dim"),
+        n_encoder_layers=get("encoder_layers"), n_decoder_layers=get("decoder_layers"),
+        dropout=get("dropout", (int, float), 0.1), activation=_ACTIVATIONS[activation],
+        norm_first=False, max_len=get("max_position_embeddings"), pad_id=pad,
+        bos_id=get("decoder_start_token_id", int, pad), eos_id=get("eos_token_id"),
+        positions="split", scale_embedding=get("scale_embedding", bool, False),
+        tie_embeddings=tie, final_norm=False)
     try:
-        return ModelConfig(
-            src_vocab_size=vocab, tgt_vocab_size=tgt_vocab, d_model=get("d_model"),
-            n_heads=get("encoder_attention_heads"), d_ff=get("encoder_ffn_dim"),
-            n_encoder_layers=get("encoder_layers"), n_decoder_layers=get("decoder_layers"),
-            dropout=float(hf.get("dropout", 0.1)), activation=_ACTIVATIONS[activation],
-            norm_first=False, max_len=get("max_position_embeddings"), pad_id=pad,
-            bos_id=hf.get("decoder_start_token_id", pad), eos_id=get("eos_token_id"),
-            positions="split", scale_embedding=bool(hf.get("scale_embedding", False)),
-            tie_embeddings=tie, final_norm=False)
+        return ModelConfig(**options)
     except (TypeError, ValueError) as exc:
         raise _marian_error(source, str(exc)) from None
 
@@ -154,7 +169,7 @@ def _sinusoids(cfg):
 
 def state_dict_from_marian(tensors, cfg, source="weights"):
     """Our state dict (tied names included once per owner) from MarianMT's {name: float32 array};
-    ValueError naming any tensor that is unknown, missing, misshapen or inconsistent."""
+    ValueError naming any tensor that is unknown, missing, misshapen, inconsistent or not finite."""
     from .params import tied_names
     spec_shapes = {name: shape for name, shape, _ in _specs(cfg)}
     tied = tied_names(cfg)
@@ -172,6 +187,9 @@ def state_dict_from_marian(tensors, cfg, source="weights"):
     for key, value in tensors.items():
         name = key[len("model."):] if key.startswith("model.") else key
         value = np.asarray(value, dtype=np.float32)
+        if not np.isfinite(value).all():     # a damaged file (0xFF bytes are NaN), or beyond float32
+            raise ValueError(f"{source}: tensor {key!r} holds non-finite values (NaN or inf): the "
+                             "weights file is damaged")
         if name in ("encoder.embed_positions.weight", "decoder.embed_positions.weight"):
             want = _sinusoids(cfg)
             if value.shape != want.shape:

@@ -4,7 +4,9 @@ Layout: 8 bytes little-endian unsigned header length N, then N bytes of JSON
 {name: {"dtype": "F32", "shape": [...], "data_offsets": [begin, end]}, "__metadata__": {str: str}},
 then the raw little-endian data; offsets are relative to the end of the header and the tensors
 tile the data area exactly. Writes go to a temporary file in the same directory, are fsync'ed and
-renamed over the target (atomic). Reads check everything and raise ValueError naming the file.
+renamed over the target (atomic). Reads check everything and raise ValueError naming the file,
+float tensors holding NaN or inf included: no weights of ours are so, and a data area overwritten
+with 0xFF bytes reads as NaN.
 """
 import contextlib
 import json
@@ -189,10 +191,11 @@ def _read_header(f, path):
     return header, n, size
 
 
-def load_file(path, read_as=None):
+def load_file(path, read_as=None, finite=True):
     """{name: ndarray} from a safetensors file; ValueError (naming the file) on any damage.
     read_as: {dtype code: numpy dtype} for codes beyond the ones this module writes, read as raw
-    arrays of that dtype (hf_weights reads "BF16" as its uint16 bits)."""
+    arrays of that dtype (hf_weights reads "BF16" as its uint16 bits).
+    finite: a float tensor holding NaN or inf is damage too (False: read the bits as they are)."""
     path = os.fspath(path)
     with open(path, "rb") as f:
         def bad(why):
@@ -234,6 +237,11 @@ def load_file(path, read_as=None):
                 got = f.readinto(memoryview(arr.reshape(-1)).cast("B"))
                 if got != end - begin:
                     raise bad(f"entry {name!r} is truncated")
+            # once per tensor, as it is read: every load of a file passes here; a model in memory
+            # (training, load_state_dict) is never checked again
+            if finite and dtype.kind == "f" and not np.isfinite(arr).all():
+                raise ValueError(f"{path}: tensor {name!r} holds non-finite values (NaN or inf): "
+                                 "the file is damaged")
             out[name] = arr.astype(dtype.newbyteorder("="), copy=False)
         # keep the writer's order (the order of the header), not the offset order
         return {name: out[name] for name in header}
