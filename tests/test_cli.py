@@ -384,3 +384,23 @@ def test_fine_tuning_takes_the_dropout_asked_for(run, tmp_path, monkeypatch):
     report = {}
     assert train.train_on_data(args, result=report) == 0
     assert report["trainer"].model.cfg.dropout == 0.25
+
+
+def test_lines_ending_in_crlf_translate_like_lines_ending_in_lf(run):
+    lf = run_cli("translate", "--model", run["out"], "--beam", "1", stdin="abc\nxyz\n")
+    crlf = run_cli("translate", "--model", run["out"], "--beam", "1", stdin="abc\r\nxyz\r\n")
+    assert lf.returncode == crlf.returncode == 0, crlf.stderr
+    assert crlf.stdout == lf.stdout
+
+
+def test_a_negative_column_names_the_column_flag(run):
+    line = error_line(run_cli("evaluate", "--model", run["out"], "--data", run["data"], "--src-col", "-1"),
+                      "evaluate")
+    assert line.split(": error: ")[1].startswith("--src-col -1:")
+
+
+def test_int8_models_are_not_averaged(run, tmp_path):
+    int8 = str(tmp_path / "int8")
+    assert run_cli("quantize", "--model", run["out"], "--out", int8).returncode == 0
+    line = error_line(run_cli("average", run["out"], int8, "--out", str(tmp_path / "avg")), "average")
+    assert f"{int8}: an int8 model" in line

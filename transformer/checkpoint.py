@@ -202,7 +202,12 @@ def average_model_dirs(directories):
     if not loaded:
         raise ValueError("directories: nothing to average")
     _, src, tgt = loaded[0]
-    for d, (_, s, t) in zip(directories[1:], loaded[1:]):
+    for d, (m, s, t) in zip(directories, loaded):
+        if m.stored_precision != "fp32":     # its weights are int8 roundings: average the fp32 ones
+            raise ValueError(f"{d}: an {m.stored_precision} model; average the float32 models it was "
+                             "quantized from, then quantize the average")
+        if m.cfg != loaded[0][0].cfg:
+            raise ValueError(f"{d}: its config differs from {directories[0]}'s: not the same run")
         if s.to_json() != src.to_json() or t.to_json() != tgt.to_json():
             raise ValueError(f"{d}: its tokenizers differ from {directories[0]}'s: not the same run")
     return average_weights([m for m, _, _ in loaded]), src, tgt

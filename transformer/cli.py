@@ -404,7 +404,8 @@ def _read_texts(texts):
     if sys.stdin is None:            # started with standard input closed
         raise FlagError("no text: give sentences as arguments or as lines on standard input")
     with blame("standard input"):
-        return [line.rstrip("\n") for line in sys.stdin]
+        # one line a sentence, whatever ends it: "\r\n" (a file from Windows) is no character of it
+        return [line.rstrip("\n").removesuffix("\r") for line in sys.stdin]
 
 
 # What marks a directory as holding a model or a training run: ours, or a MarianMT export's.

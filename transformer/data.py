@@ -64,9 +64,9 @@ def _check_column(spec, name):
     if isinstance(spec, bool) or not isinstance(spec, (int, np.integer, str)):
         raise TypeError(f"{name} must be a column name (str) or 0-based index (int), got {type(spec).__name__}")
     if isinstance(spec, (int, np.integer)) and spec < 0:
-        raise ValueError(f"{name} must be a 0-based column index >= 0, got {spec}")
+        raise ColumnError(f"{name} must be a 0-based column index >= 0, got {spec}", name)
     if isinstance(spec, str) and spec.startswith("-") and spec[1:].isdigit():
-        raise ValueError(f"{name} must be a 0-based column index >= 0, got {spec!r}")
+        raise ColumnError(f"{name} must be a 0-based column index >= 0, got {spec!r}", name)
     return spec
 
 
