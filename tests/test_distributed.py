@@ -272,3 +272,15 @@ def test_bench_distributed_refuses_a_plot():
                           capture_output=True, text=True, timeout=60, cwd=OUTSIDE, env=ENV)
     assert done.returncode == 2
     assert "--plot does not apply to --what distributed" in done.stderr
+
+
+def test_ranks_refuse_an_out_that_holds_another_run_once_and_a_new_run_is_not_refused_by_its_own_files(tmp_path):
+    """Rank 0 alone checks --out, before anything is written: the others may start after it has
+    written its first files, and must not take them for another run's."""
+    out = str(tmp_path / "run")
+    done = train(2, *SMALL, "--max-steps", "3", "--save-every", "1", "--out", out)
+    assert done.returncode == 0, done.stderr
+    done = train(2, *SMALL, "--max-steps", "1", "--out", out)
+    assert done.returncode != 0
+    assert "already holds a model" in done.stderr and "--overwrite" in done.stderr
+    assert load_checkpoint(out).train_state["step"] == 3                 # untouched

@@ -376,7 +376,8 @@ def _train(args):
         train.load_resume(args)
     train.apply_defaults(args)
     builtin_default = args.out is None and args.resume is None and not args.data
-    _check_train_out(args, builtin_default)
+    if world is None or world[0] == 0:    # rank 0 writes --out; the others may start after it has
+        _check_train_out(args, builtin_default)
     with blame("--out", args.out):
         train.prepare_out_dir(args)
     if args.data:
