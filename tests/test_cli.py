@@ -404,3 +404,9 @@ def test_int8_models_are_not_averaged(run, tmp_path):
     assert run_cli("quantize", "--model", run["out"], "--out", int8).returncode == 0
     line = error_line(run_cli("average", run["out"], int8, "--out", str(tmp_path / "avg")), "average")
     assert f"{int8}: an int8 model" in line
+
+
+def test_a_warmup_longer_than_the_budget_schedule_is_refused(run, tmp_path):
+    line = error_line(run_cli("train", "--data", run["data"], "--src-col", "eng", "--tgt-col", "fake", *SMALL,
+                              "--warmup", "100", "--max-steps", "3", "--out", str(tmp_path / "w")), "train")
+    assert "--warmup 100: longer than the run (--max-steps 3)" in line

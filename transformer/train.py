@@ -763,6 +763,10 @@ def apply_defaults(args):
             raise FlagError(f"model sizes: {exc}") from None
     if args.keep_best and not args.eval_every:
         raise FlagError("--keep-best keeps the model of the best dev loss: it needs --eval-every N")
+    if args.schedule == "budget" and args.warmup is not None and args.max_steps is not None \
+            and args.warmup > args.max_steps:
+        raise FlagError(f"--warmup {args.warmup}: longer than the run (--max-steps {args.max_steps}); the budget "
+                        "schedule would cut it short")
     if args.keep_best and args.max_steps is not None and args.eval_every > args.max_steps:
         raise FlagError(f"--keep-best with --eval-every {args.eval_every}: the run stops at --max-steps "
                         f"{args.max_steps}, before the first evaluation")
