@@ -365,6 +365,8 @@ def test_average_refuses_models_of_different_runs(tmp_path):
     b = T.Seq2SeqTransformer(a.cfg.replace(d_ff=16), seed=0)
     with pytest.raises(ValueError, match="config"):
         average_weights([a, b])
+    with pytest.raises(ValueError, match="^runs/b: config differs from runs/a's"):
+        average_weights([a, b], names=["runs/a", "runs/b"])
     with pytest.raises(ValueError, match="nothing"):
         average_weights([])
     twin = T.Seq2SeqTransformer(a.cfg, seed=1)

@@ -177,15 +177,17 @@ def load_for_inference(directory):
     return model, src, tgt
 
 
-def average_weights(models):
+def average_weights(models, names=None):
     """The element-wise mean of several models' weights (same config), summed in float64:
-    checkpoint averaging (section 6.1 of the paper averages the last 5 or 20 checkpoints)."""
+    checkpoint averaging (section 6.1 of the paper averages the last 5 or 20 checkpoints).
+    names: what errors call the models (their directories); models[i] otherwise."""
     if not models:
         raise ValueError("models: nothing to average")
+    names = names or [f"models[{i}]" for i in range(len(models))]
     cfg = models[0].cfg
-    for i, m in enumerate(models[1:], 1):
+    for name, m in zip(names[1:], models[1:]):
         if m.cfg != cfg:
-            raise ValueError(f"models[{i}]: config differs from models[0]'s; only one model's "
+            raise ValueError(f"{name}: config differs from {names[0]}'s; only one model's "
                              "checkpoints can be averaged")
     total = np.zeros(models[0].params.flat.size, np.float64)
     for m in models:
@@ -206,11 +208,9 @@ def average_model_dirs(directories):
         if m.stored_precision != "fp32":     # its weights are int8 roundings: average the fp32 ones
             raise ValueError(f"{d}: an {m.stored_precision} model; average the float32 models it was "
                              "quantized from, then quantize the average")
-        if m.cfg != loaded[0][0].cfg:
-            raise ValueError(f"{d}: its config differs from {directories[0]}'s: not the same run")
         if s.to_json() != src.to_json() or t.to_json() != tgt.to_json():
             raise ValueError(f"{d}: its tokenizers differ from {directories[0]}'s: not the same run")
-    return average_weights([m for m, _, _ in loaded]), src, tgt
+    return average_weights([m for m, _, _ in loaded], names=list(directories)), src, tgt
 
 
 SNAPSHOT_DIR = "snapshots"

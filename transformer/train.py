@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _C, datasets
-from .checkpoint import (average_weights, list_snapshots, load_checkpoint, save_checkpoint,
-                         save_inference_files, save_snapshot, snapshot_path)
+from .checkpoint import (CHECKPOINT_FILE, average_weights, list_snapshots, load_checkpoint,
+                         save_checkpoint, save_inference_files, save_snapshot, snapshot_path)
 from .config import PRESETS, ModelConfig
 from .data import collate, length_batches, make_example, read_pairs, split_pairs
 from .errors import FlagError, blame
@@ -512,7 +512,7 @@ class Trainer:
                         break
             except NonFiniteLoss as exc:
                 bar.close()
-                saved = os.path.exists(os.path.join(args.out, "checkpoint.safetensors"))
+                saved = os.path.exists(os.path.join(args.out, CHECKPOINT_FILE))
                 advice = (f"the last checkpoint in {args.out} is left as it was: lower the learning rate "
                           "(--lr, --lr-scale) or clip gradients (--clip-norm) and --resume it"
                           if saved else "no checkpoint was written: lower the learning rate (--lr, "
@@ -758,7 +758,7 @@ def apply_defaults(args):
         args.warmup = 300 if not args.data else 4000
     if args.checkpoint is None and getattr(args, "initial", None) is None:
         try:        # the sizes, checked before any data is read or vocabulary learned
-            model_config_from_args(args, 16, 16, max_len=(args.max_sentence_tokens or 128) + 1)
+            model_config_from_args(args, 16, 16, max_len=args.max_sentence_tokens + 1)
         except ValueError as exc:
             raise FlagError(f"model sizes: {exc}") from None
     if args.keep_best and not args.eval_every:
