@@ -410,3 +410,60 @@ def test_a_warmup_longer_than_the_budget_schedule_is_refused(run, tmp_path):
     line = error_line(run_cli("train", "--data", run["data"], "--src-col", "eng", "--tgt-col", "fake", *SMALL,
                               "--warmup", "100", "--max-steps", "3", "--out", str(tmp_path / "w")), "train")
     assert "--warmup 100: longer than the run (--max-steps 3)" in line
+
+
+def test_a_max_len_beyond_the_models_positions_is_refused(run):
+    """It was cut to the model's 14 positions in silence."""
+    line = error_line(run_cli("translate", "--model", run["out"], "--max-len", "15", "abc"), "translate")
+    assert "--max-len 15:" in line and "14 positions" in line
+    done = run_cli("translate", "--model", run["out"], "--max-len", "14", "abc")
+    assert done.returncode == 0, done.stderr
+
+
+def test_max_sentence_tokens_beyond_the_init_from_models_positions_is_refused(run, tmp_path):
+    """Left out, the default (128) is cut to the model's positions; given, it is refused."""
+    argv = ["train", "--data", run["data"], "--src-col", "eng", "--tgt-col", "fake", "--init-from", run["out"],
+            "--max-steps", "1", "--quiet", "--threads", "1"]
+    line = error_line(run_cli(*argv, "--max-sentence-tokens", "14", "--out", str(tmp_path / "a")), "train")
+    assert "--max-sentence-tokens 14:" in line and "14 positions, so at most 13" in line
+    done = run_cli(*argv, "--max-sentence-tokens", "13", "--out", str(tmp_path / "b"))
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_column_beyond_the_files_names_the_column_flag(run, tmp_path):
+    """It was blamed on --data ("no usable sentence pairs")."""
+    line = error_line(run_cli("evaluate", "--model", run["out"], "--data", run["data"], "--tgt-col", "2"),
+                      "evaluate")
+    assert line.split(": error: ")[1].startswith("--tgt-col 2:") and "header has 2 columns" in line
+    plain = tmp_path / "plain.tsv"
+    plain.write_text("abc def.\tCBA FED.\nhello there.\tOLLEH.\n", encoding="utf-8")
+    line = error_line(run_cli("evaluate", "--model", run["out"], "--data", str(plain), "--src-col", "4"),
+                      "evaluate")
+    assert line.split(": error: ")[1].startswith("--src-col 4:") and "at most 2 columns" in line
+
+
+def test_text_that_is_not_utf8_is_refused_not_translated(run):
+    """Invalid bytes reached the model as replacement characters and came back as a translation."""
+    command = [sys.executable, "-m", "transformer", "translate", "--model", run["out"]]
+    done = subprocess.run(command, input=b"abc\n\xff\xfexyz\n", capture_output=True, timeout=300, cwd=OUTSIDE,
+                          env=ENV)
+    done = subprocess.CompletedProcess(done.args, done.returncode, done.stdout.decode(), done.stderr.decode())
+    line = error_line(done, "translate")
+    assert "standard input line 2: not UTF-8 (byte 0xff at byte 1 of the line)" in line and not done.stdout
+    done = subprocess.run([*map(os.fsencode, command), b"ab\xffc"], capture_output=True, text=True,
+                          timeout=300, cwd=OUTSIDE, env=ENV)
+    assert "argument 1: not UTF-8 text" in error_line(done, "translate")
+    done = run_cli("translate", "--model", run["out"], stdin="abc\ncaf\u00e9\n")
+    assert done.returncode == 0 and len(done.stdout.splitlines()) == 2, done.stderr
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused(run, tmp_path):
+    """A smaller vocabulary was accepted: every id in range, every translation garbage."""
+    from transformer.checkpoint import SRC_TOKENIZER_FILE
+    from transformer.tokenizer import CharTokenizer
+
+    copy = str(tmp_path / "copy")
+    shutil.copytree(run["out"], copy)
+    CharTokenizer("abc").save(os.path.join(copy, SRC_TOKENIZER_FILE))
+    line = error_line(run_cli("translate", "--model", copy, "abc"), "translate")
+    assert f"--model {copy}: the source tokenizer has" in line and "not the tokenizer the model was trained" in line

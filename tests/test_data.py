@@ -114,3 +114,22 @@ def test_real_corpora_read_cleanly():
     assert report.kept == len(pairs) > 2000
     pairs, _ = read_pairs(os.path.join(SHARED, "bible-eng-spa.tsv.gz"), "eng", "spa")
     assert len(pairs) > 29000
+
+
+def test_a_column_beyond_every_line_is_the_columns_error(tmp_path):
+    """Not "no usable sentence pairs" of the file: ColumnError names the argument."""
+    from transformer.data import ColumnError
+
+    plain = write(tmp_path, "plain.tsv", b"Hello there.\tHola.\nGood bye.\tAdios.\n")
+    with pytest.raises(ColumnError, match="no column 3 \\(0-based\\): its lines have at most 2") as caught:
+        read_pairs(plain, 0, 3)
+    assert caught.value.argument == "tgt_col"
+    with pytest.raises(ColumnError) as caught:
+        read_pairs(plain, 2, 1)
+    assert caught.value.argument == "src_col"
+    headed = write(tmp_path, "headed.tsv", b"eng\tspa\nHello.\tHola.\n")
+    with pytest.raises(ColumnError, match="header has 2 columns \\(eng, spa\\)") as caught:
+        read_pairs(headed, 0, 2)
+    assert caught.value.argument == "tgt_col"
+    ragged = write(tmp_path, "ragged.tsv", b"Hello.\tHola.\nA.\tB.\tC.\n")   # some line has it: read that one
+    assert read_pairs(ragged, 0, 2)[0] == [("A.", "C.")]

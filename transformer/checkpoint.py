@@ -25,7 +25,7 @@ from .config import ModelConfig
 from .model import Seq2SeqTransformer
 from .optim import Adam
 from .serialization import load_file, read_metadata, remove_stale_temporaries, save_file
-from .tokenizer import load_tokenizer, tokenizer_from_json
+from .tokenizer import SentencePieceTokenizer, load_tokenizer, tokenizer_from_json
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
@@ -172,8 +172,13 @@ def load_for_inference(directory):
     model = Seq2SeqTransformer.load(directory)
     src = load_tokenizer(os.path.join(directory, SRC_TOKENIZER_FILE))
     tgt = load_tokenizer(os.path.join(directory, TGT_TOKENIZER_FILE))
-    if src.vocab_size > model.cfg.src_vocab_size or tgt.vocab_size > model.cfg.tgt_vocab_size:
-        raise ValueError(f"{directory}: tokenizers do not match the model's vocabulary sizes")
+    for side, tok, size in (("source", src, model.cfg.src_vocab_size), ("target", tgt, model.cfg.tgt_vocab_size)):
+        # Training sizes the embeddings by its tokenizers, so they agree exactly; a MarianMT model's
+        # vocab.json may hold fewer pieces than its embeddings' rows, never more.
+        fits = tok.vocab_size <= size if isinstance(tok, SentencePieceTokenizer) else tok.vocab_size == size
+        if not fits:
+            raise ValueError(f"{directory}: the {side} tokenizer has {tok.vocab_size} ids and the model's "
+                             f"embeddings {size} rows: not the tokenizer the model was trained with")
     return model, src, tgt
 
 

@@ -400,13 +400,31 @@ def _check_train_out(args, builtin_default):
 
 
 def _read_texts(texts):
+    """The sentences to translate: the arguments, or else standard input's lines, all UTF-8 (a
+    line in another encoding is refused, not translated into garbage)."""
     if texts:
+        for index, text in enumerate(texts):
+            try:
+                text.encode("utf-8")     # bytes that are not UTF-8 reach argv as lone surrogates
+            except UnicodeEncodeError:
+                raise FlagError(f"argument {index + 1}: not UTF-8 text") from None
         return list(texts)
     if sys.stdin is None:            # started with standard input closed
         raise FlagError("no text: give sentences as arguments or as lines on standard input")
+    stream = getattr(sys.stdin, "buffer", None)
     with blame("standard input"):
+        raw = list(stream) if stream is not None else [line.encode("utf-8", "surrogateescape")
+                                                       for line in sys.stdin]
+    lines = []
+    for number, line in enumerate(raw, start=1):
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise FlagError(f"standard input line {number}: not UTF-8 (byte 0x{line[exc.start]:02x} at "
+                            f"byte {exc.start + 1} of the line)") from None
         # one line a sentence, whatever ends it: "\r\n" (a file from Windows) is no character of it
-        return [line.rstrip("\n").removesuffix("\r") for line in sys.stdin]
+        lines.append(text.rstrip("\n").removesuffix("\r"))
+    return lines
 
 
 # What marks a directory as holding a model or a training run: ours, or a MarianMT export's.
@@ -441,6 +459,9 @@ def _translate(args):
     _apply_threads(args)
     _check_output("--attention", args.attention, needs="matplotlib")
     model, src_tok, tgt_tok = _load_model(args.model)
+    if args.max_len is not None and args.max_len > model.cfg.max_len:
+        raise FlagError(f"--max-len {args.max_len}: the model in --model {args.model} has {model.cfg.max_len} "
+                        f"positions, so translations of at most {model.cfg.max_len} tokens")
     texts = _read_texts(args.text)
     if args.attention and not (texts and texts[0].strip()):
         raise FlagError("--attention draws the first sentence, and there is none")
@@ -721,7 +742,9 @@ def build_parser():
     translate = sub.add_parser("translate", help="translate sentences (arguments, or stdin lines)")
     translate.add_argument("--model", required=True, metavar="DIR")
     translate.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy)")
-    translate.add_argument("--max-len", type=_positive_int)
+    translate.add_argument("--max-len", type=_positive_int, metavar="N",
+                           help="at most N subwords per translation, up to the model's positions (default: "
+                                "twice the source's subwords + 10, within the model's positions)")
     translate.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N",
                            help="never repeat an n-gram of N tokens in an output (0: off)")
     translate.add_argument("--precision", choices=["fp32", "bf16", "int8"],

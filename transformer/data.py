@@ -71,10 +71,12 @@ def _check_column(spec, name):
 
 
 def _resolve_column(spec, header, path, argument):
-    if isinstance(spec, (int, np.integer)):
-        return int(spec)
-    if spec.isascii() and spec.isdigit():
-        return int(spec)
+    if isinstance(spec, (int, np.integer)) or (spec.isascii() and spec.isdigit()):
+        index = int(spec)
+        if header is not None and index >= len(header):
+            raise ColumnError(f"{path}: no column {index} (0-based): its header has {len(header)} columns "
+                              f"({', '.join(header)})", argument)
+        return index
     if header is None:
         raise ColumnError(f"{path}: column {spec!r} given by name, but the file has no header line "
                           "(give a 0-based index)", argument)
@@ -108,6 +110,7 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None):
     pairs = []
     header = None
     src_index = tgt_index = None
+    widest = 0           # the most fields of a line: a column beyond every line's is the flag's mistake
     for line_number, raw in enumerate(_open_lines(path), start=1):
         try:
             line = raw.decode("utf-8")
@@ -131,6 +134,7 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None):
             report.skip("blank lines", line_number)
             continue
         fields = line.split("\t")
+        widest = max(widest, len(fields))
         if max(src_index, tgt_index) >= len(fields):
             report.skip("lines with too few columns", line_number)
             continue
@@ -142,6 +146,11 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None):
         if max_pairs is not None and len(pairs) >= max_pairs:
             break
     report.kept = len(pairs)
+    if not pairs and widest:
+        for index, argument in ((src_index, "src_col"), (tgt_index, "tgt_col")):
+            if index >= widest:
+                raise ColumnError(f"{path}: no column {index} (0-based): its lines have at most {widest} "
+                                  "columns", argument)
     if not pairs:
         raise ValueError(f"{path}: no usable sentence pairs ({report.summary()})")
     return pairs, report

@@ -686,6 +686,12 @@ def load_initial_model(args):
     if args.initial[0].stored_precision != "fp32":
         raise FlagError(f"--init-from {args.init_from}: an int8 model (its weights rounded for decoding) "
                         "cannot be trained; start from the float32 model it was quantized from")
+    positions = args.initial[0].cfg.max_len
+    if args.max_sentence_tokens is not None and args.max_sentence_tokens > positions - 1:
+        # left out, the default is cut to fit the model's positions (train_on_data); given, it is a
+        # request the model cannot honour
+        raise FlagError(f"--max-sentence-tokens {args.max_sentence_tokens}: the model in --init-from "
+                        f"{args.init_from} has {positions} positions, so at most {positions - 1}")
 
 
 def load_resume(args):
