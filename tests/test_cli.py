@@ -467,3 +467,42 @@ def test_a_tokenizer_that_is_not_the_models_is_refused(run, tmp_path):
     CharTokenizer("abc").save(os.path.join(copy, SRC_TOKENIZER_FILE))
     line = error_line(run_cli("translate", "--model", copy, "abc"), "translate")
     assert f"--model {copy}: the source tokenizer has" in line and "not the tokenizer the model was trained" in line
+
+
+def test_a_terminal_gets_each_translation_when_its_line_is_entered(run):
+    """Standard input was read to its end before anything was translated: typing a sentence at a
+    terminal printed nothing until Ctrl-D."""
+    import pty
+    import select
+
+    main, terminal = pty.openpty()
+    process = subprocess.Popen([sys.executable, "-m", "transformer", "translate", "--model", run["out"],
+                                "--beam", "1"], stdin=terminal, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               cwd=OUTSIDE, env=ENV)
+    os.close(terminal)
+    try:
+        expected = run_cli("translate", "--model", run["out"], "--beam", "1", "abc", "hello").stdout.splitlines()
+        for text, translation in zip(("abc", "hello"), expected):
+            os.write(main, text.encode() + b"\n")
+            ready, _, _ = select.select([process.stdout], [], [], 60)
+            assert ready, "no translation before the end of the input"
+            assert process.stdout.readline().decode().rstrip("\n") == translation
+        os.write(main, b"\x04")          # Ctrl-D: the end of the input
+        assert process.wait(timeout=120) == 0, process.stderr.read()
+    finally:
+        process.kill()
+        process.wait()
+        os.close(main)
+
+
+def test_a_long_input_streams_in_blocks_in_order(run):
+    """A pipe's lines are translated STDIN_BLOCK_LINES at a time; the output keeps the input's order
+    and a warning numbers the line in the whole input."""
+    count = 2 * cli.STDIN_BLOCK_LINES + 5
+    lines = [("abc" if i % 3 else "hello") + "x" * (i % 5) for i in range(count)]
+    lines[cli.STDIN_BLOCK_LINES + 9] = "abcdefghijklmnopqrstuvwxyz"   # more subwords than its 14 positions
+    whole = run_cli("translate", "--model", run["out"], "--beam", "1", *lines)
+    piped = run_cli("translate", "--model", run["out"], "--beam", "1", stdin="\n".join(lines) + "\n")
+    assert piped.returncode == 0, piped.stderr
+    assert piped.stdout == whole.stdout and len(piped.stdout.splitlines()) == count
+    assert f"line {cli.STDIN_BLOCK_LINES + 10} has 26 subwords" in piped.stderr

@@ -399,32 +399,48 @@ def _check_train_out(args, builtin_default):
     _check_out_dir(out, [("--init-from", getattr(args, "init_from", None))], args.overwrite)
 
 
-def _read_texts(texts):
-    """The sentences to translate: the arguments, or else standard input's lines, all UTF-8 (a
-    line in another encoding is refused, not translated into garbage)."""
+# Lines of a pipe or file translated together (sorted by length within the block, printed when the
+# block is done): a long input streams out, in bounded memory, as fast as batching allows.
+STDIN_BLOCK_LINES = 256
+
+
+def _text_blocks(texts):
+    """The sentences to translate, in blocks of consecutive lines: the arguments (one block), or
+    standard input's lines (one at a time from a terminal, so that each translation appears when
+    its line is entered; STDIN_BLOCK_LINES at a time otherwise). All UTF-8: a line in another
+    encoding is refused, not translated into garbage."""
     if texts:
         for index, text in enumerate(texts):
             try:
                 text.encode("utf-8")     # bytes that are not UTF-8 reach argv as lone surrogates
             except UnicodeEncodeError:
                 raise FlagError(f"argument {index + 1}: not UTF-8 text") from None
-        return list(texts)
+        yield list(texts)
+        return
     if sys.stdin is None:            # started with standard input closed
         raise FlagError("no text: give sentences as arguments or as lines on standard input")
     stream = getattr(sys.stdin, "buffer", None)
-    with blame("standard input"):
-        raw = list(stream) if stream is not None else [line.encode("utf-8", "surrogateescape")
-                                                       for line in sys.stdin]
-    lines = []
-    for number, line in enumerate(raw, start=1):
+    size = 1 if sys.stdin.isatty() else STDIN_BLOCK_LINES
+    lines = iter(stream) if stream is not None else (line.encode("utf-8", "surrogateescape") for line in sys.stdin)
+    block, number = [], 0
+    while True:
+        with blame("standard input"):
+            line = next(lines, None)
+        if line is None:
+            break
+        number += 1
         try:
             text = line.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise FlagError(f"standard input line {number}: not UTF-8 (byte 0x{line[exc.start]:02x} at "
                             f"byte {exc.start + 1} of the line)") from None
         # one line a sentence, whatever ends it: "\r\n" (a file from Windows) is no character of it
-        lines.append(text.rstrip("\n").removesuffix("\r"))
-    return lines
+        block.append(text.rstrip("\n").removesuffix("\r"))
+        if len(block) == size:
+            yield block
+            block = []
+    if block:
+        yield block
 
 
 # What marks a directory as holding a model or a training run: ours, or a MarianMT export's.
@@ -462,30 +478,37 @@ def _translate(args):
     if args.max_len is not None and args.max_len > model.cfg.max_len:
         raise FlagError(f"--max-len {args.max_len}: the model in --model {args.model} has {model.cfg.max_len} "
                         f"positions, so translations of at most {model.cfg.max_len} tokens")
-    texts = _read_texts(args.text)
-    if args.attention and not (texts and texts[0].strip()):
+    blocks = _text_blocks(args.text)
+    block = next(blocks, [])
+    if args.attention and not (block and block[0].strip()):
         raise FlagError("--attention draws the first sentence, and there is none")
+    first = block[0] if block else None
     where = "argument" if args.text else "line"
+    done = 0        # lines translated before this block
 
     def warn(index, subwords, pieces):
-        print(f"transformer translate: warning: {where} {index + 1} has {subwords} subwords, more than the "
-              f"model's {model.cfg.max_len} positions: translated in {pieces} pieces", file=sys.stderr)
+        print(f"transformer translate: warning: {where} {done + index + 1} has {subwords} subwords, more than "
+              f"the model's {model.cfg.max_len} positions: translated in {pieces} pieces", file=sys.stderr)
 
-    for line in translate_texts(model, src_tok, tgt_tok, texts, beam=args.beam, max_len=args.max_len,
-                                on_split=warn, no_repeat_ngram=args.no_repeat_ngram,
-                                precision=args.precision or model.stored_precision):
-        print(line)
+    while block:
+        for line in translate_texts(model, src_tok, tgt_tok, block, beam=args.beam, max_len=args.max_len,
+                                    on_split=warn, no_repeat_ngram=args.no_repeat_ngram,
+                                    precision=args.precision or model.stored_precision):
+            print(line)
+        sys.stdout.flush()
+        done += len(block)
+        block = next(blocks, [])
     if args.attention:
         from .plot import plot_cross_attention
 
         with blame("--attention", args.attention):
-            plot_cross_attention(model, src_tok, tgt_tok, texts[0], args.attention, max_len=args.max_len)
+            plot_cross_attention(model, src_tok, tgt_tok, first, args.attention, max_len=args.max_len)
         # the heatmap follows one greedy float32 decoding: say so when the lines above came otherwise
         other = [f"{flag} {value}" for flag, value, plain in (
             ("--beam", args.beam, 1), ("--no-repeat-ngram", args.no_repeat_ngram, 0),
             ("--precision", args.precision or model.stored_precision, "fp32")) if value != plain]
         note = f" (of its greedy float32 translation, not the one with {', '.join(other)} above)" if other else ""
-        print(f"cross-attention of {texts[0]!r} drawn in {args.attention}{note}", file=sys.stderr)
+        print(f"cross-attention of {first!r} drawn in {args.attention}{note}", file=sys.stderr)
     return 0
 
 
