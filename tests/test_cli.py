@@ -506,3 +506,26 @@ def test_a_long_input_streams_in_blocks_in_order(run):
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout == whole.stdout and len(piped.stdout.splitlines()) == count
     assert f"line {cli.STDIN_BLOCK_LINES + 10} has 26 subwords" in piped.stderr
+
+
+def test_evaluate_writes_its_translations_and_the_scores_signatures(run, tmp_path):
+    """The translations behind a BLEU figure, in the order of the pairs, and sacrebleu's signature
+    of each score (what makes it comparable with another paper's or tool's)."""
+    import sacrebleu
+
+    corpus = tmp_path / "pairs.tsv"
+    sources, refs = ["abc de.", "hello there.", "xyz."], ["CBA ED.", "OLLEH EREHT.", "ZYX."]
+    corpus.write_text("".join(f"{s}\t{t}\n" for s, t in zip(sources, refs)), encoding="utf-8")
+    out = str(tmp_path / "hyps.txt")
+    done = run_cli("evaluate", "--model", run["out"], "--data", str(corpus), "--beam", "1", "--output", out)
+    assert done.returncode == 0, done.stderr
+    hyps = open(out, encoding="utf-8").read().split("\n")
+    assert hyps[-1] == "" and len(hyps) == 4
+    assert hyps[:3] == run_cli("translate", "--model", run["out"], "--beam", "1", *sources).stdout.splitlines()
+    result = json.loads(done.stdout)
+    assert result["bleu"] == round(sacrebleu.corpus_bleu(hyps[:3], [refs]).score, 2)
+    assert result["chrf"] == round(sacrebleu.corpus_chrf(hyps[:3], [refs]).score, 2)
+    assert result["signature"]["bleu"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    line = error_line(run_cli("evaluate", "--model", run["out"], "--data", str(corpus), "--output",
+                              str(tmp_path / "no" / "h.txt")), "evaluate")
+    assert "--output" in line and "no folder" in line

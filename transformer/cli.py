@@ -517,6 +517,7 @@ def _evaluate(args):
     from .train import score_translations, translate_texts
 
     _apply_threads(args)
+    _check_output("--output", args.output)
     from . import datasets
 
     model, src_tok, tgt_tok = _load_model(args.model)
@@ -534,9 +535,13 @@ def _evaluate(args):
         print(f"transformer evaluate: warning: {len(split)} source sentences (the first: pair {split[0] + 1}) "
               f"have more subwords than the model's {model.cfg.max_len} positions: translated in pieces",
               file=sys.stderr)
-    scores = score_translations(hyps, [t for _, t in pairs])
+    if args.output:
+        with blame("--output", args.output), open(args.output, "w", encoding="utf-8") as f:
+            f.writelines(hyp + "\n" for hyp in hyps)
+    scores = score_translations(hyps, [t for _, t in pairs], signatures=True)
     print(json.dumps({"pairs": len(pairs), "beam": args.beam, "precision": precision,
-                      **{k: round(v, 2) for k, v in scores.items()}}))
+                      "bleu": round(scores["bleu"], 2), "chrf": round(scores["chrf"], 2),
+                      "signature": scores["signature"]}))
     return 0
 
 
@@ -789,6 +794,8 @@ def build_parser():
     evaluate.add_argument("--precision", choices=["fp32", "bf16", "int8"],
                           help=DECODE_PRECISION_HELP)
     evaluate.add_argument("--threads", type=_positive_int)
+    evaluate.add_argument("--output", metavar="FILE", help="also write the translations there, one per line, "
+                                                            "in the order of the pairs")
     evaluate.set_defaults(func=_evaluate)
 
     average = sub.add_parser("average", help="average the weights of several model directories of one run")

@@ -546,13 +546,17 @@ def _rounded(metrics):
     return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in metrics.items()}
 
 
-def score_translations(hyps, refs):
-    try:
-        import sacrebleu
-    except ImportError:
-        return {}
-    return {"bleu": sacrebleu.corpus_bleu(hyps, [refs]).score,
-            "chrf": sacrebleu.corpus_chrf(hyps, [refs]).score}
+def score_translations(hyps, refs, signatures=False):
+    """Corpus BLEU and chrF of hyps against one reference each (sacrebleu's defaults); with
+    signatures, also sacrebleu's signature of each (tokenizer, smoothing, version: what makes a
+    figure comparable with another) under "signature"."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    metrics = {"bleu": BLEU(), "chrf": CHRF()}
+    scores = {name: metric.corpus_score(hyps, [refs]).score for name, metric in metrics.items()}
+    if signatures:
+        scores["signature"] = {name: str(metric.get_signature()) for name, metric in metrics.items()}
+    return scores
 
 
 # Where a text too long for the model's positions is cut (split_to_fit): after the end of a
