@@ -371,3 +371,27 @@ def test_bench_refuses_a_precision_the_engine_lacks_before_any_work(what, monkey
     out = capsys.readouterr()
     assert out.err.startswith("transformer bench: error: --precision bf16: no precision= in this build")
     assert out.out == ""
+
+
+def _benchmark_script(name):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_decode_threads_times_the_encoder_apart_from_the_steps(capsys):
+    # benchmarks/decode_threads.py reaches into decoding's workspace and the model's encoder: this
+    # keeps it wired to them, and its split honest (the encoder is a part of the whole decode)
+    script = _benchmark_script("decode_threads")
+    record = script.measure("tiny", "int8", 1, repeats=1)
+    assert record["tokens"] == 32 * 64 and record["groups"] == 1
+    assert 0 < record["encoder_s"] < record["total_s"]
+    assert record["steps_s"] == pytest.approx(record["total_s"] - record["encoder_s"])
+    with pytest.raises(SystemExit):
+        script.main(["--threads", "0"])
+    assert "--threads '0'" in capsys.readouterr().err
