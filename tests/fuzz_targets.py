@@ -1130,7 +1130,7 @@ FIELD = st.text(alphabet=" abcxyzé\u00a0हि\r", max_size=6)          # may b
 WORD = st.text(alphabet="abcxyzéहि ", min_size=1, max_size=6).filter(str.strip)
 
 
-def read_pairs_oracle(lines, src_col, tgt_col, max_pairs):
+def read_pairs_oracle(lines, src_col, tgt_col, max_pairs, header_arg=None):
     """The documented rules of read_pairs, written out plainly. Returns (pairs, skipped) or the
     exception class expected."""
     decoded = []
@@ -1139,15 +1139,23 @@ def read_pairs_oracle(lines, src_col, tgt_col, max_pairs):
             decoded.append(raw.decode("utf-8"))
         except UnicodeDecodeError:
             decoded.append(None)
+    named = [spec for spec in (src_col, tgt_col) if isinstance(spec, str) and not re.fullmatch(r"[0-9]+", spec)]
+    if header_arg is False and named:
+        return ValueError                                 # names need a header
+    is_header = True if header_arg is None and named else header_arg
     header = None
+    if decoded and decoded[0] is None and is_header:
+        return ValueError                                 # a header that is not text
     if decoded and decoded[0] is not None:
         decoded[0] = decoded[0].lstrip("\ufeff")          # a byte-order mark is not text
         first = decoded[0].rstrip("\r\n").split("\t")
-        if len(first) >= 2 and all(HEADER.match(f) for f in first):
+        if is_header is None:
+            is_header = len(first) >= 2 and all(HEADER.match(f) for f in first)
+        if is_header:
             header = first
     cols = []
     for spec in (src_col, tgt_col):
-        if isinstance(spec, str) and not re.fullmatch(r"[0-9]+", spec):
+        if spec in named:
             if header is None or spec not in header:
                 return ValueError
             cols.append(header.index(spec))
@@ -1186,7 +1194,8 @@ def read_pairs_oracle(lines, src_col, tgt_col, max_pairs):
 def tsv_lines(draw):
     lines = []
     if draw(st.booleans()):
-        lines.append("\t".join(draw(st.sampled_from([["eng", "spa"], ["ref", "eng", "spa"], ["a b", "c"]]))))
+        lines.append("\t".join(draw(st.sampled_from([["eng", "spa"], ["ref", "eng", "spa"], ["a b", "c"],
+                                                      ["eng", "spa text"]]))))   # the last: names only
     for _ in range(draw(st.integers(0, 8))):
         kind = draw(st.sampled_from(["pair", "pair", "pair", "messy", "blank", "one", "many", "bad_utf8",
                                      "empty_side"]))
@@ -1232,23 +1241,28 @@ def prop_read_pairs(data):
     src_col = draw(st.sampled_from([0, 0, 1, 2, "0", "eng", "spa", "ref", np.int64(0)]))
     tgt_col = draw(st.sampled_from([1, 1, 0, 2, "1", "spa", "eng"]))
     max_pairs = draw(st.sampled_from([None, None, 1, 2, 100]))
-    fault = fault_or_none(draw, ["path_none", "path_missing", "path_dir", "col_neg", "col_type", "max_pairs"],
-                          p_valid=0.7)
-    kwargs = {"src_col": src_col, "tgt_col": tgt_col, "max_pairs": max_pairs}
+    header = draw(st.sampled_from([None, None, True, False]))
+    fault = fault_or_none(draw, ["path_none", "path_missing", "path_dir", "col_neg", "col_type", "max_pairs",
+                                 "header_type"], p_valid=0.7)
+    kwargs = {"src_col": src_col, "tgt_col": tgt_col, "max_pairs": max_pairs, "header": header}
     target = path
     expect = OK
     if fault == "path_none":
         target, expect = draw(st.sampled_from([None, 5])), Expect("path", (TypeError,))
     elif fault == "path_missing":
         target, expect = os.path.join(tmp_dir(), "nowhere.tsv"), Expect("nowhere.tsv", (FileNotFoundError,))
+        kwargs["header"] = None          # names with header=False are refused before the file is opened
     elif fault == "path_dir":
         target, expect = tmp_dir(), Expect(os.path.basename(tmp_dir()))
+        kwargs["header"] = None
     elif fault == "col_neg":
         kwargs["src_col"], expect = draw(st.sampled_from([-1, "-1", -2])), Expect("src_col")
     elif fault == "col_type":
         kwargs["tgt_col"], expect = draw(st.sampled_from([None, 1.0, True, [1]])), Expect("tgt_col", (TypeError,))
     elif fault == "max_pairs":
         kwargs["max_pairs"], expect = draw(st.sampled_from([0, -1, 1.5, "3", True])), Expect("max_pairs")
+    elif fault == "header_type":
+        kwargs["header"], expect = draw(st.sampled_from(["yes", 1, 0])), Expect("header", (TypeError,))
     if not expect.valid:
         run_case(expect, lambda: tdata.read_pairs(target, **kwargs))
         return
@@ -1264,7 +1278,7 @@ def prop_read_pairs(data):
     lines = blob.split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
-    expected = read_pairs_oracle(lines, src_col, tgt_col, max_pairs)
+    expected = read_pairs_oracle(lines, src_col, tgt_col, max_pairs, header)
     if expected is ValueError:
         run_case(Expect(os.path.basename(path), (ValueError,)), lambda: tdata.read_pairs(path, **kwargs))
         return

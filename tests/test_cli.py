@@ -201,6 +201,7 @@ def test_long_texts_are_cut_after_sentences_then_clauses_then_before_words():
     (["train", "--batch-tokens", "100"], "--batch-tokens"),
     (["train", "--src-col", "eng"], "--src-col"),
     (["train", "--tgt-col", "hin"], "--tgt-col"),
+    (["train", "--header", "no"], "--header"),
     (["train", "--dev-fraction", "0.1"], "--dev-fraction"),
     (["train", "--dev-max", "10"], "--dev-max"),
     (["train", "--max-sentence-tokens", "50"], "--max-sentence-tokens"),
@@ -529,3 +530,32 @@ def test_evaluate_writes_its_translations_and_the_scores_signatures(run, tmp_pat
     line = error_line(run_cli("evaluate", "--model", run["out"], "--data", str(corpus), "--output",
                               str(tmp_path / "no" / "h.txt")), "evaluate")
     assert "--output" in line and "no folder" in line
+
+
+def test_header_says_whether_line_1_is_a_pair(run, tmp_path):
+    # the summary printed before any work names a line 1 read as the header; --header no keeps it
+    data = tmp_path / "words.tsv"
+    data.write_text("abc\tCBA\nhello\tOLLEH\n", encoding="utf-8")
+    auto = run_cli("evaluate", "--model", run["out"], "--data", str(data), "--beam", "1")
+    assert auto.returncode == 0, auto.stderr
+    assert "1 pairs (line 1 read as the header: abc, CBA)" in auto.stderr
+    kept = run_cli("evaluate", "--model", run["out"], "--data", str(data), "--beam", "1", "--header", "no")
+    assert kept.returncode == 0, kept.stderr
+    assert f"{data}: 2 pairs" in kept.stderr and "read as the header" not in kept.stderr
+    named = run_cli("evaluate", "--model", run["out"], "--data", str(data), "--header", "no", "--src-col", "abc")
+    assert "--src-col abc: " in error_line(named, "evaluate")
+
+
+def test_a_resumed_run_reads_its_data_with_the_header_rule_it_started_with(tmp_path):
+    data = tmp_path / "words.tsv"
+    data.write_text("".join(f"w{i}\tW{i}\n" for i in range(40)), encoding="utf-8")
+    out = str(tmp_path / "run")
+    first = run_cli("train", "--data", str(data), "--header", "no", *SMALL, "--vocab-size", "40",
+                    "--max-steps", "1", "--out", out)
+    assert first.returncode == 0, first.stderr
+    assert f"{data}: 40 pairs" in first.stderr
+    other = run_cli("train", "--resume", out, "--header", "yes", "--max-steps", "2", "--quiet")
+    assert error_line(other, "train").startswith("transformer train: error: --header yes: ")
+    same = run_cli("train", "--resume", out, "--max-steps", "2", "--threads", "1")
+    assert same.returncode == 0, same.stderr
+    assert f"{data}: 40 pairs" in same.stderr

@@ -5,7 +5,7 @@ import os
 import numpy as np
 import pytest
 
-from transformer.data import collate, length_batches, make_example, pad_batch, read_pairs, split_pairs
+from transformer.data import ColumnError, collate, length_batches, make_example, pad_batch, read_pairs, split_pairs
 from transformer.tokenizer import BOS_ID, EOS_ID, PAD_ID, SubwordTokenizer
 
 SHARED = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data")
@@ -22,6 +22,45 @@ def test_header_names_select_columns(tmp_path):
     pairs, report = read_pairs(path, "eng", "spa")
     assert pairs == [("In the beginning", "En el principio")]
     assert report.kept == 1 and not report.skipped
+
+
+def test_a_first_line_of_identifiers_is_the_header_unless_told_otherwise(tmp_path):
+    # "abc<TAB>CBA" looks like column names: read as the header by default, and the report says so;
+    # header=False keeps it as the pair it is, header=True reads any line 1 as the header
+    path = write(tmp_path, "p.tsv", "abc\tCBA\nHow are you?\t¿Cómo estás?\n".encode())
+    pairs, report = read_pairs(path)
+    assert pairs == [("How are you?", "¿Cómo estás?")]
+    assert report.header == ["abc", "CBA"] and "line 1 read as the header: abc, CBA" in report.summary()
+    pairs, report = read_pairs(path, header=False)
+    assert pairs == [("abc", "CBA"), ("How are you?", "¿Cómo estás?")]
+    assert report.header is None and "read as the header" not in report.summary()
+    sentences = write(tmp_path, "s.tsv", "a b\tc d\nx y\tz\n".encode())
+    assert read_pairs(sentences)[0] == [("a b", "c d"), ("x y", "z")]
+    assert read_pairs(sentences, header=True)[0] == [("x y", "z")]
+
+
+def test_column_names_make_line_1_the_header_whatever_it_holds(tmp_path):
+    path = write(tmp_path, "p.tsv", "source text\ttarget text\nA b.\tC d.\n".encode())
+    pairs, report = read_pairs(path, "source text", "target text")
+    assert pairs == [("A b.", "C d.")] and report.header == ["source text", "target text"]
+    assert read_pairs(path, "target text", 0)[0] == [("C d.", "A b.")]
+    with pytest.raises(ColumnError, match="no column named 'eng'") as caught:
+        read_pairs(path, "eng", 1)
+    assert caught.value.argument == "src_col"
+
+
+def test_header_argument_is_checked(tmp_path):
+    path = write(tmp_path, "p.tsv", "eng\tspa\nHi.\tHola.\n".encode())
+    with pytest.raises(ColumnError, match="'spa' is a column name, but line 1 is not to be read") as caught:
+        read_pairs(path, 0, "spa", header=False)
+    assert caught.value.argument == "tgt_col"
+    with pytest.raises(TypeError, match="header must be True, False or None"):
+        read_pairs(path, header="yes")
+    bad = write(tmp_path, "bad.tsv", b"\xff\tspa\nHi.\tHola.\n")
+    with pytest.raises(ValueError, match="line 1, the header, is not valid UTF-8"):
+        read_pairs(bad, header=True)
+    pairs, report = read_pairs(bad)               # undecided: an undecodable line 1 is a skipped line
+    assert pairs == [("Hi.", "Hola.")] and report.skipped == {"lines with invalid UTF-8": 1}
 
 
 def test_gzip_is_detected_by_content(tmp_path):

@@ -6,6 +6,7 @@ import math
 import os
 import sys
 
+from .data import HEADER_CHOICES
 from .errors import FlagError, blame, describe
 
 # train's defaults for the flags whose parser default is None, so that a flag given can be told from
@@ -15,10 +16,13 @@ from .errors import FlagError, blame, describe
 # 25k-token batches and 37k vocabulary (or our earlier 4096 / 8000): on the Bible corpus, 10 minutes
 # of `small` gave dev BLEU 0.92 against 0.34 (benchmarks/README.md, "Ten minutes"). The vocabulary
 # is smaller for a small corpus (train.choose_vocab_size), so it has no default here.
-TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "seed": 0, "batch_size": 64,
+TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "header": "auto", "seed": 0, "batch_size": 64,
                   "batch_tokens": 2048, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,
                   "max_sentence_tokens": 128, "dev_fraction": 0.05, "dev_max": 500,
                   "eval_limit": 200}
+HEADER_HELP = ("whether line 1 of --data names the columns: yes, no (it is a pair), or auto (default: yes "
+               "when a column is given by name, or when every field of line 1 is a short identifier such "
+               "as eng or spa; the summary printed at the start says when line 1 was read as the header)")
 DECODE_PRECISION_HELP = ("fp32 (default; int8 for a model written by `transformer quantize`); bf16: linear "
                          "maps on bfloat16 operands with float32 sums; int8: linear maps on int8 weights (one "
                          "scale per output row) and int8 activations (one scale per row), int32 sums")
@@ -524,7 +528,8 @@ def _evaluate(args):
     with blame("--data", args.data):
         if datasets.is_shortcut(args.data):
             args.data = datasets.resolve(args.data)
-        pairs, report = read_pairs(args.data, args.src_col, args.tgt_col, max_pairs=args.limit)
+        pairs, report = read_pairs(args.data, args.src_col, args.tgt_col, max_pairs=args.limit,
+                                   header=HEADER_CHOICES[args.header])
     print(report.summary(), file=sys.stderr)
     split = []
     precision = args.precision or model.stored_precision
@@ -686,6 +691,7 @@ def build_parser():
                        "(e.g. tatoeba:eng-hin, downloaded once into a cache)")
     train.add_argument("--src-col", help="source column: header name or 0-based index (default 0)")
     train.add_argument("--tgt-col", help="target column: header name or 0-based index (default 1)")
+    train.add_argument("--header", choices=list(HEADER_CHOICES), help=HEADER_HELP)
     train.add_argument("--out", help="output directory for checkpoints and the model (one that holds another "
                        "run or model is refused without --overwrite)")
     train.add_argument("--overwrite", action="store_true",
@@ -787,6 +793,7 @@ def build_parser():
     evaluate.add_argument("--data", required=True)
     evaluate.add_argument("--src-col", default="0")
     evaluate.add_argument("--tgt-col", default="1")
+    evaluate.add_argument("--header", choices=list(HEADER_CHOICES), default="auto", help=HEADER_HELP)
     evaluate.add_argument("--beam", type=_positive_int, default=4)
     evaluate.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N",
                           help="never repeat an n-gram of N tokens in an output (0: off)")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 _HEADER_FIELD = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]{0,31}$")
+HEADER_CHOICES = {"auto": None, "yes": True, "no": False}     # the command line's --header -> header=
 
 
 @dataclass
@@ -21,17 +22,21 @@ class ReadReport:
     kept: int = 0
     skipped: dict = field(default_factory=dict)   # reason -> count
     first_skipped: dict = field(default_factory=dict)   # reason -> first line number
+    header: list = None      # line 1's fields when it was read as the header (not a pair), else None
 
     def skip(self, reason, line_number):
         self.skipped[reason] = self.skipped.get(reason, 0) + 1
         self.first_skipped.setdefault(reason, line_number)
 
     def summary(self):
+        text = f"{self.path}: {self.kept} pairs"
+        if self.header is not None:
+            text += f" (line 1 read as the header: {', '.join(self.header)})"
         if not self.skipped:
-            return f"{self.path}: {self.kept} pairs"
+            return text
         parts = ", ".join(f"{n} {reason} (first at line {self.first_skipped[reason]})"
                           for reason, n in sorted(self.skipped.items()))
-        return f"{self.path}: {self.kept} pairs; skipped {parts}"
+        return f"{text}; skipped {parts}"
 
 
 class ColumnError(ValueError):
@@ -70,22 +75,29 @@ def _check_column(spec, name):
     return spec
 
 
+def _by_name(spec):
+    return isinstance(spec, str) and not (spec.isascii() and spec.isdigit())
+
+
 def _resolve_column(spec, header, path, argument):
-    if isinstance(spec, (int, np.integer)) or (spec.isascii() and spec.isdigit()):
+    if not _by_name(spec):
         return int(spec)      # a header narrower than the lines does not limit them (read_pairs checks)
     if header is None:
-        raise ColumnError(f"{path}: column {spec!r} given by name, but the file has no header line "
+        raise ColumnError(f"{path}: column {spec!r} given by name, but line 1 is not read as a header "
                           "(give a 0-based index)", argument)
     if spec not in header:
         raise ColumnError(f"{path}: no column named {spec!r} (columns: {', '.join(header)})", argument)
     return header.index(spec)
 
 
-def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None):
+def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None, header=None):
     """Read (source, target) sentence pairs from a tab-separated file (optionally gzip'd).
 
-    Columns are names from the header line or 0-based indexes. The first line is a header when
-    every field is a short identifier ("eng", "hin", "attribution"); it is skipped either way.
+    Columns are names from the header line or 0-based indexes. header: True (line 1 names the
+    columns), False (line 1 is a pair like the others) or None (decide: line 1 is the header when
+    a column is given by name, or else when it has two or more fields and every one is a short
+    identifier such as "eng", "hin", "attribution"). A header is never a pair; the report's
+    `header` holds it and its summary names it, so a first pair read as one ("abc<TAB>CBA") shows.
     Lines with too few columns, invalid UTF-8 or an empty side are skipped and counted in the
     returned ReadReport. Returns (pairs, report). Raises FileNotFoundError for a missing file,
     ColumnError (a ValueError) for a column the file does not have, and ValueError when nothing
@@ -102,23 +114,37 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None):
             raise TypeError(f"max_pairs must be None or an int, got {type(max_pairs).__name__}")
         if max_pairs < 1:
             raise ValueError(f"max_pairs must be >= 1 (or None for all), got {max_pairs}")
+    if header is not None and not isinstance(header, bool):
+        raise TypeError(f"header must be True, False or None (decide), got {type(header).__name__}")
+    named = [(argument, spec) for argument, spec in (("src_col", src_col), ("tgt_col", tgt_col))
+             if _by_name(spec)]
+    if header is False and named:
+        argument, spec = named[0]
+        raise ColumnError(f"{path}: {spec!r} is a column name, but line 1 is not to be read as a header "
+                          "(header=False, --header no): give a 0-based index", argument)
     report = ReadReport(path)
     pairs = []
-    header = None
+    is_header, header = header, None
+    if is_header is None and named:
+        is_header = True          # names can only come from a header
     src_index = tgt_index = None
     widest = 0           # the most fields of a line: a column beyond every line's is the flag's mistake
     for line_number, raw in enumerate(_open_lines(path), start=1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
+            if line_number == 1 and is_header:
+                raise ValueError(f"{path}: line 1, the header, is not valid UTF-8") from None
             report.skip("lines with invalid UTF-8", line_number)
             continue
         line = line.rstrip("\r\n")
         if line_number == 1:
             line = line.lstrip("\ufeff")
             fields = line.split("\t")
-            if len(fields) >= 2 and all(_HEADER_FIELD.match(f) for f in fields):
-                header = fields
+            if is_header is None:
+                is_header = len(fields) >= 2 and all(_HEADER_FIELD.match(f) for f in fields)
+            if is_header:
+                header = report.header = fields
         if src_index is None:
             src_index = _resolve_column(src_col, header, path, "src_col")
             tgt_index = _resolve_column(tgt_col, header, path, "tgt_col")

@@ -20,7 +20,7 @@ from . import _C, datasets
 from .checkpoint import (CHECKPOINT_FILE, average_weights, list_snapshots, load_checkpoint,
                          save_checkpoint, save_inference_files, save_snapshot, snapshot_path)
 from .config import PRESETS, ModelConfig
-from .data import collate, length_batches, make_example, read_pairs, split_pairs
+from .data import HEADER_CHOICES, collate, length_batches, make_example, read_pairs, split_pairs
 from .errors import FlagError, blame
 from .model import Seq2SeqTransformer
 from .optim import Adam, budget_lr, clip_grad_norm, noam_lr
@@ -633,13 +633,13 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=
 # What a run's trajectory depends on: taken from the checkpoint when resuming, so that the resumed
 # run repeats the uninterrupted one. Everything else (--max-steps, --minutes, --threads, --out,
 # evaluation and checkpoint frequency) may change between runs.
-TRAJECTORY_ARGS = ("data", "src_col", "tgt_col", "seed", "batch_size", "batch_tokens", "warmup",
+TRAJECTORY_ARGS = ("data", "src_col", "tgt_col", "header", "seed", "batch_size", "batch_tokens", "warmup",
                    "schedule", "lr", "lr_scale", "label_smoothing", "clip_norm", "vocab_size", "max_sentence_tokens",
                    "dev_fraction", "dev_max", "preset") + SIZE_FLAGS
 
 
 # Flags that only the runs on --data read, and those that only the built-in task reads.
-DATA_ONLY_ARGS = ("src_col", "tgt_col", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
+DATA_ONLY_ARGS = ("src_col", "tgt_col", "header", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
                   "dev_max", "samples", "init_from")
 BUILTIN_ONLY_ARGS = ("batch_size",)
 
@@ -937,7 +937,7 @@ def train_on_data(args, engine=None, result=None):
     with blame("--data", args.data):
         if datasets.is_shortcut(args.data):
             args.data = datasets.resolve(args.data)
-        pairs, report = read_pairs(args.data, args.src_col, args.tgt_col)
+        pairs, report = read_pairs(args.data, args.src_col, args.tgt_col, header=HEADER_CHOICES[args.header])
     _log(report.summary())
     train_pairs, dev_pairs = split_pairs(pairs, dev_fraction=args.dev_fraction, max_dev=args.dev_max)
     _log(f"split: {len(train_pairs)} training pairs, {len(dev_pairs)} held out for evaluation")
