@@ -124,9 +124,8 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None, header=None):
                           "(header=False, --header no): give a 0-based index", argument)
     report = ReadReport(path)
     pairs = []
-    is_header, header = header, None
-    if is_header is None and named:
-        is_header = True          # names can only come from a header
+    is_header = True if header is None and named else header    # names can only come from a header
+    columns = None       # the header's fields, once line 1 is read as the header
     src_index = tgt_index = None
     widest = 0           # the most fields of a line: a column beyond every line's is the flag's mistake
     for line_number, raw in enumerate(_open_lines(path), start=1):
@@ -144,13 +143,13 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None, header=None):
             if is_header is None:
                 is_header = len(fields) >= 2 and all(_HEADER_FIELD.match(f) for f in fields)
             if is_header:
-                header = report.header = fields
+                columns = report.header = fields
         if src_index is None:
-            src_index = _resolve_column(src_col, header, path, "src_col")
-            tgt_index = _resolve_column(tgt_col, header, path, "tgt_col")
+            src_index = _resolve_column(src_col, columns, path, "src_col")
+            tgt_index = _resolve_column(tgt_col, columns, path, "tgt_col")
             if src_index == tgt_index:
                 raise ColumnError(f"{path}: source and target columns are the same ({src_col!r})", "tgt_col")
-            if header is not None:
+            if columns is not None:
                 continue
         if not line.strip():
             report.skip("blank lines", line_number)
