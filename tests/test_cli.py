@@ -559,3 +559,17 @@ def test_a_resumed_run_reads_its_data_with_the_header_rule_it_started_with(tmp_p
     same = run_cli("train", "--resume", out, "--max-steps", "2", "--threads", "1")
     assert same.returncode == 0, same.stderr
     assert f"{data}: 40 pairs" in same.stderr
+
+
+def test_translate_and_evaluate_decode_frozen_weights(run, monkeypatch, capsys):
+    # they load a model no one else holds, so its weights are read-only and decoding trusts the
+    # matrices it converted (prepared.py) instead of reading every weight again on each call
+    from transformer.params import Parameters
+
+    frozen = []
+    real = Parameters.freeze
+    monkeypatch.setattr(Parameters, "freeze", lambda self: frozen.append(self) or real(self))
+    assert cli.main(["translate", "--model", run["out"], "abc", "hello"]) == 0
+    assert cli.main(["evaluate", "--model", run["out"], "--data", run["data"], "--beam", "1"]) == 0
+    assert len(frozen) == 2 and all(p.frozen is not None and not p.flat.flags.writeable for p in frozen)
+    assert len(capsys.readouterr().out.splitlines()) >= 2

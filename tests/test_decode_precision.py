@@ -273,3 +273,35 @@ def test_int8_logits_with_an_int8_projection_match_the_oracle(monkeypatch):
     got = nonpad(model.forward(src, tin, precision="int8").astype(np.float64), tin, model.cfg.pad_id)
     want = nonpad(oracle_logits(model, src, tin, "int8"), tin, model.cfg.pad_id)
     assert np.abs(got - want).max() <= 5e-6 * np.abs(want).max()
+
+
+def test_frozen_weights_are_trusted_without_a_checksum_and_refuse_every_write(monkeypatch):
+    # Parameters.freeze: read-only weights (the command line's translate and evaluate), so decoding
+    # reads no float32 weight again for matrices it checked under that freeze; unfreeze: checked again
+    model = make_model(seed=21)
+    src, _ = inputs(model.cfg, seed=22)
+    decode = lambda: [f(src, max_len=6, precision=p) for p in ("fp32",) + REDUCED
+                      for f in (model.greedy_decode, lambda s, **k: model.beam_search(s, beam_size=2, **k))]
+    expected = decode()
+    sums = []
+    real = _C.checksum
+    monkeypatch.setattr(prepared._C, "checksum", lambda w: sums.append(w.nbytes) or real(w))
+    model.params.freeze()
+    assert decode() == expected and sums         # converted before the freeze: checked once under it
+    del sums[:]
+    assert decode() == expected and not sums     # then trusted
+    name = "transformer.decoder.layers.0.linear1.weight"
+    with pytest.raises(ValueError, match="read-only"):
+        model.params.data[name][0, 0] += 1.0
+    with pytest.raises(ValueError, match="read-only"):
+        model.load_state_dict(model.state_dict())
+    with pytest.raises(ValueError, match="params must be writeable"):
+        T.Adam(model).step()
+    model.params.unfreeze()
+    model.params.data[name][...] *= -1.0         # in place, once the weights are writable again
+    fresh = make_model(seed=5)
+    fresh.load_state_dict(model.state_dict())
+    got = decode()
+    assert sums and got != expected
+    assert got == [f(src, max_len=6, precision=p) for p in ("fp32",) + REDUCED
+                   for f in (fresh.greedy_decode, lambda s, **k: fresh.beam_search(s, beam_size=2, **k))]

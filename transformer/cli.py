@@ -464,13 +464,19 @@ def _check_out_dir(out, inputs=(), overwrite=False):
                         "or another directory")
 
 
-def _load_model(directory, flag="--model"):
+def _load_model(directory, flag="--model", frozen=False):
+    """load_for_inference, errors blamed on `flag`. frozen: read-only weights (Parameters.freeze),
+    for the commands that only decode: no one else ever holds a view of them, so decoding trusts
+    its converted matrices from call to call instead of reading every weight again."""
     from .checkpoint import load_for_inference
 
     with blame(flag, directory):
         if os.path.isdir(directory) and not os.path.exists(os.path.join(directory, "config.json")):
             raise FileNotFoundError("no config.json in it: not the --out of a training run")
-        return load_for_inference(directory)
+        model, src_tok, tgt_tok = load_for_inference(directory)
+    if frozen:
+        model.params.freeze()
+    return model, src_tok, tgt_tok
 
 
 def _translate(args):
@@ -478,7 +484,7 @@ def _translate(args):
 
     _apply_threads(args)
     _check_output("--attention", args.attention, needs="matplotlib")
-    model, src_tok, tgt_tok = _load_model(args.model)
+    model, src_tok, tgt_tok = _load_model(args.model, frozen=True)
     if args.max_len is not None and args.max_len > model.cfg.max_len:
         raise FlagError(f"--max-len {args.max_len}: the model in --model {args.model} has {model.cfg.max_len} "
                         f"positions, so translations of at most {model.cfg.max_len} tokens")
@@ -524,7 +530,7 @@ def _evaluate(args):
     _check_output("--output", args.output)
     from . import datasets
 
-    model, src_tok, tgt_tok = _load_model(args.model)
+    model, src_tok, tgt_tok = _load_model(args.model, frozen=True)
     with blame("--data", args.data):
         if datasets.is_shortcut(args.data):
             args.data = datasets.resolve(args.data)

@@ -407,7 +407,7 @@ def _prepared(model, workspace):
     """The PreparedWeights a workspace carries from call to call (prepared.py)."""
     prepared = workspace.get("prepared")
     if prepared is None:
-        prepared = workspace["prepared"] = PreparedWeights(model._int8_seed)
+        prepared = workspace["prepared"] = PreparedWeights(model._int8_seed, model.params)
     return prepared
 
 

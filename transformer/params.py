@@ -112,7 +112,28 @@ class Parameters:
         # True from zero_grad() until a training pass adds into the gradients (DataParallel then
         # need not keep what the buffer held); writes through the views do not clear it
         self.grad_is_zero = True
+        self.frozen = None      # a token while the weights are read-only (freeze), else None
         self.initialize(seed)
+
+    def freeze(self):
+        """Make the weights read-only, the flat buffer and every named view, until unfreeze(), and
+        return a token that stands for them meanwhile: decoding then trusts the matrices it
+        converted under that token without reading every float32 weight again on each call
+        (prepared.py). Only for weights nobody else holds a writable view of, as in the command
+        line's translate and evaluate, which load the model and never hand it out: a view taken
+        before freeze() keeps its own flags, and a write through it would not be seen."""
+        self.flat.flags.writeable = False
+        for view in self.data.values():
+            view.flags.writeable = False
+        self.frozen = object()
+        return self.frozen
+
+    def unfreeze(self):
+        """Writable weights again; decoding checks every matrix's fingerprint from the next call."""
+        self.frozen = None
+        self.flat.flags.writeable = True
+        for view in self.data.values():
+            view.flags.writeable = True
 
     def tensor(self, name):
         """The parameter view called `name`, a tied name included (tied_names)."""
