@@ -157,8 +157,6 @@ def test_real_corpora_read_cleanly():
 
 def test_a_column_beyond_every_line_is_the_columns_error(tmp_path):
     """Not "no usable sentence pairs" of the file: ColumnError names the argument."""
-    from transformer.data import ColumnError
-
     plain = write(tmp_path, "plain.tsv", b"Hello there.\tHola.\nGood bye.\tAdios.\n")
     with pytest.raises(ColumnError, match="no column 3 \\(0-based\\): its lines have at most 2") as caught:
         read_pairs(plain, 0, 3)

@@ -280,8 +280,10 @@ def test_frozen_weights_are_trusted_without_a_checksum_and_refuse_every_write(mo
     # reads no float32 weight again for matrices it checked under that freeze; unfreeze: checked again
     model = make_model(seed=21)
     src, _ = inputs(model.cfg, seed=22)
-    decode = lambda: [f(src, max_len=6, precision=p) for p in ("fp32",) + REDUCED
-                      for f in (model.greedy_decode, lambda s, **k: model.beam_search(s, beam_size=2, **k))]
+    def decode(m=model):
+        return [search(src, max_len=6, precision=p) for p in ("fp32",) + REDUCED
+                for search in (m.greedy_decode, lambda s, **k: m.beam_search(s, beam_size=2, **k))]
+
     expected = decode()
     sums = []
     real = _C.checksum
@@ -302,6 +304,4 @@ def test_frozen_weights_are_trusted_without_a_checksum_and_refuse_every_write(mo
     fresh = make_model(seed=5)
     fresh.load_state_dict(model.state_dict())
     got = decode()
-    assert sums and got != expected
-    assert got == [f(src, max_len=6, precision=p) for p in ("fp32",) + REDUCED
-                   for f in (fresh.greedy_decode, lambda s, **k: fresh.beam_search(s, beam_size=2, **k))]
+    assert sums and got != expected and got == decode(fresh)

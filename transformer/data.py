@@ -82,9 +82,9 @@ def _by_name(spec):
 def _resolve_column(spec, header, path, argument):
     if not _by_name(spec):
         return int(spec)      # a header narrower than the lines does not limit them (read_pairs checks)
-    if header is None:
-        raise ColumnError(f"{path}: column {spec!r} given by name, but line 1 is not read as a header "
-                          "(give a 0-based index)", argument)
+    if header is None:     # only with header=False: a name makes line 1 the header otherwise
+        raise ColumnError(f"{path}: {spec!r} is a column name, but line 1 is not to be read as a header "
+                          "(header=False, --header no): give a 0-based index", argument)
     if spec not in header:
         raise ColumnError(f"{path}: no column named {spec!r} (columns: {', '.join(header)})", argument)
     return header.index(spec)
@@ -116,14 +116,9 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None, header=None):
             raise ValueError(f"max_pairs must be >= 1 (or None for all), got {max_pairs}")
     if header is not None and not isinstance(header, bool):
         raise TypeError(f"header must be True, False or None (decide), got {type(header).__name__}")
-    named = [(argument, spec) for argument, spec in (("src_col", src_col), ("tgt_col", tgt_col))
-             if _by_name(spec)]
-    if header is False and named:
-        argument, spec = named[0]
-        raise ColumnError(f"{path}: {spec!r} is a column name, but line 1 is not to be read as a header "
-                          "(header=False, --header no): give a 0-based index", argument)
     report = ReadReport(path)
     pairs = []
+    named = _by_name(src_col) or _by_name(tgt_col)
     is_header = True if header is None and named else header    # names can only come from a header
     columns = None       # the header's fields, once line 1 is read as the header
     src_index = tgt_index = None

@@ -53,12 +53,15 @@ class PreparedWeights:
                 return np.ascontiguousarray(q), np.ascontiguousarray(scale)
         return quantize(weight)
 
+    @property
+    def _frozen(self):
+        return self._params.frozen if self._params is not None else None
+
     def _held(self, key, weight):
         """(fingerprint, isa, held entry or None, fresh): fresh when the held conversion is of
         these very weights, at this level. Under a freeze the entry checked or converted under it
         is fresh without a checksum; a checked one is marked with the freeze's token."""
-        isa, held = _C.isa(), self._entries.get(key)
-        frozen = self._params.frozen if self._params is not None else None
+        isa, held, frozen = _C.isa(), self._entries.get(key), self._frozen
         if frozen is not None and held is not None and held[3] is frozen and held[1] == isa:
             return held[0], isa, held, True
         fingerprint = _C.checksum(weight)
@@ -68,8 +71,7 @@ class PreparedWeights:
         return fingerprint, isa, held, fresh
 
     def _keep(self, key, fingerprint, isa, converted):
-        frozen = self._params.frozen if self._params is not None else None
-        self._entries[key] = (fingerprint, isa, converted, frozen)
+        self._entries[key] = (fingerprint, isa, converted, self._frozen)
 
     def linear(self, precision, name, weight, rows=None):
         """Parameter `name` (rows `rows` of it: a slice, or None for all), [N, K], multiplied as
