@@ -3,8 +3,10 @@
 #include "decoder.h"
 
 #include <math.h>
+#include <string.h>
 
 #include "attention.h"
+#include "beam.h"
 #include "cpu.h"
 #include "dropout.h"
 #include "elementwise.h"
@@ -230,5 +232,84 @@ void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const
     for (int g = 0; g < groups; g++) {
         const long r0 = n * g / groups, r1 = n * (g + 1) / groups;
         step_rows(d, ids, r1 - r0, t, slot, origin, ld_origin, sentence, &tail, r0);
+    }
+}
+
+/* decoding.py's _forbid_eos for one row: EOS at -inf unless nothing else is left above -inf. */
+static void forbid_eos(float *row, long V, int64_t eos)
+{
+    const float saved = row[eos];
+    row[eos] = -INFINITY;
+    for (long j = 0; j < V; j++)
+        if (row[j] > -INFINITY) return;
+    row[eos] = saved;
+}
+
+/* Greedy decoding of the sentences first, first + stride, ... in rows b0 .. b1 - 1 of every
+ * buffer, to their last step. */
+static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long b1, long first, long stride)
+{
+    const long Tmax = d->Tmax, V = d->V;
+    long n = b1 - b0, steps = 0;
+    for (long b = b0; b < b1; b++) {
+        const long s = first + (b - b0) * stride;
+        g->ids[b] = g->bos;
+        g->slot[b] = b;
+        g->sentence[b] = s;
+        if (g->limits[s] > steps) steps = g->limits[s];
+    }
+    for (long t = 0; t < steps && n > 0; t++) {
+        const int64_t banned[3] = {g->pad, g->bos, g->eos};   /* EOS last: banned before min_len */
+        const step_tail tail = {0, t < g->min_len && !g->ngram ? 3 : 2, banned,
+                                g->ngram ? NULL : g->argmax};
+        step_rows(d, g->ids, n, t, g->slot, g->origin, Tmax, g->sentence, &tail, b0);
+        if (g->ngram) {
+            float *logits = d->logits + b0 * V;
+            no_repeat_ngram_ban(logits, n, V, g->out, g->ld_out, g->sentence + b0, t, g->ngram, g->eos);
+            for (long r = 0; r < n; r++) {
+                if (t < g->min_len) forbid_eos(logits + r * V, V, g->eos);
+                g->argmax[b0 + r] = argmax_row(logits + r * V, V);
+            }
+        }
+        /* Record each row's token; the rows that go on move up, keeping their order. */
+        long kept = 0;
+        for (long r = 0; r < n; r++) {
+            const long i = b0 + r;
+            const int64_t s = g->sentence[i], token = g->argmax[i];
+            g->out[s * g->ld_out + t] = token;
+            if (token == g->eos) {
+                g->lengths[s] = t;
+                continue;
+            }
+            if (g->limits[s] == t + 1) continue;
+            const long k = b0 + kept++;
+            if (k != i) {
+                g->slot[k] = g->slot[i];
+                g->sentence[k] = s;
+                memcpy(g->origin + k * Tmax, g->origin + i * Tmax, (size_t)(t + 1) * sizeof(int64_t));
+            }
+            g->ids[k] = token;
+        }
+        n = kept;
+    }
+}
+
+void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups)
+{
+    const long B = d->N;
+    for (long b = 0; b < B; b++) g->lengths[b] = g->limits[b];
+    if (groups > B) groups = (int)B;
+    if (groups <= 1) {
+        greedy_block(d, g, 0, B, 0, 1);
+        return;
+    }
+    /* Block k takes the sentences k, k + groups, ...: translate_texts sorts a batch by length, so
+     * each block gets its share of short and long sentences, rather than the first block the
+     * shortest. Its rows follow the blocks before it: block j has (B - j + groups - 1) / groups. */
+#pragma omp parallel for num_threads(groups) schedule(static, 1)
+    for (int k = 0; k < groups; k++) {
+        const long base = B / groups, extra = B % groups;
+        const long b0 = k * base + (k < extra ? k : extra);
+        greedy_block(d, g, b0, b0 + base + (k < extra), k, groups);
     }
 }

@@ -70,4 +70,30 @@ void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const
  * definition when `reference` (tests compare the two). */
 void argmax_rows(const float *x, long n, long V, int64_t *out, int reference);
 
+/* Greedy decoding's whole loop (transformer/decoding.py, _greedy_decode without return_attention):
+ * one row per sentence, B = N rows. Sentence b starts from `bos` and takes at each step t the
+ * argmax of its logits, with pad and bos banned, EOS banned while t < min_len (with ngram > 0:
+ * after the no-repeat-n-gram bans, and only where another token is left, as decoding.py's
+ * _forbid_eos), and ngram > 0 banning what would repeat an n-gram of its own tokens
+ * (no_repeat_ngram_ban, EOS kept). out[b, t] receives the token; the sentence stops at EOS
+ * (lengths[b] = t) or after limits[b] tokens (lengths[b] = limits[b]); a stopped sentence's row
+ * leaves the steps.
+ *
+ * groups: blocks of sentences (block k: sentences k, k + groups, ...), each decoded from the
+ * first step to its last by one thread with every kernel on that thread, without meeting the
+ * others: the threads meet once per call, not once per step, and no interpreter runs between
+ * steps. 1: one block, every kernel with the process's team. Rows are computed apart, so the
+ * tokens do not depend on the grouping. ids, slot, sentence and argmax ([N]) and origin
+ * ([N, Tmax]) are scratch; limits[b] in [1, Tmax], ld_out >= max(limits). The caller checks. */
+typedef struct {
+    const int64_t *limits;
+    long min_len, ngram;
+    int64_t bos, eos, pad;
+    int64_t *out, *lengths;
+    long ld_out;
+    int64_t *ids, *slot, *sentence, *argmax, *origin;
+} tf_greedy;
+
+void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups);
+
 #endif

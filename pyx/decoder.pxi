@@ -45,6 +45,19 @@ cdef extern from "decoder.h" nogil:
                                        const int64_t *slot, int64_t *origin, long ld_origin,
                                        const int64_t *sentence, int log_softmax, const int64_t *banned,
                                        int n_banned, int64_t *argmax, int groups)
+    ctypedef struct tf_greedy:
+        const int64_t *limits
+        long min_len, ngram
+        int64_t bos, eos, pad
+        int64_t *out
+        int64_t *lengths
+        long ld_out
+        int64_t *ids
+        int64_t *slot
+        int64_t *sentence
+        int64_t *argmax
+        int64_t *origin
+    void c_decoder_greedy "decoder_greedy"(const tf_decoder *d, const tf_greedy *g, int groups)
     void c_argmax_rows "argmax_rows"(const float *x, long n, long V, int64_t *out, int reference)
 
 _DS_BUFFERS = ("x", "h", "tmp", "ctx", "query", "qkv", "ff_pre", "ff_act", "logits", "mean", "rstd")
@@ -332,6 +345,52 @@ cdef class DecoderStep:
             c_decoder_step(d, pi, n, t, ps, po, d.Tmax, pn, log_softmax, ban, n_banned, pa, groups)
         return self.logits_buffer[:n]
 
+
+    def greedy(self, limits, min_len=0, ngram=0, bos=1, eos=2, pad=0, int groups=1):
+        """Greedy decoding's whole loop in C (csrc/decoder.h: decoder_greedy), one row per sentence
+        (N = B). limits: int64 [B], each sentence's most tokens, in [1, Tmax]; min_len: EOS banned
+        before it; ngram: the no-repeat-n-gram size (0: off); bos, eos, pad: token ids in [0, V);
+        groups: blocks of sentences, each decoded to its end by one thread (1: every kernel with
+        the process's team). Returns (out, lengths): int64 [B, max(limits)] holding each
+        sentence's tokens (pad past its last step) and int64 [B], the tokens before its EOS, or
+        its limit. Writes the caches and the step buffers."""
+        cdef tf_decoder *d = &self.d
+        if self.level != tf_isa():
+            raise ValueError(f"the weights were packed for the {tf_isa_name(self.level).decode()} kernels, the "
+                             f"instruction set is now {tf_isa_name(tf_isa()).decode()}: prepare them again")
+        if d.N != d.B:
+            raise ValueError(f"greedy decoding takes one row per sentence: N = {d.N} rows for B = {d.B}")
+        _check(limits, "limits", _I64, 1)
+        if limits.shape[0] != d.B:
+            raise ValueError(f"limits must have B = {d.B} entries, got {limits.shape[0]}")
+        if limits.size and (limits.min() < 1 or limits.max() > d.Tmax):
+            raise ValueError(f"limits must be in [1, {d.Tmax}], got {limits.min()} .. {limits.max()}")
+        for value, name in ((min_len, "min_len"), (ngram, "ngram")):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        for value, name in ((bos, "bos"), (eos, "eos"), (pad, "pad")):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < d.V:
+                raise ValueError(f"{name} must be a token id in [0, {d.V}), got {value!r}")
+        if groups < 1:
+            raise ValueError(f"groups must be >= 1, got {groups}")
+        steps = int(limits.max()) if limits.size else 0
+        out = np.full((d.B, max(steps, 1)), pad, np.int64)
+        lengths = np.zeros(d.B, np.int64)
+        scratch = np.zeros((4, d.N), np.int64)
+        origin = np.zeros((d.N, d.Tmax), np.int64)
+        cdef tf_greedy g
+        g.limits = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>limits)
+        g.min_len, g.ngram, g.bos, g.eos, g.pad = min_len, ngram, bos, eos, pad
+        g.out = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>out)
+        g.lengths = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>lengths)
+        g.ld_out = out.shape[1]
+        cdef int64_t *ps = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>scratch)
+        g.ids, g.slot, g.sentence, g.argmax = ps, ps + d.N, ps + 2 * d.N, ps + 3 * d.N
+        g.origin = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>origin)
+        if d.B:
+            with nogil:
+                c_decoder_greedy(d, &g, groups)
+        return out[:, :steps], lengths
 
 def argmax_rows(x, bint reference=False):
     """int64 [n]: each row's argmax as a decoding step takes it (numpy's: the first index of the

@@ -83,6 +83,42 @@ def test_greedy_and_beam_search_give_the_same_tokens_split_by_rows_or_not(groups
     assert got == want
 
 
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("threads, groups", [(1, 1), (2, 1), (2, 2), (3, 3), (2, 7)])
+@pytest.mark.parametrize("max_len, min_len, no_repeat_ngram", [(None, 0, 0), (9, 3, 0), (None, 2, 2), (12, 0, 1)])
+def test_greedy_loop_in_c_gives_the_tokens_of_the_loop_in_python(isa, precision, threads, groups, max_len, min_len,
+                                                                no_repeat_ngram, monkeypatch):
+    """decoder_greedy (every block of sentences to its end on its own thread) against
+    _greedy_decode's step-by-step loop in Python (which return_attention takes), over sentences
+    that stop at EOS or at limits of their own, in blocks of uneven sizes."""
+    model = make_model(seed=1, vocab=12, max_len=40)    # EOS at steps 1 to 12, or never, at max_len None
+    rng = np.random.default_rng(12)
+    src = padded_source(rng, 12, rng.integers(1, 14, size=7))
+    monkeypatch.setattr(dec, "DECODE_GROUPS", groups)
+    monkeypatch.setattr(dec, "MIN_GROUP_ROWS", 1)
+    args = dict(max_len=max_len, min_len=min_len, no_repeat_ngram=no_repeat_ngram, precision=precision)
+    with num_threads(threads):
+        got = model.greedy_decode(src, **args)
+        want, _ = model.greedy_decode(src, return_attention=True, **args)
+    assert got == want
+    lengths = sorted({len(h) for h in got})
+    assert len(lengths) > 2, lengths                           # sentences stop at different steps
+
+
+def test_greedy_loop_blocks_take_every_sentence_once(monkeypatch):
+    """Block k takes sentences k, k + groups, ...: with every block of one sentence per thread
+    or of several, each sentence's tokens land in its own row."""
+    model = make_model(seed=13)
+    rng = np.random.default_rng(14)
+    src = padded_source(rng, 40, rng.integers(1, 10, size=10))
+    monkeypatch.setattr(dec, "MIN_GROUP_ROWS", 1)
+    want = [model.greedy_decode(src[b:b + 1])[0] for b in range(len(src))]
+    for groups in (1, 3, 4, 10):
+        monkeypatch.setattr(dec, "DECODE_GROUPS", groups)
+        with num_threads(2):
+            assert model.greedy_decode(src) == want, groups
+
+
 def test_steps_are_split_by_rows_when_the_weights_are_small_or_the_rows_or_threads_many():
     tiny = T.ModelConfig(src_vocab_size=4000, tgt_vocab_size=4000, d_model=128, n_heads=4, d_ff=512,
                          n_encoder_layers=2, n_decoder_layers=2)
@@ -248,3 +284,34 @@ def test_argmax_rows_checks_its_argument():
         _C.argmax_rows(np.zeros(3, np.float32))
     with pytest.raises(ValueError, match="x must be C-contiguous"):
         _C.argmax_rows(np.zeros((3, 4), np.float32)[:, ::2])
+
+
+def greedy_cache(K=1):
+    model = make_model(seed=7)
+    src = padded_source(np.random.default_rng(8), 40, [3, 5])
+    native, _ = two_caches(model, src, "fp32", K, 6)
+    return native._native
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(limits=np.array([3, 7], np.int64)), r"limits must be in \[1, 6\], got 3 .. 7"),
+    (dict(limits=np.array([0, 2], np.int64)), r"limits must be in \[1, 6\], got 0 .. 2"),
+    (dict(limits=np.array([3], np.int64)), r"limits must have B = 2 entries, got 1"),
+    (dict(limits=np.array([3, 3], np.int32)), r"limits must have dtype int64"),
+    (dict(min_len=-1), r"min_len must be an int >= 0, got -1"),
+    (dict(ngram=True), r"ngram must be an int >= 0, got True"),
+    (dict(bos=47), r"bos must be a token id in \[0, 47\), got 47"),
+    (dict(eos=-1), r"eos must be a token id in \[0, 47\), got -1"),
+    (dict(pad=None), r"pad must be a token id in \[0, 47\), got None"),
+    (dict(groups=0), r"groups must be >= 1, got 0"),
+])
+def test_bad_greedy_arguments_are_named(change, match):
+    args = dict(limits=np.array([3, 6], np.int64), min_len=0, ngram=0, bos=1, eos=2, pad=0, groups=1)
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        greedy_cache().greedy(**args)
+
+
+def test_greedy_loop_refuses_several_rows_a_sentence():
+    with pytest.raises(ValueError, match=r"one row per sentence: N = 4 rows for B = 2"):
+        greedy_cache(K=2).greedy(np.array([3, 6], np.int64))

@@ -12,7 +12,10 @@ cost less.
 A step runs in C (csrc/decoder.h): the kernels below, called in the same order as
 DecoderCache._step_python calls them (which stays, for return_attention and as the reference of
 the tests), with no interpreter between them; when the weights are small, its rows are split
-across the threads (step_groups), each running the whole step on its own block.
+across the threads (step_groups), each running the whole step on its own block. Greedy
+decoding without return_attention runs its whole loop in C too (DecoderStep.greedy): each
+block of sentences goes from the first step to its last on one thread, so the threads meet once
+per call instead of once per step (tiny, 2 threads, Zen 2: 6-8% more tokens/s).
 
 Every step multiplies a few rows by every decoder weight, so the weights stream
 from memory each step: they are kept packed as the kernels read them (_C.gemm_pack_b),
@@ -492,6 +495,10 @@ def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attentio
     B = src.shape[0]
     steps = int(limits.max())
     cache = DecoderCache(model, shared, src_pad, 1, steps, keep_attention=return_attention, workspace=workspace)
+    if cache._native is not None:     # the whole loop in C, each block of sentences on its thread
+        out, lengths = cache._native.greedy(limits, min_len, no_repeat_ngram, cfg.bos_id, cfg.eos_id,
+                                            cfg.pad_id, cache._groups(B))
+        return [out[b, :lengths[b]].tolist() for b in range(B)]
     out = np.full((B, steps), cfg.pad_id, dtype=np.int64)     # sentence -> its tokens so far
     lengths = limits.copy()                      # a sentence that never ends stops at its limit
     alive = np.arange(B, dtype=np.int64)         # row -> sentence
