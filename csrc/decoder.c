@@ -313,3 +313,108 @@ void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups)
         greedy_block(d, g, b0, b0 + base + (k < extra), k, groups);
     }
 }
+
+/* Beam search of the sentences first, first + stride, ... in slots b0 .. b1 - 1 (rows b0 * K ..
+ * b1 * K - 1 of every buffer), to their last step. Arrays per slot or row are offset to the
+ * block's first; parents and fin_rows from beam_select count rows from it too. */
+static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, long first, long stride)
+{
+    const long K = g->K, V = d->V, Tmax = d->Tmax, ld = g->ld_best, R0 = b0 * K;
+    int64_t *origin = g->origin, *origin_spare = g->origin_spare;   /* swapped step by step */
+    int64_t *hyps = g->hyps + R0 * ld, *hyps_spare = g->hyps_spare + R0 * ld;
+    double *scores = g->scores + R0, *new_scores = g->new_scores + R0, *fin_scores = g->fin_scores + 2 * R0;
+    int64_t *ids = g->ids + R0, *slot = g->slot + R0, *sentence = g->sentence + R0;
+    int64_t *parents = g->parents + R0, *tokens = g->tokens + R0, *fin_rows = g->fin_rows + 2 * R0,
+        *fin_tokens = g->fin_tokens + 2 * R0, *n_finished = g->n_finished + b0,
+        *fin_count = g->fin_count + b0, *live = g->live + b0;
+    uint8_t *done = g->done + b0, *last_step = g->last_step + b0;
+    long nb = b1 - b0, steps = 0;
+    for (long j = 0; j < nb; j++) {
+        const long s = first + j * stride;
+        live[j] = s;                               /* live slot -> sentence */
+        n_finished[j] = 0;
+        g->best_len[s] = -1;
+        if (g->limits[s] > steps) steps = g->limits[s];
+        for (long i = 0; i < K; i++) {
+            const long r = j * K + i;
+            scores[r] = i ? -INFINITY : 0.0;       /* one live beam at first: the others are copies */
+            ids[r] = g->bos;
+            slot[r] = R0 + r;
+            sentence[r] = s;
+        }
+    }
+    const int64_t banned_step[2] = {g->pad, g->bos};
+    const step_tail tail = {1, 2, banned_step, NULL};
+    for (long t = 0; t < steps && nb > 0; t++) {
+        const long n = nb * K;
+        /* step_rows offsets the row arrays itself: hand it the block's, less R0 */
+        step_rows(d, ids - R0, n, t, slot - R0, origin, Tmax, sentence - R0, &tail, R0);
+        float *logp = d->logits + R0 * V;
+        int64_t banned = t < g->min_len ? g->eos : -1;
+        if (g->ngram) {
+            no_repeat_ngram_ban(logp, n, V, hyps, ld, NULL, t, g->ngram, g->eos);
+            if (banned >= 0) {                     /* EOS stays where nothing else is left */
+                for (long r = 0; r < n; r++) forbid_eos(logp + r * V, V, g->eos);
+                banned = -1;
+            }
+        }
+        for (long j = 0; j < nb; j++) last_step[j] = g->limits[live[j]] == t + 1;
+        beam_select(logp, scores, n_finished, nb, K, V, banned, g->eos, last_step, parents, tokens,
+                    new_scores, done, fin_rows, fin_tokens, fin_scores, fin_count);
+        const double penalty = pow((5.0 + (double)(t + 1)) / 6.0, g->length_penalty);
+        long all_done = 1;
+        for (long j = 0; j < nb; j++) {
+            const long s = live[j];
+            for (long f = 0; f < fin_count[j]; f++) {
+                const double score = fin_scores[j * 2 * K + f] / penalty;
+                if (g->best_len[s] >= 0 && !(score > g->best_score[s])) continue;
+                const int64_t row = fin_rows[j * 2 * K + f], token = fin_tokens[j * 2 * K + f];
+                int64_t *out = g->best + s * ld;
+                memcpy(out, hyps + row * ld, (size_t)t * sizeof(int64_t));
+                g->best_len[s] = t;
+                if (token != g->eos) out[g->best_len[s]++] = token;
+                g->best_score[s] = score;
+            }
+            all_done &= done[j] != 0;
+        }
+        if (all_done) break;
+        /* The live sentences' new beams move up: row q = m * K + i of the next step continues
+         * row parents[j * K + i] of this one and takes over the cache row of row j * K + i. */
+        long m = 0;
+        for (long j = 0; j < nb; j++) {
+            if (done[j]) continue;
+            for (long i = 0; i < K; i++) {
+                const long q = m * K + i, k = j * K + i, p = parents[k];
+                memcpy(origin_spare + (R0 + q) * Tmax, origin + (R0 + p) * Tmax, (size_t)(t + 1) * sizeof(int64_t));
+                memcpy(hyps_spare + q * ld, hyps + p * ld, (size_t)t * sizeof(int64_t));
+                hyps_spare[q * ld + t] = tokens[k];
+                ids[q] = tokens[k];
+                slot[q] = slot[k];
+                sentence[q] = sentence[k];
+                scores[q] = new_scores[k];
+            }
+            n_finished[m] = n_finished[j];
+            live[m] = live[j];
+            m++;
+        }
+        int64_t *swap = origin; origin = origin_spare; origin_spare = swap;
+        swap = hyps; hyps = hyps_spare; hyps_spare = swap;
+        nb = m;
+    }
+}
+
+void decoder_beam(const tf_decoder *d, const tf_beam *g, int groups)
+{
+    const long B = d->B;
+    if (groups > B) groups = (int)B;
+    if (groups <= 1) {
+        beam_block(d, g, 0, B, 0, 1);
+        return;
+    }
+#pragma omp parallel for num_threads(groups) schedule(static, 1)
+    for (int k = 0; k < groups; k++) {
+        const long base = B / groups, extra = B % groups;
+        const long b0 = k * base + (k < extra ? k : extra);
+        beam_block(d, g, b0, b0 + base + (k < extra), k, groups);
+    }
+}

@@ -96,4 +96,34 @@ typedef struct {
 
 void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups);
 
+/* Beam search's whole loop (transformer/decoding.py, _beam_search, the same steps and bits): K
+ * rows a sentence, N = B * K. Each step takes the log_softmax of the live rows' logits (pad and
+ * bos banned after it), with ngram > 0 the no-repeat-n-gram bans of each row's own tokens (and
+ * EOS banned before min_len only where another token is left), else EOS banned before min_len,
+ * and beam_select (beam.h) over the live sentences, whose last step is at their limit. Each
+ * hypothesis finished at step t is scored score / ((5 + t + 1) / 6) ** length_penalty; a
+ * sentence keeps the first of its best-scored (Python's max over the finished in order).
+ * best[b, 0 .. best_len[b]) receives its tokens (EOS dropped), best_len[b] = -1 when none
+ * finished. A sentence whose beam_select says done leaves the steps.
+ *
+ * groups: blocks of sentences, as decoder_greedy's. scores, new_scores ([B * K]), fin_scores
+ * ([B * 2K]), best_score ([B]), ids, slot, sentence, parents, tokens ([N]), fin_rows, fin_tokens
+ * ([B * 2K]), n_finished, fin_count, live ([B]), done, last_step ([B]), origin, origin_spare
+ * ([N, Tmax]), hyps, hyps_spare ([N, ld_best]) are scratch; limits[b] in [1, Tmax], ld_best >=
+ * max(limits). The caller checks. */
+typedef struct {
+    const int64_t *limits;
+    long K, min_len, ngram;
+    double length_penalty;
+    int64_t bos, eos, pad;
+    int64_t *best, *best_len;
+    long ld_best;
+    double *scores, *new_scores, *fin_scores, *best_score;
+    int64_t *ids, *slot, *sentence, *parents, *tokens, *fin_rows, *fin_tokens, *n_finished, *fin_count,
+        *live, *origin, *origin_spare, *hyps, *hyps_spare;
+    uint8_t *done, *last_step;
+} tf_beam;
+
+void decoder_beam(const tf_decoder *d, const tf_beam *g, int groups);
+
 #endif

@@ -58,6 +58,35 @@ cdef extern from "decoder.h" nogil:
         int64_t *argmax
         int64_t *origin
     void c_decoder_greedy "decoder_greedy"(const tf_decoder *d, const tf_greedy *g, int groups)
+    ctypedef struct tf_beam:
+        const int64_t *limits
+        long K, min_len, ngram
+        double length_penalty
+        int64_t bos, eos, pad
+        int64_t *best
+        int64_t *best_len
+        long ld_best
+        double *scores
+        double *new_scores
+        double *fin_scores
+        double *best_score
+        int64_t *ids
+        int64_t *slot
+        int64_t *sentence
+        int64_t *parents
+        int64_t *tokens
+        int64_t *fin_rows
+        int64_t *fin_tokens
+        int64_t *n_finished
+        int64_t *fin_count
+        int64_t *live
+        int64_t *origin
+        int64_t *origin_spare
+        int64_t *hyps
+        int64_t *hyps_spare
+        uint8_t *done
+        uint8_t *last_step
+    void c_decoder_beam "decoder_beam"(const tf_decoder *d, const tf_beam *g, int groups)
     void c_argmax_rows "argmax_rows"(const float *x, long n, long V, int64_t *out, int reference)
 
 _DS_BUFFERS = ("x", "h", "tmp", "ctx", "query", "qkv", "ff_pre", "ff_act", "logits", "mean", "rstd")
@@ -346,20 +375,12 @@ cdef class DecoderStep:
         return self.logits_buffer[:n]
 
 
-    def greedy(self, limits, min_len=0, ngram=0, bos=1, eos=2, pad=0, int groups=1):
-        """Greedy decoding's whole loop in C (csrc/decoder.h: decoder_greedy), one row per sentence
-        (N = B). limits: int64 [B], each sentence's most tokens, in [1, Tmax]; min_len: EOS banned
-        before it; ngram: the no-repeat-n-gram size (0: off); bos, eos, pad: token ids in [0, V);
-        groups: blocks of sentences, each decoded to its end by one thread (1: every kernel with
-        the process's team). Returns (out, lengths): int64 [B, max(limits)] holding each
-        sentence's tokens (pad past its last step) and int64 [B], the tokens before its EOS, or
-        its limit. Writes the caches and the step buffers."""
+    cdef long _loop_args(self, limits, min_len, ngram, bos, eos, pad, int groups) except -1:
+        """The checks decoder_greedy and decoder_beam share; returns max(limits)."""
         cdef tf_decoder *d = &self.d
         if self.level != tf_isa():
             raise ValueError(f"the weights were packed for the {tf_isa_name(self.level).decode()} kernels, the "
                              f"instruction set is now {tf_isa_name(tf_isa()).decode()}: prepare them again")
-        if d.N != d.B:
-            raise ValueError(f"greedy decoding takes one row per sentence: N = {d.N} rows for B = {d.B}")
         _check(limits, "limits", _I64, 1)
         if limits.shape[0] != d.B:
             raise ValueError(f"limits must have B = {d.B} entries, got {limits.shape[0]}")
@@ -373,7 +394,20 @@ cdef class DecoderStep:
                 raise ValueError(f"{name} must be a token id in [0, {d.V}), got {value!r}")
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")
-        steps = int(limits.max()) if limits.size else 0
+        return int(limits.max()) if limits.size else 0
+
+    def greedy(self, limits, min_len=0, ngram=0, bos=1, eos=2, pad=0, int groups=1):
+        """Greedy decoding's whole loop in C (csrc/decoder.h: decoder_greedy), one row per sentence
+        (N = B). limits: int64 [B], each sentence's most tokens, in [1, Tmax]; min_len: EOS banned
+        before it; ngram: the no-repeat-n-gram size (0: off); bos, eos, pad: token ids in [0, V);
+        groups: blocks of sentences, each decoded to its end by one thread (1: every kernel with
+        the process's team). Returns (out, lengths): int64 [B, max(limits)] holding each
+        sentence's tokens (pad past its last step) and int64 [B], the tokens before its EOS, or
+        its limit. Writes the caches and the step buffers."""
+        cdef tf_decoder *d = &self.d
+        if d.N != d.B:
+            raise ValueError(f"greedy decoding takes one row per sentence: N = {d.N} rows for B = {d.B}")
+        cdef long steps = self._loop_args(limits, min_len, ngram, bos, eos, pad, groups)
         out = np.full((d.B, max(steps, 1)), pad, np.int64)
         lengths = np.zeros(d.B, np.int64)
         scratch = np.zeros((4, d.N), np.int64)
@@ -391,6 +425,51 @@ cdef class DecoderStep:
             with nogil:
                 c_decoder_greedy(d, &g, groups)
         return out[:, :steps], lengths
+
+    def beam(self, limits, long K, double length_penalty=0.6, min_len=0, ngram=0, bos=1, eos=2, pad=0,
+             int groups=1):
+        """Beam search's whole loop in C (csrc/decoder.h: decoder_beam), K rows a sentence
+        (N = B * K). limits, min_len, ngram, bos, eos, pad, groups as in greedy; length_penalty:
+        GNMT's alpha, finite and >= 0. Returns (best, best_len): int64 [B, max(limits)] holding
+        each sentence's best-scored finished hypothesis (EOS dropped) and int64 [B], its length
+        (-1: none finished). Writes the caches and the step buffers."""
+        cdef tf_decoder *d = &self.d
+        if K < 1 or d.N != d.B * K:
+            raise ValueError(f"K must be the rows a sentence: N = {d.N} rows for B = {d.B}, got K = {K}")
+        if not (length_penalty >= 0 and length_penalty < float("inf")):
+            raise ValueError(f"length_penalty must be finite and >= 0, got {length_penalty}")
+        cdef long steps = self._loop_args(limits, min_len, ngram, bos, eos, pad, groups)
+        cdef long B = d.B, N = d.N, ld = max(steps, 1)
+        best = np.full((B, ld), pad, np.int64)
+        best_len = np.full(B, -1, np.int64)
+        f64 = np.zeros((3 * N + 2 * N + B,), np.float64)     # scores, new_scores, fin_scores (2N), best_score
+        i64 = np.zeros((5 * N + 4 * N + 3 * B,), np.int64)   # ids .. tokens; fin_rows, fin_tokens (2N each); 3 per slot
+        u8 = np.zeros(2 * B, np.uint8)
+        origins = np.zeros((2, N, d.Tmax), np.int64)
+        hyps = np.zeros((2, N, ld), np.int64)
+        cdef double *pf = <double *>cnp.PyArray_DATA(<cnp.ndarray>f64)
+        cdef int64_t *pi = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>i64)
+        cdef uint8_t *pu = <uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>u8)
+        cdef int64_t *po = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>origins)
+        cdef int64_t *ph = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>hyps)
+        cdef tf_beam g
+        g.limits = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>limits)
+        g.K, g.min_len, g.ngram, g.length_penalty = K, min_len, ngram, length_penalty
+        g.bos, g.eos, g.pad = bos, eos, pad
+        g.best = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>best)
+        g.best_len = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>best_len)
+        g.ld_best = ld
+        g.scores, g.new_scores, g.fin_scores, g.best_score = pf, pf + N, pf + 2 * N, pf + 4 * N
+        g.ids, g.slot, g.sentence, g.parents, g.tokens = pi, pi + N, pi + 2 * N, pi + 3 * N, pi + 4 * N
+        g.fin_rows, g.fin_tokens = pi + 5 * N, pi + 7 * N
+        g.n_finished, g.fin_count, g.live = pi + 9 * N, pi + 9 * N + B, pi + 9 * N + 2 * B
+        g.done, g.last_step = pu, pu + B
+        g.origin, g.origin_spare = po, po + N * d.Tmax
+        g.hyps, g.hyps_spare = ph, ph + N * ld
+        if B:
+            with nogil:
+                c_decoder_beam(d, &g, groups)
+        return best[:, :steps], best_len
 
 def argmax_rows(x, bint reference=False):
     """int64 [n]: each row's argmax as a decoding step takes it (numpy's: the first index of the

@@ -89,7 +89,8 @@ def test_greedy_and_beam_search_give_the_same_tokens_split_by_rows_or_not(groups
 def test_greedy_loop_in_c_gives_the_tokens_of_the_loop_in_python(isa, precision, threads, groups, max_len, min_len,
                                                                 no_repeat_ngram, monkeypatch):
     """decoder_greedy (every block of sentences to its end on its own thread) against
-    _greedy_decode's step-by-step loop in Python (which return_attention takes), over sentences
+    _greedy_decode's step-by-step loop in Python (with the step in Python, as return_attention
+    takes it, and in C), over sentences
     that stop at EOS or at limits of their own, in blocks of uneven sizes."""
     model = make_model(seed=1, vocab=12, max_len=40)    # EOS at steps 1 to 12, or never, at max_len None
     rng = np.random.default_rng(12)
@@ -99,24 +100,60 @@ def test_greedy_loop_in_c_gives_the_tokens_of_the_loop_in_python(isa, precision,
     args = dict(max_len=max_len, min_len=min_len, no_repeat_ngram=no_repeat_ngram, precision=precision)
     with num_threads(threads):
         got = model.greedy_decode(src, **args)
-        want, _ = model.greedy_decode(src, return_attention=True, **args)
-    assert got == want
+        want, _ = model.greedy_decode(src, return_attention=True, **args)   # the step in Python too
+        monkeypatch.setattr(dec, "_PYTHON_LOOPS", True)
+        also = model.greedy_decode(src, **args)
+    assert got == want == also
     lengths = sorted({len(h) for h in got})
     assert len(lengths) > 2, lengths                           # sentences stop at different steps
 
 
-def test_greedy_loop_blocks_take_every_sentence_once(monkeypatch):
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+@pytest.mark.parametrize("threads, groups", [(1, 1), (2, 1), (2, 2), (3, 3), (2, 7)])
+@pytest.mark.parametrize("K, max_len, min_len, no_repeat_ngram, length_penalty",
+                         [(3, None, 0, 0, 0.6), (2, 9, 3, 0, 0.0), (4, None, 2, 2, 1.0), (3, 12, 0, 1, 0.6)])
+def test_beam_loop_in_c_gives_the_tokens_of_the_loop_in_python(isa, precision, threads, groups, K, max_len, min_len,
+                                                              no_repeat_ngram, length_penalty, monkeypatch):
+    """decoder_beam against _beam_search's step-by-step loop in Python (the same step in C):
+    sentences finishing at different steps, dropped from the batch, in blocks of uneven sizes."""
+    model = make_model(seed=1, vocab=12, max_len=40)
+    rng = np.random.default_rng(12)
+    src = padded_source(rng, 12, rng.integers(1, 14, size=7))
+    monkeypatch.setattr(dec, "DECODE_GROUPS", groups)
+    monkeypatch.setattr(dec, "MIN_GROUP_ROWS", 1)
+    args = dict(beam_size=K, max_len=max_len, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+                length_penalty=length_penalty, precision=precision)
+    with num_threads(threads):
+        got = model.beam_search(src, **args)
+        monkeypatch.setattr(dec, "_PYTHON_LOOPS", True)
+        want = model.beam_search(src, **args)
+    assert got == want
+    assert len({len(h) for h in got}) > 2, got                 # sentences end at different steps
+
+
+def test_beam_loop_in_c_ranks_the_finished_by_the_same_length_penalty(monkeypatch):
+    """Sentences whose finished hypotheses of different lengths rank apart only by the length
+    normalisation ((5 + t + 1) / 6) ** alpha: a step off in C changes 4 of these 24 sentences."""
+    model = make_model(seed=5, vocab=20, max_len=40)
+    rng = np.random.default_rng(12)
+    src = padded_source(rng, 20, rng.integers(1, 14, size=24))
+    got = model.beam_search(src, beam_size=4, length_penalty=4.0)
+    monkeypatch.setattr(dec, "_PYTHON_LOOPS", True)
+    assert got == model.beam_search(src, beam_size=4, length_penalty=4.0)
+
+
+def test_loop_blocks_take_every_sentence_once(monkeypatch):
     """Block k takes sentences k, k + groups, ...: with every block of one sentence per thread
-    or of several, each sentence's tokens land in its own row."""
+    or of several, each sentence's tokens land in its own row, greedy and beam."""
     model = make_model(seed=13)
     rng = np.random.default_rng(14)
     src = padded_source(rng, 40, rng.integers(1, 10, size=10))
     monkeypatch.setattr(dec, "MIN_GROUP_ROWS", 1)
-    want = [model.greedy_decode(src[b:b + 1])[0] for b in range(len(src))]
+    want = [(model.greedy_decode(src[b:b + 1])[0], model.beam_search(src[b:b + 1], 3)[0]) for b in range(len(src))]
     for groups in (1, 3, 4, 10):
         monkeypatch.setattr(dec, "DECODE_GROUPS", groups)
         with num_threads(2):
-            assert model.greedy_decode(src) == want, groups
+            assert list(zip(model.greedy_decode(src), model.beam_search(src, 3))) == want, groups
 
 
 def test_steps_are_split_by_rows_when_the_weights_are_small_or_the_rows_or_threads_many():
@@ -315,3 +352,21 @@ def test_bad_greedy_arguments_are_named(change, match):
 def test_greedy_loop_refuses_several_rows_a_sentence():
     with pytest.raises(ValueError, match=r"one row per sentence: N = 4 rows for B = 2"):
         greedy_cache(K=2).greedy(np.array([3, 6], np.int64))
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(K=3), r"K must be the rows a sentence: N = 4 rows for B = 2, got K = 3"),
+    (dict(K=0), r"K must be the rows a sentence"),
+    (dict(length_penalty=-0.5), r"length_penalty must be finite and >= 0, got -0.5"),
+    (dict(length_penalty=float("nan")), r"length_penalty must be finite and >= 0, got nan"),
+    (dict(limits=np.array([3, 9], np.int64)), r"limits must be in \[1, 6\], got 3 .. 9"),
+    (dict(eos=47), r"eos must be a token id in \[0, 47\), got 47"),
+    (dict(ngram=-2), r"ngram must be an int >= 0, got -2"),
+    (dict(groups=0), r"groups must be >= 1, got 0"),
+])
+def test_bad_beam_arguments_are_named(change, match):
+    args = dict(limits=np.array([3, 6], np.int64), K=2, length_penalty=0.6, min_len=0, ngram=0, bos=1, eos=2,
+                pad=0, groups=1)
+    args.update(change)
+    with pytest.raises((ValueError, TypeError), match=match):
+        greedy_cache(K=2).beam(**args)

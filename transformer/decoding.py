@@ -13,9 +13,9 @@ A step runs in C (csrc/decoder.h): the kernels below, called in the same order a
 DecoderCache._step_python calls them (which stays, for return_attention and as the reference of
 the tests), with no interpreter between them; when the weights are small, its rows are split
 across the threads (step_groups), each running the whole step on its own block. Greedy
-decoding without return_attention runs its whole loop in C too (DecoderStep.greedy): each
-block of sentences goes from the first step to its last on one thread, so the threads meet once
-per call instead of once per step (tiny, 2 threads, Zen 2: 6-8% more tokens/s).
+decoding without return_attention and beam search run their whole loop in C too
+(DecoderStep.greedy, .beam): each block of sentences goes from the first step to its last on
+one thread, so the threads meet once per call instead of once per step.
 
 Every step multiplies a few rows by every decoder weight, so the weights stream
 from memory each step: they are kept packed as the kernels read them (_C.gemm_pack_b),
@@ -102,6 +102,10 @@ MIN_GROUP_ROWS = 4
 MIN_GROUP_ROWS_FEW = 16
 MIN_GROUP_ROWS_MANY = 2
 DECODE_GROUPS = None
+# Greedy and beam search run their whole loop in C (DecoderStep.greedy, .beam: each block of
+# sentences from its first step to its last on one thread); True: the step-by-step loops below,
+# with the step in C (tests: the reference of the loops in C).
+_PYTHON_LOOPS = False
 
 
 def _step_weight_bytes(cfg, precision):
@@ -495,7 +499,7 @@ def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attentio
     B = src.shape[0]
     steps = int(limits.max())
     cache = DecoderCache(model, shared, src_pad, 1, steps, keep_attention=return_attention, workspace=workspace)
-    if cache._native is not None:     # the whole loop in C, each block of sentences on its thread
+    if cache._native is not None and not _PYTHON_LOOPS:   # the whole loop in C (decoder_greedy)
         out, lengths = cache._native.greedy(limits, min_len, no_repeat_ngram, cfg.bos_id, cfg.eos_id,
                                             cfg.pad_id, cache._groups(B))
         return [out[b, :lengths[b]].tolist() for b in range(B)]
@@ -579,6 +583,10 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
     B = src.shape[0]
     max_len = int(limits.max())
     cache = DecoderCache(model, shared, src_pad, K, max_len, workspace=workspace)
+    if cache._native is not None and not _PYTHON_LOOPS:   # the whole loop in C (decoder_beam)
+        best, best_len = cache._native.beam(limits, K, length_penalty, min_len, no_repeat_ngram, cfg.bos_id, eos,
+                                            cfg.pad_id, min(cache._groups(B * K), B))
+        return [best[b, :best_len[b]].tolist() for b in range(B)]
 
     sentences = np.arange(B)                      # live sentence slots -> sentence index
     scores = np.full((B, K), -np.inf, dtype=np.float64)
