@@ -2,17 +2,25 @@
 
     python benchmarks/decode_threads.py [--threads 1,2,4,8,16] [--configs tiny,base]
                                         [--precisions int8,fp32] [--repeats 5]
+                                        [--python-loops] [--blocks auto,2,4,8,16]
 
 Ours alone (no other engine in the process or the machine), greedy, the decode bench's models and
 batches (transformer/bench/decode.py: random weights, every sentence 64 tokens). For each
 (config, precision, threads): the median seconds of the encoder alone (what greedy_decode runs
 before its first step, on the same prepared weights) and of the whole greedy decode, each after
-SETTLE_S of sleep; the step loop is their difference. With `groups`: the blocks of rows each step
-is split into at that count (transformer/decoding.py, step_groups). One JSON line each.
+SETTLE_S of sleep; the step loop is their difference. With `groups`: the blocks of sentences the
+loop runs in at that count (transformer/decoding.py, step_groups).
 
-Written for the 16-core Xeon, where ours gets slower from 8 to 16 threads even with the same
-blocks a step (benchmarks/README.md, "The 16-core Xeon again"): this tells the encoder's share of
-that loss from the steps'.
+--python-loops: also the step-by-step loop in Python (decoding._PYTHON_LOOPS, the threads
+meeting once per step) next to the loop in C (each block of sentences on one thread from its
+first step to its last), in the same process. --blocks: also each fixed block count
+(decoding.DECODE_GROUPS, blocks of one row allowed), "auto" being step_groups' choice. One JSON
+line each.
+
+Written for the 16-core Xeon, where ours got slower from 8 to 16 threads even with the same
+blocks a step (benchmarks/README.md, "The 16-core Xeon again"), before the loops moved to C:
+this tells the encoder's share of that loss from the steps', the loops' share, and the block
+count the loops in C want there.
 """
 import argparse
 import json
@@ -37,9 +45,21 @@ def _seconds(fn, repeats):
     return statistics.median(times), [min(times), max(times)]
 
 
-def measure(name, precision, threads, repeats):
+def measure(name, precision, threads, repeats, python_loops=False, blocks="auto"):
+    """One record; python_loops: the step-by-step loop in Python; blocks: "auto" or a count."""
     model, src = bench._model(name)
     T.set_num_threads(threads)
+    saved = decoding._PYTHON_LOOPS, decoding.DECODE_GROUPS, decoding.MIN_GROUP_ROWS
+    decoding._PYTHON_LOOPS = python_loops
+    if blocks != "auto":
+        decoding.DECODE_GROUPS, decoding.MIN_GROUP_ROWS = int(blocks), 1
+    try:
+        return _measure(model, src, name, precision, threads, repeats, python_loops, blocks)
+    finally:
+        decoding._PYTHON_LOOPS, decoding.DECODE_GROUPS, decoding.MIN_GROUP_ROWS = saved
+
+
+def _measure(model, src, name, precision, threads, repeats, python_loops, blocks):
     decode = lambda: model.greedy_decode(src, max_len=bench.STEPS, min_len=bench.STEPS, precision=precision)
     total_s, total_spread = _seconds(decode, repeats)
     workspace = decoding._lend_workspace(model)        # the prepared weights the decodes used
@@ -54,7 +74,8 @@ def measure(name, precision, threads, repeats):
                 groups=decoding.step_groups(model.cfg, precision, threads, src.shape[0]),
                 tokens_per_s=tokens / total_s, total_s=total_s, total_spread_s=total_spread,
                 encoder_s=encoder_s, encoder_spread_s=encoder_spread, steps_s=total_s - encoder_s,
-                encoder_share=encoder_s / total_s, isa=T.build_info()["isa"], repeats=repeats)
+                encoder_share=encoder_s / total_s, loops="python" if python_loops else "c",
+                blocks_asked=blocks, isa=T.build_info()["isa"], repeats=repeats)
 
 
 def main(argv=None):
@@ -65,7 +86,13 @@ def main(argv=None):
     parser.add_argument("--configs", default="tiny,base")
     parser.add_argument("--precisions", default="int8,fp32")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--python-loops", action="store_true",
+                        help="also time the step-by-step loops in Python")
+    parser.add_argument("--blocks", default="auto", help="comma-separated block counts or auto (default auto)")
     args = parser.parse_args(argv)
+    blocks = args.blocks.split(",")
+    if any(b != "auto" and not (b.isdigit() and int(b) >= 1) for b in blocks):
+        parser.error(f"--blocks {args.blocks!r}: comma-separated positive integers or auto")
     try:
         threads = [int(n) for n in args.threads.split(",")]
     except ValueError:
@@ -82,11 +109,14 @@ def main(argv=None):
     for name in configs:
         for precision in precisions:
             for n in threads:
-                record = measure(name, precision, n, args.repeats)
-                print(json.dumps(record), flush=True)
-                print(f"{name} {precision} {n:>2} threads: {record['tokens_per_s']:9.0f} tokens/s, "
-                      f"encoder {record['encoder_s'] * 1e3:6.1f} ms of {record['total_s'] * 1e3:6.1f} "
-                      f"({record['groups']} blocks a step)", file=sys.stderr)
+                for count in blocks:
+                    for python_loops in (False, True) if args.python_loops else (False,):
+                        record = measure(name, precision, n, args.repeats, python_loops, count)
+                        print(json.dumps(record), flush=True)
+                        print(f"{name} {precision} {n:>2} threads, loops in {record['loops']:>6}: "
+                              f"{record['tokens_per_s']:9.0f} tokens/s, encoder "
+                              f"{record['encoder_s'] * 1e3:6.1f} ms of {record['total_s'] * 1e3:6.1f} "
+                              f"({record['groups']} blocks)", file=sys.stderr)
 
 
 if __name__ == "__main__":

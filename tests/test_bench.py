@@ -9,6 +9,7 @@ import pytest
 
 import transformer as T
 from transformer import cli
+from transformer import decoding as dec
 from transformer.bench import masking
 from transformer.bench import train as bench_train
 
@@ -384,7 +385,7 @@ def _benchmark_script(name):
     return module
 
 
-def test_decode_threads_times_the_encoder_apart_from_the_steps(capsys):
+def test_decode_threads_times_the_encoder_apart_from_the_steps(capsys, restore_threads):
     # benchmarks/decode_threads.py reaches into decoding's workspace and the model's encoder: this
     # keeps it wired to them, and its split honest (the encoder is a part of the whole decode)
     script = _benchmark_script("decode_threads")
@@ -392,6 +393,15 @@ def test_decode_threads_times_the_encoder_apart_from_the_steps(capsys):
     assert record["tokens"] == 32 * 64 and record["groups"] == 1
     assert 0 < record["encoder_s"] < record["total_s"]
     assert record["steps_s"] == pytest.approx(record["total_s"] - record["encoder_s"])
+    assert record["loops"] == "c" and record["blocks_asked"] == "auto"
+    # the Python loops and a fixed block count are asked for, and put back afterwards
+    loops, groups = dec._PYTHON_LOOPS, dec.DECODE_GROUPS
+    record = script.measure("tiny", "fp32", 2, repeats=1, python_loops=True, blocks="8")
+    assert record["loops"] == "python" and record["groups"] == 8
+    assert (dec._PYTHON_LOOPS, dec.DECODE_GROUPS) == (loops, groups)
     with pytest.raises(SystemExit):
         script.main(["--threads", "0"])
     assert "--threads '0'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.main(["--blocks", "auto,0"])
+    assert "--blocks 'auto,0'" in capsys.readouterr().err
