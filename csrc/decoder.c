@@ -296,7 +296,7 @@ static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long 
 
 void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups)
 {
-    const long B = d->N;
+    const long B = d->B;   /* = d->N: one row a sentence */
     for (long b = 0; b < B; b++) g->lengths[b] = g->limits[b];
     if (groups > B) groups = (int)B;
     if (groups <= 1) {

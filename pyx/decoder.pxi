@@ -374,7 +374,6 @@ cdef class DecoderStep:
             c_decoder_step(d, pi, n, t, ps, po, d.Tmax, pn, log_softmax, ban, n_banned, pa, groups)
         return self.logits_buffer[:n]
 
-
     cdef long _loop_args(self, limits, min_len, ngram, bos, eos, pad, int groups) except -1:
         """The checks decoder_greedy and decoder_beam share; returns max(limits)."""
         cdef tf_decoder *d = &self.d
@@ -442,8 +441,8 @@ cdef class DecoderStep:
         cdef long B = d.B, N = d.N, ld = max(steps, 1)
         best = np.full((B, ld), pad, np.int64)
         best_len = np.full(B, -1, np.int64)
-        f64 = np.zeros((3 * N + 2 * N + B,), np.float64)     # scores, new_scores, fin_scores (2N), best_score
-        i64 = np.zeros((5 * N + 4 * N + 3 * B,), np.int64)   # ids .. tokens; fin_rows, fin_tokens (2N each); 3 per slot
+        f64 = np.zeros(4 * N + B, np.float64)     # scores, new_scores (N each), fin_scores (2N), best_score (B)
+        i64 = np.zeros(9 * N + 3 * B, np.int64)   # ids .. tokens (N each), fin_rows, fin_tokens (2N each), 3 x B
         u8 = np.zeros(2 * B, np.uint8)
         origins = np.zeros((2, N, d.Tmax), np.int64)
         hyps = np.zeros((2, N, ld), np.int64)

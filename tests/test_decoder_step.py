@@ -142,6 +142,17 @@ def test_beam_loop_in_c_ranks_the_finished_by_the_same_length_penalty(monkeypatc
     assert got == model.beam_search(src, beam_size=4, length_penalty=4.0)
 
 
+@pytest.mark.parametrize("python_loops", [False, True])
+def test_a_sentence_nothing_finished_for_decodes_to_nothing(python_loops, monkeypatch):
+    """NaN logits: beam search finishes no hypothesis (beam_select takes no candidate that is not
+    finite), and the sentence decodes to nothing, not to a row of pads, in both loops."""
+    model = make_model(seed=1, vocab=12, max_len=40)
+    model.params.data["generator.weight"][:] = np.nan
+    src = padded_source(np.random.default_rng(1), 12, [3, 5])
+    monkeypatch.setattr(dec, "_PYTHON_LOOPS", python_loops)
+    assert model.beam_search(src, beam_size=2) == [[], []]
+
+
 def test_loop_blocks_take_every_sentence_once(monkeypatch):
     """Block k takes sentences k, k + groups, ...: with every block of one sentence per thread
     or of several, each sentence's tokens land in its own row, greedy and beam."""

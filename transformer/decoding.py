@@ -586,7 +586,7 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
     if cache._native is not None and not _PYTHON_LOOPS:   # the whole loop in C (decoder_beam)
         best, best_len = cache._native.beam(limits, K, length_penalty, min_len, no_repeat_ngram, cfg.bos_id, eos,
                                             cfg.pad_id, min(cache._groups(B * K), B))
-        return [best[b, :best_len[b]].tolist() for b in range(B)]
+        return [best[b, :best_len[b]].tolist() if best_len[b] >= 0 else [] for b in range(B)]   # -1: none finished
 
     sentences = np.arange(B)                      # live sentence slots -> sentence index
     scores = np.full((B, K), -np.inf, dtype=np.float64)
