@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "attention.h"
 #include "beam.h"
@@ -245,6 +246,37 @@ static void forbid_eos(float *row, long V, int64_t eos)
     row[eos] = saved;
 }
 
+static long now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (long)t.tv_sec * 1000L + t.tv_nsec / 1000000L;
+}
+
+static int caller_thread(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num() == 0;   /* the team's master, or no team at all */
+#else
+    return 1;
+#endif
+}
+
+/* Between two steps of a block: whether to stop (tf_poll). *next: when the caller's thread
+ * asks next, in now_ms's milliseconds. */
+static int stop_asked(tf_poll *p, long *next)
+{
+    if (!p || !p->fn) return 0;
+    if (caller_thread()) {
+        const long now = now_ms();
+        if (now >= *next) {
+            *next = now + TF_POLL_MS;
+            if (p->fn(p->ctx)) __atomic_store_n(&p->stopped, 1, __ATOMIC_RELAXED);
+        }
+    }
+    return __atomic_load_n(&p->stopped, __ATOMIC_RELAXED);
+}
+
 /* Greedy decoding of the sentences first, first + stride, ... in rows b0 .. b1 - 1 of every
  * buffer, to their last step. */
 static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long b1, long first, long stride)
@@ -258,7 +290,9 @@ static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long 
         g->sentence[b] = s;
         if (g->limits[s] > steps) steps = g->limits[s];
     }
+    long next_poll = now_ms() + TF_POLL_MS;
     for (long t = 0; t < steps && n > 0; t++) {
+        if (stop_asked(g->poll, &next_poll)) return;
         const int64_t banned[3] = {g->pad, g->bos, g->eos};   /* EOS last: banned before min_len */
         const step_tail tail = {0, t < g->min_len && !g->ngram ? 3 : 2, banned,
                                 g->ngram ? NULL : g->argmax};
@@ -345,7 +379,9 @@ static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, 
     }
     const int64_t banned_step[2] = {g->pad, g->bos};
     const step_tail tail = {1, 2, banned_step, NULL};
+    long next_poll = now_ms() + TF_POLL_MS;
     for (long t = 0; t < steps && nb > 0; t++) {
+        if (stop_asked(g->poll, &next_poll)) return;
         const long n = nb * K;
         /* step_rows offsets the row arrays itself: hand it the block's, less R0 */
         step_rows(d, ids - R0, n, t, slot - R0, origin, Tmax, sentence - R0, &tail, R0);

@@ -70,6 +70,17 @@ void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const
  * definition when `reference` (tests compare the two). */
 void argmax_rows(const float *x, long n, long V, int64_t *out, int reference);
 
+/* How a decoding loop in C is told to stop early (the interpreter's signals: Ctrl-C, which the
+ * step-by-step loop in Python saw between any two steps). The thread that called the loop calls
+ * fn(ctx) between two of its steps, at most every TF_POLL_MS; when it returns nonzero, `stopped`
+ * is set and every block stops before its next step (the outputs are then incomplete). */
+#define TF_POLL_MS 20
+typedef struct {
+    int (*fn)(void *ctx);
+    void *ctx;
+    int stopped;
+} tf_poll;
+
 /* Greedy decoding's whole loop (transformer/decoding.py, _greedy_decode without return_attention):
  * one row per sentence, B = N rows. Sentence b starts from `bos` and takes at each step t the
  * argmax of its logits, with pad and bos banned, EOS banned while t < min_len (with ngram > 0:
@@ -84,7 +95,8 @@ void argmax_rows(const float *x, long n, long V, int64_t *out, int reference);
  * others: the threads meet once per call, not once per step, and no interpreter runs between
  * steps. 1: one block, every kernel with the process's team. Rows are computed apart, so the
  * tokens do not depend on the grouping. ids, slot, sentence and argmax ([N]) and origin
- * ([N, Tmax]) are scratch; limits[b] in [1, Tmax], ld_out >= max(limits). The caller checks. */
+ * ([N, Tmax]) are scratch; limits[b] in [1, Tmax], ld_out >= max(limits). The caller checks.
+ * poll: see tf_poll. */
 typedef struct {
     const int64_t *limits;
     long min_len, ngram;
@@ -92,6 +104,7 @@ typedef struct {
     int64_t *out, *lengths;
     long ld_out;
     int64_t *ids, *slot, *sentence, *argmax, *origin;
+    tf_poll *poll;      /* NULL: never stopped early */
 } tf_greedy;
 
 void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups);
@@ -122,6 +135,7 @@ typedef struct {
     int64_t *ids, *slot, *sentence, *parents, *tokens, *fin_rows, *fin_tokens, *n_finished, *fin_count,
         *live, *origin, *origin_spare, *hyps, *hyps_spare;
     uint8_t *done, *last_step;
+    tf_poll *poll;      /* NULL: never stopped early */
 } tf_beam;
 
 void decoder_beam(const tf_decoder *d, const tf_beam *g, int groups);

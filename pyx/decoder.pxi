@@ -1,5 +1,7 @@
 # The decoder's step in C (csrc/decoder.h). Included by _C.pyx.
 
+from cpython.exc cimport PyErr_Fetch, PyErr_Restore
+from cpython.ref cimport PyObject
 from libc.math cimport sqrt
 from libc.stdlib cimport calloc, free
 
@@ -45,6 +47,10 @@ cdef extern from "decoder.h" nogil:
                                        const int64_t *slot, int64_t *origin, long ld_origin,
                                        const int64_t *sentence, int log_softmax, const int64_t *banned,
                                        int n_banned, int64_t *argmax, int groups)
+    ctypedef struct tf_poll:
+        int (*fn)(void *ctx) noexcept nogil
+        void *ctx
+        int stopped
     ctypedef struct tf_greedy:
         const int64_t *limits
         long min_len, ngram
@@ -57,6 +63,7 @@ cdef extern from "decoder.h" nogil:
         int64_t *sentence
         int64_t *argmax
         int64_t *origin
+        tf_poll *poll
     void c_decoder_greedy "decoder_greedy"(const tf_decoder *d, const tf_greedy *g, int groups)
     ctypedef struct tf_beam:
         const int64_t *limits
@@ -86,8 +93,36 @@ cdef extern from "decoder.h" nogil:
         int64_t *hyps_spare
         uint8_t *done
         uint8_t *last_step
+        tf_poll *poll
     void c_decoder_beam "decoder_beam"(const tf_decoder *d, const tf_beam *g, int groups)
     void c_argmax_rows "argmax_rows"(const float *x, long n, long V, int64_t *out, int reference)
+
+# A decoding loop in C asks the interpreter for its signals between steps (csrc/decoder.h:
+# tf_poll): a KeyboardInterrupt, or what a signal handler raised, stops it and is raised when it
+# returns, as the step-by-step loop raised it between two steps.
+cdef extern from "Python.h":
+    int _check_signals "PyErr_CheckSignals"()   # -1 with the exception set: fetched below, not raised
+
+
+cdef struct _signals:
+    PyObject *type
+    PyObject *value
+    PyObject *traceback
+
+
+cdef int _poll_signals(void *ctx) noexcept nogil:
+    cdef _signals *caught = <_signals *>ctx
+    with gil:
+        if _check_signals() == 0:
+            return 0
+        PyErr_Fetch(&caught.type, &caught.value, &caught.traceback)   # held until the loop returns
+    return 1
+
+
+cdef int _raise_caught(_signals *caught) except -1:
+    PyErr_Restore(caught.type, caught.value, caught.traceback)       # takes the references
+    return -1
+
 
 _DS_BUFFERS = ("x", "h", "tmp", "ctx", "query", "qkv", "ff_pre", "ff_act", "logits", "mean", "rstd")
 
@@ -420,9 +455,14 @@ cdef class DecoderStep:
         cdef int64_t *ps = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>scratch)
         g.ids, g.slot, g.sentence, g.argmax = ps, ps + d.N, ps + 2 * d.N, ps + 3 * d.N
         g.origin = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>origin)
+        cdef _signals caught = _signals(NULL, NULL, NULL)
+        cdef tf_poll poll = tf_poll(_poll_signals, &caught, 0)
+        g.poll = &poll
         if d.B:
             with nogil:
                 c_decoder_greedy(d, &g, groups)
+        if poll.stopped:
+            _raise_caught(&caught)
         return out[:, :steps], lengths
 
     def beam(self, limits, long K, double length_penalty=0.6, min_len=0, ngram=0, bos=1, eos=2, pad=0,
@@ -465,9 +505,14 @@ cdef class DecoderStep:
         g.done, g.last_step = pu, pu + B
         g.origin, g.origin_spare = po, po + N * d.Tmax
         g.hyps, g.hyps_spare = ph, ph + N * ld
+        cdef _signals caught = _signals(NULL, NULL, NULL)
+        cdef tf_poll poll = tf_poll(_poll_signals, &caught, 0)
+        g.poll = &poll
         if B:
             with nogil:
                 c_decoder_beam(d, &g, groups)
+        if poll.stopped:
+            _raise_caught(&caught)
         return best[:, :steps], best_len
 
 def argmax_rows(x, bint reference=False):

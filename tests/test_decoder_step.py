@@ -381,3 +381,44 @@ def test_bad_beam_arguments_are_named(change, match):
     args.update(change)
     with pytest.raises((ValueError, TypeError), match=match):
         greedy_cache(K=2).beam(**args)
+
+
+class Stop(Exception):
+    pass
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_signal_stops_the_loop_in_c_within_steps(search, threads, monkeypatch):
+    """What a signal handler raises (Ctrl-C's KeyboardInterrupt, here a SIGALRM's Stop) stops the
+    loop in C between two steps and reaches the caller, as it did between two steps of the loop
+    in Python, instead of after the whole batch; the model decodes as before afterwards."""
+    import signal
+    import time
+    cfg = T.ModelConfig(src_vocab_size=500, tgt_vocab_size=500, d_model=64, n_heads=4, d_ff=128,
+                        n_encoder_layers=1, n_decoder_layers=2, max_len=600)
+    model = T.Seq2SeqTransformer(cfg, seed=3)
+    src = padded_source(np.random.default_rng(4), 500, [12] * 32)
+    monkeypatch.setattr(dec, "MIN_GROUP_ROWS", 1)
+    decode = (lambda: model.greedy_decode(src, max_len=600, min_len=600)) if search == "greedy" else \
+        (lambda: model.beam_search(src, beam_size=4, max_len=300, min_len=300))
+
+    def handler(signum, frame):
+        raise Stop
+
+    before = signal.signal(signal.SIGALRM, handler)
+    try:
+        with num_threads(threads):
+            start = time.perf_counter()
+            want = decode()
+            whole = time.perf_counter() - start
+            signal.setitimer(signal.ITIMER_REAL, whole / 10)
+            start = time.perf_counter()
+            with pytest.raises(Stop):
+                decode()
+            stopped = time.perf_counter() - start
+            assert stopped < whole / 2, (stopped, whole)
+            assert decode() == want
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)

@@ -15,7 +15,9 @@ the tests), with no interpreter between them; when the weights are small, its ro
 across the threads (step_groups), each running the whole step on its own block. Greedy
 decoding without return_attention and beam search run their whole loop in C too
 (DecoderStep.greedy, .beam): each block of sentences goes from the first step to its last on
-one thread, so the threads meet once per call instead of once per step.
+one thread, so the threads meet once per call instead of once per step. The thread that
+called them asks the interpreter for its signals every 20 ms between steps, so Ctrl-C stops
+them within a step or so, as it stopped the step-by-step loops.
 
 Every step multiplies a few rows by every decoder weight, so the weights stream
 from memory each step: they are kept packed as the kernels read them (_C.gemm_pack_b),
