@@ -90,8 +90,8 @@ def test_greedy_loop_in_c_gives_the_tokens_of_the_loop_in_python(isa, precision,
                                                                 no_repeat_ngram, monkeypatch):
     """decoder_greedy (every block of sentences to its end on its own thread) against
     _greedy_decode's step-by-step loop in Python (with the step in Python, as return_attention
-    takes it, and in C), over sentences
-    that stop at EOS or at limits of their own, in blocks of uneven sizes."""
+    takes it, and in C), over sentences that stop at EOS or at limits of their own, in blocks of
+    uneven sizes."""
     model = make_model(seed=1, vocab=12, max_len=40)    # EOS at steps 1 to 12, or never, at max_len None
     rng = np.random.default_rng(12)
     src = padded_source(rng, 12, rng.integers(1, 14, size=7))
@@ -143,7 +143,7 @@ def test_beam_loop_in_c_ranks_the_finished_by_the_same_length_penalty(monkeypatc
 
 
 @pytest.mark.parametrize("python_loops", [False, True])
-def test_a_sentence_nothing_finished_for_decodes_to_nothing(python_loops, monkeypatch):
+def test_beam_search_gives_nothing_for_a_sentence_with_no_finished_hypothesis(python_loops, monkeypatch):
     """NaN logits: beam search finishes no hypothesis (beam_select takes no candidate that is not
     finite), and the sentence decodes to nothing, not to a row of pads, in both loops."""
     model = make_model(seed=1, vocab=12, max_len=40)
