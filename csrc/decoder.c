@@ -277,6 +277,20 @@ static int stop_asked(tf_poll *p, long *next)
     return __atomic_load_n(&p->stopped, __ATOMIC_RELAXED);
 }
 
+/* The calling thread, its own blocks done, while others still run (`running` of them): it goes
+ * on asking for signals, every TF_POLL_MS, so that a stop still reaches the other blocks at their
+ * next step (a block of short sentences done first would otherwise leave a Ctrl-C unseen until
+ * the longest block ended). Sleeps between looks: its core is free for the others. */
+static void poll_while_running(tf_poll *p, const int *running)
+{
+    long next = now_ms() + TF_POLL_MS;
+    const struct timespec nap = {0, 200000};   /* 0.2 ms: the most the call's end waits for it */
+    while (__atomic_load_n(running, __ATOMIC_ACQUIRE) > 0) {
+        if (!__atomic_load_n(&p->stopped, __ATOMIC_RELAXED)) stop_asked(p, &next);
+        nanosleep(&nap, NULL);
+    }
+}
+
 /* Greedy decoding of the sentences first, first + stride, ... in rows b0 .. b1 - 1 of every
  * buffer, to their last step. */
 static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long b1, long first, long stride)
@@ -340,11 +354,17 @@ void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups)
     /* Block k takes the sentences k, k + groups, ...: translate_texts sorts a batch by length, so
      * each block gets its share of short and long sentences, rather than the first block the
      * shortest. Its rows follow the blocks before it: block j has (B - j + groups - 1) / groups. */
-#pragma omp parallel for num_threads(groups) schedule(static, 1)
-    for (int k = 0; k < groups; k++) {
-        const long base = B / groups, extra = B % groups;
-        const long b0 = k * base + (k < extra ? k : extra);
-        greedy_block(d, g, b0, b0 + base + (k < extra), k, groups);
+    int running = groups;
+#pragma omp parallel num_threads(groups)
+    {
+#pragma omp for schedule(static, 1) nowait
+        for (int k = 0; k < groups; k++) {
+            const long base = B / groups, extra = B % groups;
+            const long b0 = k * base + (k < extra ? k : extra);
+            greedy_block(d, g, b0, b0 + base + (k < extra), k, groups);
+            __atomic_fetch_sub(&running, 1, __ATOMIC_RELEASE);
+        }
+        if (g->poll && g->poll->fn && caller_thread()) poll_while_running(g->poll, &running);
     }
 }
 
@@ -447,10 +467,16 @@ void decoder_beam(const tf_decoder *d, const tf_beam *g, int groups)
         beam_block(d, g, 0, B, 0, 1);
         return;
     }
-#pragma omp parallel for num_threads(groups) schedule(static, 1)
-    for (int k = 0; k < groups; k++) {
-        const long base = B / groups, extra = B % groups;
-        const long b0 = k * base + (k < extra ? k : extra);
-        beam_block(d, g, b0, b0 + base + (k < extra), k, groups);
+    int running = groups;
+#pragma omp parallel num_threads(groups)
+    {
+#pragma omp for schedule(static, 1) nowait
+        for (int k = 0; k < groups; k++) {
+            const long base = B / groups, extra = B % groups;
+            const long b0 = k * base + (k < extra ? k : extra);
+            beam_block(d, g, b0, b0 + base + (k < extra), k, groups);
+            __atomic_fetch_sub(&running, 1, __ATOMIC_RELEASE);
+        }
+        if (g->poll && g->poll->fn && caller_thread()) poll_while_running(g->poll, &running);
     }
 }

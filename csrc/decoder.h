@@ -72,8 +72,9 @@ void argmax_rows(const float *x, long n, long V, int64_t *out, int reference);
 
 /* How a decoding loop in C is told to stop early (the interpreter's signals: Ctrl-C, which the
  * step-by-step loop in Python saw between any two steps). The thread that called the loop calls
- * fn(ctx) between two of its steps, at most every TF_POLL_MS; when it returns nonzero, `stopped`
- * is set and every block stops before its next step (the outputs are then incomplete). */
+ * fn(ctx) between two of its steps, and once its own blocks are done, while other blocks still
+ * run, at most every TF_POLL_MS; when it returns nonzero, `stopped` is set and every block stops
+ * before its next step (the outputs are then incomplete). */
 #define TF_POLL_MS 20
 typedef struct {
     int (*fn)(void *ctx);

@@ -422,3 +422,48 @@ def test_a_signal_stops_the_loop_in_c_within_steps(search, threads, monkeypatch)
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
+
+
+@pytest.mark.parametrize("search", ["greedy", "beam"])
+def test_a_signal_stops_the_other_blocks_after_the_calling_threads_block_is_done(search, monkeypatch):
+    """The calling thread is the one that asks for signals. Its block here (the even sentences,
+    one-token sources, limits of 12 tokens) is done within a few steps, while the other block
+    (long sources, limits of 600 tokens) runs on: the calling thread goes on asking, so a signal
+    still stops that block between two of its steps instead of after the whole batch."""
+    import signal
+    import time
+    cfg = T.ModelConfig(src_vocab_size=500, tgt_vocab_size=500, d_model=64, n_heads=4, d_ff=128,
+                        n_encoder_layers=1, n_decoder_layers=2, max_len=600)
+    model = T.Seq2SeqTransformer(cfg, seed=3)
+    long = (cfg.max_len - dec.MAX_LEN_B) // dec.MAX_LEN_A
+    src = padded_source(np.random.default_rng(4), 500, [1, long] * 4)   # block k: sentences k, k + 2, ...
+    monkeypatch.setattr(dec, "DECODE_GROUPS", 2)
+    decode = (lambda: model.greedy_decode(src, min_len=cfg.max_len)) if search == "greedy" else \
+        (lambda: model.beam_search(src, beam_size=4, min_len=cfg.max_len))
+
+    def handler(signum, frame):
+        raise Stop
+
+    def seconds(fn):
+        start = time.perf_counter()
+        result = fn()
+        return time.perf_counter() - start, result
+
+    before = signal.signal(signal.SIGALRM, handler)
+    try:
+        with num_threads(2):
+            seconds(decode)
+            first, _ = min(seconds(lambda: model.greedy_decode(src, max_len=1)) for _ in range(3))
+            whole, want = seconds(decode)
+            assert [len(h) for h in want[:2]] == [dec.MAX_LEN_A + dec.MAX_LEN_B, cfg.max_len]
+            loop = whole - first    # the loop in C, past the encoder and its first step
+            signal.setitimer(signal.ITIMER_REAL, first + loop / 5)
+            start = time.perf_counter()
+            with pytest.raises(Stop):
+                decode()
+            stopped = time.perf_counter() - start
+            assert stopped < first + loop * 0.6, (stopped, first, whole)
+            assert decode() == want
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
