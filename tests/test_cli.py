@@ -306,6 +306,37 @@ def test_quantize_into_a_model_directory_needs_overwrite(run, tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+def test_overwrite_replaces_the_whole_run_or_model_and_keeps_what_is_not_ours(run, tmp_path):
+    """--overwrite replaces what --out held: the int8 model written over a training run leaves
+    no checkpoint or log of that run to resume (a resume would have continued the old run beside
+    the new model), and a new run leaves nothing of the old run's --keep-best model or
+    --average-last snapshots (its average would have counted them). A file that is not part of
+    a run or model stays."""
+    out = str(tmp_path / "out")
+    shutil.copytree(run["out"], out)
+    for leftover in ("best", os.path.join("snapshots", "step-9999999")):
+        os.makedirs(os.path.join(out, leftover))
+        open(os.path.join(out, leftover, "config.json"), "w").close()
+    open(os.path.join(out, "notes.txt"), "w").write("mine")
+    done = run_cli("quantize", "--model", run["out"], "--out", out, "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert sorted(os.listdir(out)) == ["config.json", "model.safetensors", "notes.txt",
+                                       "src_tokenizer.json", "tgt_tokenizer.json"]
+    line = error_line(run_cli("train", "--resume", out, "--max-steps", "3"), "train")
+    assert f"--resume {out}" in line
+
+    for leftover in ("best", os.path.join("snapshots", "step-9999999")):
+        os.makedirs(os.path.join(out, leftover))
+        open(os.path.join(out, leftover, "config.json"), "w").close()
+    done = run_cli("train", *SMALL, "--batch-size", "4", "--max-steps", "2", "--average-last", "2",
+                   "--snapshot-every", "1", "--out", out, "--overwrite")
+    assert done.returncode == 0, done.stderr
+    assert "best" not in os.listdir(out) and open(os.path.join(out, "notes.txt")).read() == "mine"
+    assert sorted(os.listdir(os.path.join(out, "snapshots"))) == ["step-0000001", "step-0000002"]
+    with open(os.path.join(out, "log.jsonl")) as f:
+        assert [json.loads(line)["step"] for line in f if '"loss"' in line] == [1, 2]
+
+
 def test_the_builtin_demo_can_be_run_again_in_its_default_directory(tmp_path):
     argv = [sys.executable, "-m", "transformer", "train", *SMALL, "--batch-size", "4", "--max-steps", "1"]
     for _ in range(2):          # runs/builtin under the working directory, both times

@@ -221,6 +221,28 @@ def average_model_dirs(directories):
 SNAPSHOT_DIR = "snapshots"
 
 
+LOG_FILE = "log.jsonl"   # the training log (train.py): one JSON line per step and per evaluation
+BEST_DIR = "best"        # --keep-best's model
+
+
+def clear_run(directory):
+    """Remove from `directory` what a run or a model of ours left there, and nothing else: its
+    checkpoint, model files, tokenizers, log, --keep-best's model and --average-last's snapshots.
+    What replaces a run or model (--overwrite) starts from this, so it is never mixed with what it
+    replaces (a --resume would have continued the old checkpoint beside a new model, and a new
+    run's averages would have counted the old run's snapshots)."""
+    from .model import CONFIG_FILE, WEIGHTS_FILE
+
+    for name in (CHECKPOINT_FILE, CONFIG_FILE, WEIGHTS_FILE, SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE, LOG_FILE):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path) or os.path.islink(path):
+            os.remove(path)
+    for name in (BEST_DIR, SNAPSHOT_DIR):
+        path = os.path.join(directory, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path)
+
+
 def snapshot_path(directory, step):
     return os.path.join(directory, SNAPSHOT_DIR, f"step-{step:07d}")
 

@@ -464,6 +464,15 @@ def _check_out_dir(out, inputs=(), overwrite=False):
                         "or another directory")
 
 
+def _replace(args):
+    """With --overwrite, what a run or model of ours left in --out goes before the new one is
+    written (checkpoint.clear_run), so the two are never mixed; input checks have all passed."""
+    from .checkpoint import clear_run
+
+    if args.overwrite and os.path.isdir(args.out):
+        clear_run(args.out)
+
+
 def _load_model(directory, flag="--model", frozen=False):
     """load_for_inference, errors blamed on `flag`. frozen: read-only weights (Parameters.freeze),
     for the commands that only decode: no one else ever holds a view of them, so decoding trusts
@@ -563,6 +572,7 @@ def _average(args):
     with blame():
         model, src_tok, tgt_tok = average_model_dirs(args.models)
     with blame("--out", args.out):
+        _replace(args)
         save_inference_files(args.out, model, src_tok, tgt_tok)
     print(f"averaged {len(args.models)} models into {args.out}", file=sys.stderr)
     return 0
@@ -574,6 +584,7 @@ def _quantize(args):
     _check_out_dir(args.out, [("--model", args.model)], args.overwrite)
     model, src_tok, tgt_tok = _load_model(args.model)
     with blame("--out", args.out):
+        _replace(args)
         save_inference_files(args.out, model, src_tok, tgt_tok, precision="int8")
     print(f"wrote the int8 model {args.out} (its weight matrices quantized per row; translate and "
           "evaluate decode it in int8 unless given another --precision)", file=sys.stderr)
@@ -596,6 +607,7 @@ def _convert(args):
                 raise FileNotFoundError("MarianMT directory not found")
             model, src_tok, tgt_tok = import_marian(directory)
         with blame("--out", args.out):
+            _replace(args)
             save_inference_files(args.out, model, src_tok, tgt_tok)
         print(f"wrote {args.out}: a MarianMT model with {model.num_parameters():,} parameters "
               f"(translate, evaluate and train --init-from read it)", file=sys.stderr)
@@ -608,6 +620,7 @@ def _convert(args):
     with blame("--to", directory):
         config_to_marian(model.cfg)
     with blame("--out", args.out):
+        _replace(args)
         export_marian(model, src_tok, tgt_tok, args.out)
     print(f"wrote {args.out}: MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained read it",
           file=sys.stderr)

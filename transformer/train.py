@@ -17,8 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import _C, datasets
-from .checkpoint import (CHECKPOINT_FILE, average_weights, list_snapshots, load_checkpoint,
-                         save_checkpoint, save_inference_files, save_snapshot, snapshot_path)
+from .checkpoint import (BEST_DIR, CHECKPOINT_FILE, LOG_FILE, average_weights, clear_run, list_snapshots,
+                         load_checkpoint, save_checkpoint, save_inference_files, save_snapshot,
+                         snapshot_path)
 from .config import PRESETS, ModelConfig
 from .data import HEADER_CHOICES, collate, length_batches, make_example, read_pairs, split_pairs
 from .errors import FlagError, blame
@@ -27,7 +28,6 @@ from .optim import Adam, budget_lr, clip_grad_norm, noam_lr
 from .tasks import ReverseTask
 from .tokenizer import SubwordTokenizer
 
-LOG_FILE = "log.jsonl"   # one JSON line per step (loss, lr, tokens) and per evaluation
 SIZE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout", "activation",
               "norm_first", "tie_embeddings")
 
@@ -154,6 +154,11 @@ class Trainer:
         self.dp = dp                        # a DataParallel under mpirun: this rank trains on its shard
         self.leader = dp is None or dp.rank == 0   # logs, evaluates and writes checkpoints
         self.model_for_inference = None     # with --average-last: the averaged model, after run()
+        # --overwrite: this run replaces the run or model in --out (checkpoint.clear_run as it
+        # begins), unless it continues that very run (--resume into its own directory)
+        resume = getattr(args, "resume", None)
+        self.replaces_run = bool(getattr(args, "overwrite", False)) and checkpoints and not (
+            resume and os.path.realpath(resume) == os.path.realpath(args.out))
 
     # -- data ---------------------------------------------------------------------------------
     def next_batch(self):
@@ -390,7 +395,7 @@ class Trainer:
         if loss is not None and loss < self.state.best_dev_loss:
             self.state.best_dev_loss = loss
             if self.checkpoints:
-                save_inference_files(os.path.join(self.args.out, "best"), self.model, self.src_tokenizer,
+                save_inference_files(os.path.join(self.args.out, BEST_DIR), self.model, self.src_tokenizer,
                                      self.tgt_tokenizer)
             return True
         return False
@@ -438,6 +443,8 @@ class Trainer:
         window_tokens, window_start = 0, time.perf_counter()
         status = 0
         if self.leader:
+            if self.replaces_run:   # --overwrite: the run or model in --out goes as this one begins
+                clear_run(args.out)
             log = open(os.path.join(args.out, LOG_FILE), "a", encoding="utf-8")
             self._truncate_log(log)
         else:
