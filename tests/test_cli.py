@@ -145,6 +145,36 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
 
 # -- blank and over-long lines ---------------------------------------------------------------------------
 
+@pytest.mark.parametrize("command", ["translate", "evaluate"])
+def test_a_beam_whose_caches_exceed_the_machines_memory_is_one_line_before_any_decoding(run, command):
+    """--beam 100000 had no bound: numpy reserved its caches, and the process grew for minutes."""
+    argv = ["translate", "--model", run["out"], "hello"] if command == "translate" else \
+        ["evaluate", "--model", run["out"], "--data", run["data"], "--src-col", "eng", "--tgt-col", "fake"]
+    done = run_cli(*argv, "--beam", str(10**9))
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip().splitlines()[-1]      # evaluate first says what it read
+    assert line.startswith(f"transformer {command}: error: out of memory: beam_size 1000000000 for 1 "
+                           "sentence: 1,000,000,000 decoder rows"), line
+    assert "more than this machine's" in line
+
+
+def test_wide_beams_translate_in_smaller_batches_with_the_same_result(run, monkeypatch):
+    """More than 4 beams: fewer sentences a batch (at most 64 x 4 decoder rows), the same
+    translations as one batch of them all."""
+    from transformer.checkpoint import load_for_inference
+    from transformer.train import translate_texts
+    model, src_tok, tgt_tok = load_for_inference(run["out"])
+    texts = ["abc", "hello", "a", "transformer", "xy", "attention", "b", "decoder"] * 3
+    sizes = []
+    search = model.beam_search
+    monkeypatch.setattr(model, "beam_search", lambda src, **kw: sizes.append(len(src)) or search(src, **kw))
+    got = translate_texts(model, src_tok, tgt_tok, texts, beam=8, batch_size=8)
+    assert sizes == [4] * 6
+    sizes.clear()
+    assert translate_texts(model, src_tok, tgt_tok, texts, beam=8, batch_size=1000) == got
+    assert sizes == [24]
+
+
 def test_blank_lines_translate_to_blank_lines(run):
     done = run_cli("translate", "--model", run["out"], "--beam", "1", stdin="abc\n\n   \nxyz\n")
     assert done.returncode == 0, done.stderr

@@ -358,6 +358,7 @@ def test_returned_cross_attention_is_a_distribution_over_real_source_tokens():
     (lambda m, s: m.greedy_decode(s, max_len=5, min_len=6), "min_len"),
     (lambda m, s: m.greedy_decode(s, max_len=2.5), "max_len"),
     (lambda m, s: m.beam_search(s, beam_size=0), "beam_size"),
+    (lambda m, s: m.beam_search(s, beam_size=10**9), "beam_size 1000000000 for 1 sentence:"),
     (lambda m, s: m.beam_search(s, length_penalty=-1), "length_penalty"),
     (lambda m, s: m.greedy_decode(s, no_repeat_ngram=-1), "no_repeat_ngram"),
     (lambda m, s: m.greedy_decode(s, no_repeat_ngram=1.5), "no_repeat_ngram"),
@@ -375,7 +376,7 @@ def test_returned_cross_attention_is_a_distribution_over_real_source_tokens():
 def test_bad_arguments_are_named(call, match):
     model = make_model()
     src = np.array([[3, 4, 5]])
-    with pytest.raises((ValueError, TypeError), match=match):
+    with pytest.raises((ValueError, TypeError, MemoryError), match=match):
         call(model, src)
 
 

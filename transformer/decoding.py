@@ -35,6 +35,7 @@ the residual stream stay float32 in every precision.
 """
 import functools
 import math
+import os
 
 import numpy as np
 
@@ -456,6 +457,30 @@ def _check_decode_args(model, src, max_len, min_len, no_repeat_ngram):
     return src, limits, int(min_len), int(no_repeat_ngram)
 
 
+def _physical_memory():
+    """This machine's memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_memory(cfg, rows, steps, what):
+    """MemoryError naming `what` when a decoding loop of `rows` rows and `steps` steps needs more
+    memory for its caches and step buffers than this machine has: numpy would reserve them all
+    the same (the system promises memory it has not got), and the process would then fill them
+    until the machine swaps or kills it (a --beam of 100000 ran for minutes, growing)."""
+    total = _physical_memory()
+    if total is None:
+        return
+    per_row = 4 * (2 * cfg.n_decoder_layers * steps * cfg.d_model + cfg.tgt_vocab_size + 8 * cfg.d_model
+                   + 2 * cfg.d_ff) + 8 * 4 * steps    # caches, logits, step buffers; origin and hypothesis tables
+    need = rows * per_row
+    if need > total:
+        raise MemoryError(f"{what}: {rows:,} decoder rows of up to {steps} steps need {need / 2**30:,.1f} GiB "
+                          f"for their caches, more than this machine's {total / 2**30:,.1f} GiB")
+
+
 def _forbid_eos(scores, eos_id):
     """EOS gets -inf (before min_len) where no-repeat-n-gram bans are in play: a row left with no
     other allowed token keeps its EOS score, so the hypothesis ends short of min_len rather than
@@ -570,6 +595,8 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
             or not math.isfinite(length_penalty) or length_penalty < 0:
         raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty!r}")
     src, limits, min_len, no_repeat_ngram = _check_decode_args(model, src, max_len, min_len, no_repeat_ngram)
+    _check_memory(model.cfg, src.shape[0] * int(beam_size), int(limits.max()),
+                  f"beam_size {beam_size} for {src.shape[0]} sentence{'' if src.shape[0] == 1 else 's'}")
     workspace = _lend_workspace(model)
     try:
         return _beam_search(model, src, int(beam_size), limits, float(length_penalty), min_len, no_repeat_ngram,

@@ -64,7 +64,9 @@ def describe(exc, args):
     if isinstance(exc, DistributedError):
         return str(exc), 1
     if isinstance(exc, MemoryError):                   # sizes asked for beyond this machine's memory
-        return "out of memory: the sizes asked for (model, beam, batch, positions) need more than is free", 1
+        detail = " ".join(str(exc).split())
+        return "out of memory: " + (detail or "the sizes asked for (model, beam, batch, positions) need more "
+                                    "than is free"), 1
     argument = getattr(exc, "argument", None)          # data.ColumnError: src_col or tgt_col
     if isinstance(argument, str) and hasattr(args, argument):
         flag = "--" + argument.replace("_", "-")

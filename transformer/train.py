@@ -605,8 +605,12 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=
 
     An empty or blank text translates to "". A text of more subwords than the model has positions
     (cfg.max_len) is translated in pieces that fit (split_to_fit), joined by spaces, and
-    on_split(index, subwords, pieces) is called for it."""
+    on_split(index, subwords, pieces) is called for it. A batch holds batch_size sentences, fewer
+    with more than 4 beams: at most batch_size * 4 decoder rows (sentences x beams), so that a
+    wide beam does not multiply the caches' memory."""
     cfg = model.cfg
+    if beam > 4:
+        batch_size = max(1, batch_size * 4 // beam)
     encoded, owner = [], []         # the pieces to translate, and the index of the text of each
     for index, text in enumerate(texts):
         ids = src_tokenizer.encode(text) if text.strip() else []
