@@ -428,6 +428,16 @@ def test_average_last_needs_two_snapshots_and_warns_when_the_run_made_fewer(run,
     assert "warning: --average-last 3 found only 1 snapshot" in done.stderr
 
 
+@pytest.mark.parametrize("flag, value", [("--eval-every", "5"), ("--dev-max", "10")])
+def test_dev_flags_without_a_dev_split_are_refused(run, tmp_path, flag, value):
+    """--dev-fraction 0 holds nothing out: --eval-every and --dev-max were silently ignored."""
+    line = error_line(run_cli("train", "--data", run["data"], "--src-col", "eng", "--tgt-col", "fake",
+                              *SMALL, "--dev-fraction", "0", flag, value, "--max-steps", "2",
+                              "--out", str(tmp_path / "x")), "train")
+    assert line.endswith(f"{flag} {value}: --dev-fraction 0 holds no pairs out, so there is no dev split to "
+                         "evaluate on")
+
+
 def test_keep_best_that_would_never_evaluate_is_refused(run, tmp_path):
     line = error_line(run_cli("train", *SMALL, "--keep-best", "--eval-every", "10", "--max-steps", "2",
                               "--out", str(tmp_path / "kb")), "train")

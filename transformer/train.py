@@ -751,6 +751,11 @@ def apply_defaults(args):
     if args.eval_limit is not None and not args.eval_every:
         raise FlagError("--eval-limit sets how many dev sentences periodic evaluation translates: it "
                         "needs --eval-every N")
+    if args.data and args.dev_fraction == 0:   # no dev split: what reads one would do nothing
+        for flag, value in (("--eval-every", args.eval_every), ("--dev-max", args.dev_max)):
+            if value:
+                raise FlagError(f"{flag} {value}: --dev-fraction 0 holds no pairs out, so there is no dev "
+                                "split to evaluate on")
     for key, value in TRAIN_DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
