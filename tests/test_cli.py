@@ -367,6 +367,17 @@ def test_overwrite_replaces_the_whole_run_or_model_and_keeps_what_is_not_ours(ru
         assert [json.loads(line)["step"] for line in f if '"loss"' in line] == [1, 2]
 
 
+def test_clear_run_leaves_a_directory_that_holds_no_run_or_model_alone(tmp_path):
+    from transformer.checkpoint import clear_run
+    os.makedirs(tmp_path / "best")
+    (tmp_path / "log.jsonl").write_text("theirs")
+    clear_run(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["best", "log.jsonl"]
+    (tmp_path / "config.json").write_text("{}")
+    clear_run(str(tmp_path))
+    assert os.listdir(tmp_path) == []
+
+
 def test_the_builtin_demo_can_be_run_again_in_its_default_directory(tmp_path):
     argv = [sys.executable, "-m", "transformer", "train", *SMALL, "--batch-size", "4", "--max-steps", "1"]
     for _ in range(2):          # runs/builtin under the working directory, both times

@@ -226,13 +226,16 @@ BEST_DIR = "best"        # --keep-best's model
 
 
 def clear_run(directory):
-    """Remove from `directory` what a run or a model of ours left there, and nothing else: its
-    checkpoint, model files, tokenizers, log, --keep-best's model and --average-last's snapshots.
-    What replaces a run or model (--overwrite) starts from this, so it is never mixed with what it
-    replaces (a --resume would have continued the old checkpoint beside a new model, and a new
-    run's averages would have counted the old run's snapshots)."""
+    """Remove from `directory`, when it holds a run or a model, what that left there and nothing
+    else: its checkpoint, model files, tokenizers, log, --keep-best's model and --average-last's
+    snapshots. What replaces a run or model (--overwrite) starts from this, so it is never mixed
+    with what it replaces (a --resume would have continued the old checkpoint beside a new model,
+    and a new run's averages would have counted the old run's snapshots)."""
     from .model import CONFIG_FILE, WEIGHTS_FILE
 
+    marks = (CHECKPOINT_FILE, CONFIG_FILE, WEIGHTS_FILE)
+    if not any(os.path.isfile(os.path.join(directory, name)) for name in marks):
+        return      # no run or model here: whatever bears these names is someone else's
     for name in (CHECKPOINT_FILE, CONFIG_FILE, WEIGHTS_FILE, SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE, LOG_FILE):
         path = os.path.join(directory, name)
         if os.path.isfile(path) or os.path.islink(path):
