@@ -445,6 +445,7 @@ class Trainer:
         if self.leader:
             if self.replaces_run:   # --overwrite: the run or model in --out goes as this one begins
                 clear_run(args.out)
+                self.replaces_run = False
             log = open(os.path.join(args.out, LOG_FILE), "a", encoding="utf-8")
             self._truncate_log(log)
         else:
