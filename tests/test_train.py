@@ -208,6 +208,30 @@ def test_translate_draws_the_cross_attention_heatmap(tmp_path):
     assert os.path.getsize(png) > 10_000
 
 
+def test_characters_no_font_draws_are_one_list_not_a_warning_each(tmp_path, monkeypatch):
+    """matplotlib warns once per character and label it cannot draw (a dozen lines for a Hindi
+    sentence without a Devanagari font): plot_cross_attention returns those characters, once each,
+    for the command line's one warning; other warnings pass through."""
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    from transformer import plot
+
+    def draw(*args):
+        plt = plot._pyplot()
+        fig, ax = plt.subplots()
+        ax.set_title("\ue000\ue001 \ue000")
+        ax.set_xticks([0, 1])
+        ax.set_xticklabels(["\ue001", "a"])
+        fig.savefig(str(tmp_path / "x.png"))
+        plt.close(fig)
+        warnings.warn("something else", RuntimeWarning)
+
+    monkeypatch.setattr(plot, "_draw", draw)
+    with pytest.warns(RuntimeWarning, match="something else"):
+        assert plot.plot_cross_attention(None, None, None, "", "") == ["\ue000", "\ue001"]
+
+
 def lrs(out):
     with open(os.path.join(out, train.LOG_FILE)) as f:
         return [json.loads(line)["lr"] for line in f if "lr" in json.loads(line)]

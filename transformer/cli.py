@@ -521,7 +521,11 @@ def _translate(args):
         from .plot import plot_cross_attention
 
         with blame("--attention", args.attention):
-            plot_cross_attention(model, src_tok, tgt_tok, first, args.attention, max_len=args.max_len)
+            missing = plot_cross_attention(model, src_tok, tgt_tok, first, args.attention, max_len=args.max_len)
+        if missing:
+            print(f"transformer translate: warning: no installed font draws {len(missing)} of the characters "
+                  f"(such as {', '.join(missing[:5])}): {args.attention} shows boxes for them; a font for "
+                  "their script (e.g. the fonts-noto package) draws them", file=sys.stderr)
         # the heatmap follows one greedy float32 decoding: say so when the lines above came otherwise
         other = [f"{flag} {value}" for flag, value, plain in (
             ("--beam", args.beam, 1), ("--no-repeat-ngram", args.no_repeat_ngram, 0),

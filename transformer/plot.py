@@ -1,4 +1,7 @@
 """Pictures: the cross-attention of a translated sentence (matplotlib, optional)."""
+import re
+import warnings
+
 import numpy as np
 
 
@@ -21,9 +24,29 @@ def _pyplot():
     return plt
 
 
+# matplotlib's warning for a character no font in use can draw (one per character and text)
+_MISSING_GLYPH = re.compile(r"Glyph (\d+) .*missing from")
+
+
 def plot_cross_attention(model, src_tokenizer, tgt_tokenizer, text, path, max_len=None):
     """Translate `text` greedily and draw the last decoder layer's cross-attention: source tokens
-    across, generated tokens down, one panel per head (section 3.2.2, Figure 3 style)."""
+    across, generated tokens down, one panel per head (section 3.2.2, Figure 3 style). Returns
+    the characters that no installed font could draw (shown as boxes), in order of appearance:
+    matplotlib warns once per character and label, a dozen lines for a Hindi sentence."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _draw(model, src_tokenizer, tgt_tokenizer, text, path, max_len)
+    missing = []
+    for warning in caught:
+        glyph = _MISSING_GLYPH.search(str(warning.message))
+        if glyph is None:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+        elif chr(int(glyph.group(1))) not in missing:
+            missing.append(chr(int(glyph.group(1))))
+    return missing
+
+
+def _draw(model, src_tokenizer, tgt_tokenizer, text, path, max_len):
     cfg = model.cfg
     src_ids = src_tokenizer.encode(text)[:cfg.max_len] or [cfg.pad_id]
     src = np.array([src_ids], dtype=np.int64)
@@ -64,4 +87,3 @@ def plot_cross_attention(model, src_tokenizer, tgt_tokenizer, text, path, max_le
     fig.colorbar(image, ax=axes, shrink=0.8, label="attention weight")
     fig.savefig(path, dpi=120)
     plt.close(fig)
-    return path
