@@ -342,18 +342,22 @@ static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long 
     }
 }
 
-void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups)
+/* A decoding loop's sentences in `groups` blocks, each from its first step to its last on one
+ * thread (decoder.h). Block k takes the sentences k, k + groups, ...: translate_texts sorts a
+ * batch by length, so each block gets its share of short and long sentences, rather than the
+ * first block the shortest. Its rows follow the blocks before it: block j has
+ * (B - j + groups - 1) / groups. The calling thread, its blocks done, goes on polling while
+ * others run (poll_while_running). */
+typedef void (*block_fn)(const tf_decoder *d, const void *loop, long b0, long b1, long first, long stride);
+
+static void run_blocks(const tf_decoder *d, const void *loop, block_fn block, tf_poll *poll, int groups)
 {
-    const long B = d->B;   /* = d->N: one row a sentence */
-    for (long b = 0; b < B; b++) g->lengths[b] = g->limits[b];
+    const long B = d->B;
     if (groups > B) groups = (int)B;
     if (groups <= 1) {
-        greedy_block(d, g, 0, B, 0, 1);
+        block(d, loop, 0, B, 0, 1);
         return;
     }
-    /* Block k takes the sentences k, k + groups, ...: translate_texts sorts a batch by length, so
-     * each block gets its share of short and long sentences, rather than the first block the
-     * shortest. Its rows follow the blocks before it: block j has (B - j + groups - 1) / groups. */
     int running = groups;
 #pragma omp parallel num_threads(groups)
     {
@@ -361,11 +365,22 @@ void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups)
         for (int k = 0; k < groups; k++) {
             const long base = B / groups, extra = B % groups;
             const long b0 = k * base + (k < extra ? k : extra);
-            greedy_block(d, g, b0, b0 + base + (k < extra), k, groups);
+            block(d, loop, b0, b0 + base + (k < extra), k, groups);
             __atomic_fetch_sub(&running, 1, __ATOMIC_RELEASE);
         }
-        if (g->poll && g->poll->fn && caller_thread()) poll_while_running(g->poll, &running);
+        if (poll && poll->fn && caller_thread()) poll_while_running(poll, &running);
     }
+}
+
+static void greedy_block_of(const tf_decoder *d, const void *loop, long b0, long b1, long first, long stride)
+{
+    greedy_block(d, (const tf_greedy *)loop, b0, b1, first, stride);
+}
+
+void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups)
+{
+    for (long b = 0; b < d->B; b++) g->lengths[b] = g->limits[b];   /* B = N: one row a sentence */
+    run_blocks(d, g, greedy_block_of, g->poll, groups);
 }
 
 /* Beam search of the sentences first, first + stride, ... in slots b0 .. b1 - 1 (rows b0 * K ..
@@ -459,24 +474,12 @@ static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, 
     }
 }
 
+static void beam_block_of(const tf_decoder *d, const void *loop, long b0, long b1, long first, long stride)
+{
+    beam_block(d, (const tf_beam *)loop, b0, b1, first, stride);
+}
+
 void decoder_beam(const tf_decoder *d, const tf_beam *g, int groups)
 {
-    const long B = d->B;
-    if (groups > B) groups = (int)B;
-    if (groups <= 1) {
-        beam_block(d, g, 0, B, 0, 1);
-        return;
-    }
-    int running = groups;
-#pragma omp parallel num_threads(groups)
-    {
-#pragma omp for schedule(static, 1) nowait
-        for (int k = 0; k < groups; k++) {
-            const long base = B / groups, extra = B % groups;
-            const long b0 = k * base + (k < extra ? k : extra);
-            beam_block(d, g, b0, b0 + base + (k < extra), k, groups);
-            __atomic_fetch_sub(&running, 1, __ATOMIC_RELEASE);
-        }
-        if (g->poll && g->poll->fn && caller_thread()) poll_while_running(g->poll, &running);
-    }
+    run_blocks(d, g, beam_block_of, g->poll, groups);
 }
