@@ -112,6 +112,44 @@ def test_a_missing_data_file_names_the_flag(run, tmp_path):
     assert f"--data {missing}:" in line
 
 
+def test_a_file_where_a_directory_is_expected_is_called_a_file(run, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    for argv in (["translate", "--model", str(afile), "hi"], ["quantize", "--model", str(afile), "--out",
+                 str(tmp_path / "q")], ["average", run["out"], str(afile), "--out", str(tmp_path / "a")]):
+        line = error_line(run_cli(*argv), argv[0])
+        assert f"{afile}: a file, not a model directory" in line, line
+    line = error_line(run_cli("train", *SMALL, "--max-steps", "1", "--out", str(afile)), "train")
+    assert line == f"transformer train: error: --out {afile}: a file, not a directory (--out is the directory " \
+                   "a run writes its checkpoint and model to)", line
+
+
+def test_a_train_that_fails_before_writing_leaves_no_empty_out_behind(run, tmp_path):
+    out = tmp_path / "runs" / "new"
+    line = error_line(run_cli("train", "--data", run["data"], "--src-col", "xyz", *SMALL, "--out", str(out)),
+                      "train")
+    assert "--src-col xyz:" in line
+    assert not (tmp_path / "runs").exists()        # neither --out nor the parent made for it
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    error_line(run_cli("train", "--data", run["data"], "--src-col", "xyz", *SMALL, "--out", str(kept)), "train")
+    assert kept.is_dir()                           # a directory that was there stays
+
+
+def test_more_threads_than_cores_is_honoured_with_a_warning(run, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "_cores", lambda: 2)
+    calls = []
+    monkeypatch.setattr("transformer.set_num_threads", calls.append)
+    args = cli.build_parser().parse_args(["translate", "--model", run["out"], "--threads", "3", "hi"])
+    cli._apply_threads(args)
+    assert calls == [3]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("transformer translate: warning: --threads 3 is more than the 2 cores")
+    args = cli.build_parser().parse_args(["translate", "--model", run["out"], "--threads", "2", "hi"])
+    cli._apply_threads(args)
+    assert calls == [3, 2] and capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("argv", [
     ["train", "--minutes", "-1"], ["train", "--minutes", "0"], ["train", "--dropout", "2"],
     ["train", "--threads", "0"], ["train", "--label-smoothing", "1.5"], ["train", "--dev-fraction", "1.2"],

@@ -167,6 +167,9 @@ def save_inference_files(directory, model, src_tokenizer, tgt_tokenizer, precisi
 
 def load_for_inference(directory):
     """(model, src_tokenizer, tgt_tokenizer) from a directory written by training."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise NotADirectoryError(f"{directory}: a file, not a model directory (the --out of train, "
+                                 f"quantize, average or convert)")
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"model directory not found: {directory}")
     model = Seq2SeqTransformer.load(directory)

@@ -304,11 +304,25 @@ def _fraction(text):
     return value
 
 
+def _cores():
+    """The cores this process may run on (a launcher's or a container's binding counts)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
 def _apply_threads(args):
     if getattr(args, "threads", None):
         import transformer as T
 
-        T.set_num_threads(args.threads[0] if isinstance(args.threads, list) else args.threads)
+        threads = args.threads[0] if isinstance(args.threads, list) else args.threads
+        cores = _cores()
+        if threads > cores:   # honoured, but every thread past the cores slows all of them down
+            print(f"transformer {args.command}: warning: --threads {threads} is more than the {cores} "
+                  f"core{'s' if cores > 1 else ''} this process may run on; threads past the cores take turns "
+                  f"on them and make every step slower", file=sys.stderr)
+        T.set_num_threads(threads)
 
 
 def _mpi_world():
@@ -383,10 +397,19 @@ def _train(args):
     if world is None or world[0] == 0:    # rank 0 writes --out; the others may start after it has
         _check_train_out(args, builtin_default)
     with blame("--out", args.out):
-        train.prepare_out_dir(args)
-    if args.data:
-        return train.train_on_data(args)
-    return train.train_builtin(args)
+        created = train.prepare_out_dir(args)
+    try:
+        if args.data:
+            return train.train_on_data(args)
+        return train.train_builtin(args)
+    except BaseException:
+        if world is None or world[0] == 0:   # a run that failed before writing anything leaves no
+            for directory in created:          # empty --out behind (nor the runs/ made for it)
+                try:
+                    os.rmdir(directory)
+                except OSError:   # not empty: what it wrote stays
+                    break
+        raise
 
 
 def _check_train_out(args, builtin_default):

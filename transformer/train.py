@@ -1045,8 +1045,18 @@ def default_out_dir(args):
 
 
 def prepare_out_dir(args):
+    """Sets args.out (--resume's directory, or the default) and makes it; the directories this
+    made, the deepest first."""
     if args.resume and not args.out:
         args.out = args.resume
     if not args.out:
         args.out = default_out_dir(args)
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise NotADirectoryError(f"{args.out}: a file, not a directory (--out is the directory a run writes "
+                                 f"its checkpoint and model to)")
+    created, path = [], os.path.abspath(args.out)
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        created.append(path)
+        path = os.path.dirname(path)
     os.makedirs(args.out, exist_ok=True)
+    return created
