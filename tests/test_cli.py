@@ -112,6 +112,12 @@ def test_a_missing_data_file_names_the_flag(run, tmp_path):
     assert f"--data {missing}:" in line
 
 
+def test_average_refuses_a_single_model(run, tmp_path):
+    line = error_line(run_cli("average", run["out"], "--out", str(tmp_path / "a")), "average")
+    assert f"one model directory ({run['out']}): averaging needs at least two" in line
+    assert not (tmp_path / "a").exists()
+
+
 def test_a_file_where_a_directory_is_expected_is_called_a_file(run, tmp_path):
     afile = tmp_path / "afile"
     afile.write_text("x")

@@ -595,6 +595,9 @@ def _evaluate(args):
 def _average(args):
     from .checkpoint import average_model_dirs, save_inference_files
 
+    if len(args.models) < 2:
+        raise FlagError(f"one model directory ({args.models[0]}): averaging needs at least two (to copy "
+                        f"a model, copy its directory)")
     _check_out_dir(args.out, [("a model it averages", m) for m in args.models], args.overwrite)
     with blame():
         model, src_tok, tgt_tok = average_model_dirs(args.models)
