@@ -48,6 +48,24 @@ def write_corpus(path, n=120, seed=0):
     return str(path)
 
 
+def test_resume_takes_a_moved_copy_of_the_data_and_refuses_other_pairs(tmp_path):
+    data = write_corpus(tmp_path / "pairs.tsv", n=40)
+    out = str(tmp_path / "run")
+    base = ["--src-col", "eng", "--tgt-col", "fake", *SMALL, "--vocab-size", "60", "--batch-tokens", "200"]
+    assert run_cli("train", "--data", data, *base, "--max-steps", "2", "--out", out).returncode == 0
+    moved = tmp_path / "elsewhere.tsv"
+    moved.write_bytes((tmp_path / "pairs.tsv").read_bytes())
+    done = run_cli("train", "--resume", out, "--data", str(moved), "--max-steps", "3", "--quiet")
+    assert done.returncode == 0, done.stderr
+    other = write_corpus(tmp_path / "other.tsv", n=40, seed=1)
+    done = run_cli("train", "--resume", out, "--data", other, "--max-steps", "4", "--quiet")
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    last = done.stderr.strip().splitlines()[-1]       # after the lines that report the data read
+    assert last.startswith(f"transformer train: error: --data {other}: not the pairs the run in {out} "
+                           "trained on"), done.stderr
+    assert load_checkpoint(out).train_state["step"] == 3      # nothing trained on the other pairs
+
+
 def test_builtin_resume_repeats_the_uninterrupted_losses(tmp_path):
     straight, split = str(tmp_path / "straight"), str(tmp_path / "split")
     base = ["train", *SMALL, "--batch-size", "8", "--warmup", "5"]

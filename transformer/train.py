@@ -958,7 +958,15 @@ def train_on_data(args, engine=None, result=None):
     _log(report.summary())
     train_pairs, dev_pairs = split_pairs(pairs, dev_fraction=args.dev_fraction, max_dev=args.dev_max)
     _log(f"split: {len(train_pairs)} training pairs, {len(dev_pairs)} held out for evaluation")
-    _agree(args, _pairs_fingerprint(pairs))
+    fingerprint = _pairs_fingerprint(pairs)
+    _agree(args, fingerprint)
+    started = None if args.checkpoint is None else args.checkpoint.args.get("data_fingerprint")
+    if started is not None and started != fingerprint:
+        raise FlagError(f"--data {args.data}: not the pairs the run in {args.resume} trained on (their fingerprint "
+                        f"{fingerprint}, the run's {started}; --src-col and --tgt-col are the run's). A resumed run "
+                        "continues on its own data; a moved or renamed copy of it is fine. Start a new run "
+                        "(--out, or --init-from) to train on other data")
+    args.data_fingerprint = fingerprint   # kept in the checkpoint's args for that check
 
     initial = getattr(args, "initial", None)
     if args.checkpoint is not None:
