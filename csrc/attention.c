@@ -76,28 +76,72 @@ void attention_decode_forward(const float *q, long ldq, const float *k, const fl
                               long N, long H, long Tmax, long n_keys, long dh, float scale)
 {
     attention_decode_rows_forward(q, ldq, k, v, NULL, NULL, 0, key_mask, out, ldo, probs,
-                                  N, H, Tmax, n_keys, dh, scale, 0);
+                                  N, H, Tmax, n_keys, dh, scale, 0, 0);
+}
+
+/* x rounded to the nearest bf16, ties to even, as its 16 bits (the high half of the float32):
+ * NaN stays NaN (quietened: rounding could carry its payload into infinity), subnormals and
+ * infinities are kept, a finite x past bf16's largest value rounds to infinity. */
+static inline uint16_t bf16_bits(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u | 0x00400000u) >> 16);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+static inline float bf16_value(uint16_t b)
+{
+    uint32_t u = (uint32_t)b << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+void attention_to_bf16(const float *x, long n, uint16_t *out)
+{
+    for (long i = 0; i < n; i++) out[i] = bf16_bits(x[i]);
+}
+
+void attention_round_bf16(float *x, long rows, long cols, long ld)
+{
+    for (long r = 0; r < rows; r++)
+        for (long i = 0; i < cols; i++) x[r * ld + i] = bf16_value(bf16_bits(x[r * ld + i]));
 }
 
 /* One (row, head) pair: scores, softmax and weighted sum (the definition every level follows).
- * kp, vp: the pair's cache when krow is NULL; else key j lives at k/v + krow[j]*H*head + h*head. */
+ * kp, vp: the pair's cache when krow is NULL; else key j lives at k/v + krow[j]*H*head + h*head.
+ * kv16: the caches hold bf16 (uint16_t), widened exactly to float32 as they are read, so every
+ * sum is the one a float32 cache holding those values gives: the same bits. */
 typedef struct {
-    const float *k, *v;          /* whole caches */
+    const void *k, *v;           /* whole caches */
     long H, head, dh, n_keys;    /* head = Tmax * dh */
     float scale;
+    int kv16;
 } cache_view;
 
 /* Key (cache c->k, the pair's own rows at kp) or value (c->v, vp) j of head h: through krow, or
- * the pair's own row. */
-static inline const float *cache_row(const cache_view *c, const float *cache, const float *own,
-                                     const int64_t *krow, long h, long j)
+ * the pair's own row. `kv16` is c->kv16, a constant where the caller is compiled for one. */
+static inline __attribute__((always_inline)) const void *
+cache_row(const cache_view *c, const void *cache, const void *own, const int64_t *krow, long h, long j,
+          const int kv16)
 {
-    return krow ? cache + ((long)krow[j] * c->H + h) * c->head + j * c->dh : own + j * c->dh;
+    const size_t size = kv16 ? sizeof(uint16_t) : sizeof(float);
+    return krow ? (const char *)cache + (size_t)(((long)krow[j] * c->H + h) * c->head + j * c->dh) * size
+                : (const char *)own + (size_t)(j * c->dh) * size;
 }
 
-static void attend_pair(const cache_view *c, const float *qp, const float *kp, const float *vp,
+/* A row of dh keys or values as floats: the cache's own (float32) or widened into tmp (bf16). */
+static inline const float *row_floats(const void *row, long dh, int kv16, float *tmp)
+{
+    if (!kv16) return (const float *)row;
+    for (long d = 0; d < dh; d++) tmp[d] = bf16_value(((const uint16_t *)row)[d]);
+    return tmp;
+}
+
+static void attend_pair(const cache_view *c, const float *qp, const void *kp, const void *vp,
                         const int64_t *krow, long h, const uint8_t *mask, float *scores,
-                        float *op, float *pp,
+                        float *op, float *pp, float *tmp,
                         float (*dot)(const float *, const float *, long),
                         void (*axpy)(float *, float, const float *, long))
 {
@@ -105,7 +149,7 @@ static void attend_pair(const cache_view *c, const float *qp, const float *kp, c
     float max = -INFINITY;
     for (long j = 0; j < n_keys; j++) {
         if (mask && mask[j]) { scores[j] = -INFINITY; continue; }
-        const float *kj = cache_row(c, c->k, kp, krow, h, j);
+        const float *kj = row_floats(cache_row(c, c->k, kp, krow, h, j, c->kv16), dh, c->kv16, tmp);
         scores[j] = c->scale * dot(qp, kj, dh);
         if (scores[j] > max) max = scores[j];
     }
@@ -125,12 +169,29 @@ static void attend_pair(const cache_view *c, const float *qp, const float *kp, c
         float w = scores[j] * inv;
         if (pp) pp[j] = w;
         if (w == 0.0f) continue;
-        const float *vj = cache_row(c, c->v, vp, krow, h, j);
+        const float *vj = row_floats(cache_row(c, c->v, vp, krow, h, j, c->kv16), dh, c->kv16, tmp);
         axpy(op, w, vj, dh);
     }
 }
 
 #if TF_HAVE_X86
+/* The floats at row + d of a float32 or bf16 row (kv16), lanes outside m zero (and not read). */
+TF_TARGET_AVX512
+static inline __attribute__((always_inline)) __m512 kv_load16(const void *row, long d, __mmask16 m,
+                                                              const int kv16)
+{
+    if (!kv16) return _mm512_maskz_loadu_ps(m, (const float *)row + d);
+    const __m256i b = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + d);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+TF_TARGET_AVX512
+static inline __attribute__((always_inline)) __m512 kv_load16n(const void *row, long d, long count,
+                                                               const int kv16)
+{
+    return kv16 ? kv_load16(row, d, tf_lanes16(count), 1) : tf_load16((const float *)row + d, count);
+}
+
 /* attend_pair at the AVX-512 level, 16 keys at a time: 16 dot products as 16-lane FMA chains
  * reduced together (tf_sum16x16), the vector exp, and the weighted sum kept in registers (64
  * output floats at a time, two chains over alternate keys) instead of read and written back
@@ -138,19 +199,19 @@ static void attend_pair(const cache_view *c, const float *qp, const float *kp, c
  * simd_math.h's (1 ulp), so the bits differ from it by rounding. */
 TF_TARGET_AVX512
 static inline __attribute__((always_inline)) void
-attend_pair_avx512_body(const cache_view *c, const float *qp, const float *kp, const float *vp,
+attend_pair_avx512_body(const cache_view *c, const float *qp, const void *kp, const void *vp,
                         const int64_t *krow, long h, const uint8_t *mask, float *scores,
-                        float *op, float *pp, const long dh)
+                        float *op, float *pp, const long dh, const int kv16)
 {
     const long n_keys = c->n_keys;
     const __m512 vscale = _mm512_set1_ps(c->scale), minus_inf = _mm512_set1_ps(-INFINITY);
     __m512 vmax = minus_inf;
     for (long j0 = 0; j0 < n_keys; j0 += 16) {
         const long jn = n_keys - j0 < 16 ? n_keys - j0 : 16;
-        const float *key[16];
+        const void *key[16];
         for (int t = 0; t < 16; t++) {   /* past the last key: the block's first again, dropped below */
             long j = j0 + (t < jn ? t : 0);
-            key[t] = cache_row(c, c->k, kp, krow, h, j);
+            key[t] = cache_row(c, c->k, kp, krow, h, j, kv16);
         }
         /* Key by key, up to 64 of dh (q held in four registers) at a time, every key of the block
          * whether it exists or not: no test inside, so the 16 sums stay in registers (with a
@@ -166,11 +227,11 @@ attend_pair_avx512_body(const cache_view *c, const float *qp, const float *kp, c
                          q2 = _mm512_maskz_loadu_ps(m2, qp + d0 + 32), q3 = _mm512_maskz_loadu_ps(m3, qp + d0 + 48);
 #pragma GCC unroll 16
             for (int t = 0; t < 16; t++) {
-                const float *x = key[t] + d0;
-                __m512 a = _mm512_fmadd_ps(q0, _mm512_maskz_loadu_ps(m0, x), acc[t]);
-                if (len > 16) a = _mm512_fmadd_ps(q1, _mm512_maskz_loadu_ps(m1, x + 16), a);
-                if (len > 32) a = _mm512_fmadd_ps(q2, _mm512_maskz_loadu_ps(m2, x + 32), a);
-                if (len > 48) a = _mm512_fmadd_ps(q3, _mm512_maskz_loadu_ps(m3, x + 48), a);
+                const void *x = key[t];
+                __m512 a = _mm512_fmadd_ps(q0, kv_load16(x, d0, m0, kv16), acc[t]);
+                if (len > 16) a = _mm512_fmadd_ps(q1, kv_load16(x, d0 + 16, m1, kv16), a);
+                if (len > 32) a = _mm512_fmadd_ps(q2, kv_load16(x, d0 + 32, m2, kv16), a);
+                if (len > 48) a = _mm512_fmadd_ps(q3, kv_load16(x, d0 + 48, m3, kv16), a);
                 acc[t] = a;
             }
         }
@@ -218,12 +279,12 @@ attend_pair_avx512_body(const cache_view *c, const float *qp, const float *kp, c
                 const float w = scores[j + r];
                 if (w == 0.0f) continue;   /* hidden keys: their values are never read */
                 const long jj = j + r;
-                const float *x = cache_row(c, c->v, vp, krow, h, jj) + c0;
+                const void *x = cache_row(c, c->v, vp, krow, h, jj, kv16);
                 const __m512 vw = _mm512_set1_ps(w);
-                a[r][0] = _mm512_fmadd_ps(vw, tf_load16(x, len), a[r][0]);
-                if (len > 16) a[r][1] = _mm512_fmadd_ps(vw, tf_load16(x + 16, len - 16), a[r][1]);
-                if (len > 32) a[r][2] = _mm512_fmadd_ps(vw, tf_load16(x + 32, len - 32), a[r][2]);
-                if (len > 48) a[r][3] = _mm512_fmadd_ps(vw, tf_load16(x + 48, len - 48), a[r][3]);
+                a[r][0] = _mm512_fmadd_ps(vw, kv_load16n(x, c0, len, kv16), a[r][0]);
+                if (len > 16) a[r][1] = _mm512_fmadd_ps(vw, kv_load16n(x, c0 + 16, len - 16, kv16), a[r][1]);
+                if (len > 32) a[r][2] = _mm512_fmadd_ps(vw, kv_load16n(x, c0 + 32, len - 32, kv16), a[r][2]);
+                if (len > 48) a[r][3] = _mm512_fmadd_ps(vw, kv_load16n(x, c0 + 48, len - 48, kv16), a[r][3]);
             }
         }
         for (int u = 0; u < 4 && 16 * u < len; u++)
@@ -236,18 +297,24 @@ attend_pair_avx512_body(const cache_view *c, const float *qp, const float *kp, c
  * time. With dh at run time gcc kept a test and a branch per load and copied the sums between
  * registers; attention was 19-24% of tiny int8 greedy decoding's time for 3% of its
  * multiply-adds (Zen 3, one thread). The same operations in the same order: the same bits. */
+#define TF_ATTEND_PAIR_KV(level, kv16)                                                        \
+    if (c->dh == 32)                                                                          \
+        attend_pair_##level##_body(c, qp, kp, vp, krow, h, mask, scores, op, pp, 32, kv16);   \
+    else if (c->dh == 64)                                                                     \
+        attend_pair_##level##_body(c, qp, kp, vp, krow, h, mask, scores, op, pp, 64, kv16);   \
+    else                                                                                      \
+        attend_pair_##level##_body(c, qp, kp, vp, krow, h, mask, scores, op, pp, c->dh, kv16);
 #define TF_ATTEND_PAIR(level, target)                                                         \
     target static void attend_pair_##level(const cache_view *c, const float *qp,              \
-                                           const float *kp, const float *vp,                  \
+                                           const void *kp, const void *vp,                    \
                                            const int64_t *krow, long h, const uint8_t *mask,  \
                                            float *scores, float *op, float *pp)               \
     {                                                                                         \
-        if (c->dh == 32)                                                                      \
-            attend_pair_##level##_body(c, qp, kp, vp, krow, h, mask, scores, op, pp, 32);     \
-        else if (c->dh == 64)                                                                 \
-            attend_pair_##level##_body(c, qp, kp, vp, krow, h, mask, scores, op, pp, 64);     \
-        else                                                                                  \
-            attend_pair_##level##_body(c, qp, kp, vp, krow, h, mask, scores, op, pp, c->dh);  \
+        if (c->kv16) {                                                                        \
+            TF_ATTEND_PAIR_KV(level, 1)                                                       \
+        } else {                                                                              \
+            TF_ATTEND_PAIR_KV(level, 0)                                                       \
+        }                                                                                     \
     }
 TF_ATTEND_PAIR(avx512, TF_TARGET_AVX512)
 
@@ -263,21 +330,39 @@ static inline __m256 load8(const float *x, long count)
  * registers (32 output floats at a time, two chains over alternate keys). Same definition as
  * attend_pair; the sums run in another order and the exp is simd_math.h's (1 ulp; exp below -87
  * gives 0), so the bits differ from it by rounding. `scores` holds n_keys rounded up to 8. */
+/* Up to 8 floats at row + d of a float32 or bf16 row (kv16), as load8. */
+TF_TARGET_AVX2
+static inline __attribute__((always_inline)) __m256 kv_load8(const void *row, long d, long count,
+                                                             const int kv16)
+{
+    if (!kv16) return load8((const float *)row + d, count);
+    const uint16_t *x = (const uint16_t *)row + d;
+    __m128i b;
+    if (count >= 8) {
+        b = _mm_loadu_si128((const __m128i *)x);
+    } else {
+        uint16_t part[8] = {0};
+        if (count > 0) memcpy(part, x, (size_t)count * sizeof(uint16_t));
+        b = _mm_loadu_si128((const __m128i *)part);
+    }
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+}
+
 TF_TARGET_AVX2
 static inline __attribute__((always_inline)) void
-attend_pair_avx2_body(const cache_view *c, const float *qp, const float *kp, const float *vp,
+attend_pair_avx2_body(const cache_view *c, const float *qp, const void *kp, const void *vp,
                       const int64_t *krow, long h, const uint8_t *mask, float *scores, float *op,
-                      float *pp, const long dh)
+                      float *pp, const long dh, const int kv16)
 {
     const long n_keys = c->n_keys;
     const __m256 vscale = _mm256_set1_ps(c->scale), minus_inf = _mm256_set1_ps(-INFINITY);
     __m256 vmax = minus_inf;
     for (long j0 = 0; j0 < n_keys; j0 += 8) {
         const long jn = n_keys - j0 < 8 ? n_keys - j0 : 8;
-        const float *key[8];
+        const void *key[8];
         for (int t = 0; t < 8; t++) {   /* past the last key: the block's first again, dropped below */
             long j = j0 + (t < jn ? t : 0);
-            key[t] = cache_row(c, c->k, kp, krow, h, j);
+            key[t] = cache_row(c, c->k, kp, krow, h, j, kv16);
         }
         /* key by key, up to 32 of dh (q held in four registers) at a time, every key of the
          * block whether it exists or not: no test inside, so the 8 sums stay in registers */
@@ -290,11 +375,11 @@ attend_pair_avx2_body(const cache_view *c, const float *qp, const float *kp, con
                          q2 = load8(qp + d0 + 16, len - 16), q3 = load8(qp + d0 + 24, len - 24);
 #pragma GCC unroll 8
             for (int t = 0; t < 8; t++) {
-                const float *x = key[t] + d0;
-                __m256 a = _mm256_fmadd_ps(q0, load8(x, len), acc[t]);
-                if (len > 8) a = _mm256_fmadd_ps(q1, load8(x + 8, len - 8), a);
-                if (len > 16) a = _mm256_fmadd_ps(q2, load8(x + 16, len - 16), a);
-                if (len > 24) a = _mm256_fmadd_ps(q3, load8(x + 24, len - 24), a);
+                const void *x = key[t];
+                __m256 a = _mm256_fmadd_ps(q0, kv_load8(x, d0, len, kv16), acc[t]);
+                if (len > 8) a = _mm256_fmadd_ps(q1, kv_load8(x, d0 + 8, len - 8, kv16), a);
+                if (len > 16) a = _mm256_fmadd_ps(q2, kv_load8(x, d0 + 16, len - 16, kv16), a);
+                if (len > 24) a = _mm256_fmadd_ps(q3, kv_load8(x, d0 + 24, len - 24, kv16), a);
                 acc[t] = a;
             }
         }
@@ -350,12 +435,12 @@ attend_pair_avx2_body(const cache_view *c, const float *qp, const float *kp, con
                 const float w = scores[j + r];
                 if (w == 0.0f) continue;   /* hidden keys: their values are never read */
                 const long jj = j + r;
-                const float *x = cache_row(c, c->v, vp, krow, h, jj) + c0;
+                const void *x = cache_row(c, c->v, vp, krow, h, jj, kv16);
                 const __m256 vw = _mm256_set1_ps(w);
-                a[r][0] = _mm256_fmadd_ps(vw, load8(x, len), a[r][0]);
-                if (len > 8) a[r][1] = _mm256_fmadd_ps(vw, load8(x + 8, len - 8), a[r][1]);
-                if (len > 16) a[r][2] = _mm256_fmadd_ps(vw, load8(x + 16, len - 16), a[r][2]);
-                if (len > 24) a[r][3] = _mm256_fmadd_ps(vw, load8(x + 24, len - 24), a[r][3]);
+                a[r][0] = _mm256_fmadd_ps(vw, kv_load8(x, c0, len, kv16), a[r][0]);
+                if (len > 8) a[r][1] = _mm256_fmadd_ps(vw, kv_load8(x, c0 + 8, len - 8, kv16), a[r][1]);
+                if (len > 16) a[r][2] = _mm256_fmadd_ps(vw, kv_load8(x, c0 + 16, len - 16, kv16), a[r][2]);
+                if (len > 24) a[r][3] = _mm256_fmadd_ps(vw, kv_load8(x, c0 + 24, len - 24, kv16), a[r][3]);
             }
         }
         for (int u = 0; u < 4 && 8 * u < len; u++) {
@@ -369,11 +454,11 @@ attend_pair_avx2_body(const cache_view *c, const float *qp, const float *kp, con
 TF_ATTEND_PAIR(avx2, TF_TARGET_AVX2)
 #endif
 
-void attention_decode_rows_forward(const float *q, long ldq, const float *k, const float *v,
+void attention_decode_rows_forward(const float *q, long ldq, const void *k, const void *v,
                                    const int64_t *rows, const int64_t *key_rows, long ld_key_rows,
                                    const uint8_t *key_mask, float *out, long ldo, float *probs,
                                    long N, long H, long Tmax, long n_keys, long dh, float scale,
-                                   int reference)
+                                   int reference, int kv16)
 {
     float (*dot)(const float *, const float *, long) = dot_generic;
     void (*axpy)(float *, float, const float *, long) = axpy_generic;
@@ -383,21 +468,23 @@ void attention_decode_rows_forward(const float *q, long ldq, const float *k, con
     else if (isa >= TF_ISA_AVX2) { dot = dot_avx2; axpy = axpy_avx2; }
     if (reference) isa = TF_ISA_GENERIC;   /* attend_pair with this level's dot and axpy */
 #endif
-    const cache_view c = {k, v, H, Tmax * dh, dh, n_keys, scale};
+    const cache_view c = {k, v, H, Tmax * dh, dh, n_keys, scale, kv16 != 0};
+    const size_t size = kv16 ? sizeof(uint16_t) : sizeof(float);
     long pairs = N * H;
     int threads = tf_team(pairs * n_keys * dh, 1L << 15);
 #pragma omp parallel num_threads(threads)
     {
         /* rounded up to whole blocks of 8 (attend_pair_avx2 stores whole vectors) */
-        float *scores = malloc((size_t)((n_keys + 7) / 8 * 8 + 8) * sizeof(float));
+        float *scores = malloc((size_t)((n_keys + 7) / 8 * 8 + 8 + dh) * sizeof(float));
+        float *tmp = scores + (n_keys + 7) / 8 * 8 + 8;   /* a bf16 row widened (attend_pair) */
 #pragma omp for schedule(static)
         for (long p = 0; p < pairs; p++) {
             long n = p / H, h = p % H;
             long row = rows ? (long)rows[n] : n;
             const int64_t *krow = key_rows ? key_rows + n * ld_key_rows : NULL;
             const float *qp = q + n * ldq + h * dh;
-            const float *kp = k + (row * H + h) * c.head;
-            const float *vp = v + (row * H + h) * c.head;
+            const void *kp = (const char *)k + (size_t)((row * H + h) * c.head) * size;
+            const void *vp = (const char *)v + (size_t)((row * H + h) * c.head) * size;
             const uint8_t *mask = key_mask ? key_mask + row * Tmax : NULL;
             float *op = out + n * ldo + h * dh;
             float *pp = probs ? probs + p * n_keys : NULL;
@@ -411,20 +498,22 @@ void attention_decode_rows_forward(const float *q, long ldq, const float *k, con
                 continue;
             }
 #endif
-            attend_pair(&c, qp, kp, vp, krow, h, mask, scores, op, pp, dot, axpy);
+            attend_pair(&c, qp, kp, vp, krow, h, mask, scores, op, pp, tmp, dot, axpy);
         }
         free(scores);
     }
 }
 
-void attention_cache_store(const float *x, long ldx, float *cache, const int64_t *rows,
-                           long N, long H, long Tmax, long dh, long t)
+void attention_cache_store(const float *x, long ldx, void *cache, const int64_t *rows,
+                           long N, long H, long Tmax, long dh, long t, int kv16)
 {
     /* N * H * dh floats: a few KiB per step, one thread (a team would cost more). */
     for (long n = 0; n < N; n++) {
         long row = rows ? (long)rows[n] : n;
-        for (long h = 0; h < H; h++)
-            memcpy(cache + ((row * H + h) * Tmax + t) * dh, x + n * ldx + h * dh,
-                   (size_t)dh * sizeof(float));
+        for (long h = 0; h < H; h++) {
+            const long at = ((row * H + h) * Tmax + t) * dh;
+            if (kv16) attention_to_bf16(x + n * ldx + h * dh, dh, (uint16_t *)cache + at);
+            else memcpy((float *)cache + at, x + n * ldx + h * dh, (size_t)dh * sizeof(float));
+        }
     }
 }

@@ -181,10 +181,10 @@ static void step_rows(const tf_decoder *d, const int64_t *ids, long n, long t, c
         /* Masked self-attention over the cache (only keys <= t exist). */
         const float *src = sublayer_input(d, &v, 0, w, n);
         linear(&w->qkv, src, n, v.qkv, 1);
-        attention_cache_store(v.qkv + D, 3 * D, w->self_k, slot, n, d->H, d->Tmax, d->dh, t);
-        attention_cache_store(v.qkv + 2 * D, 3 * D, w->self_v, slot, n, d->H, d->Tmax, d->dh, t);
+        attention_cache_store(v.qkv + D, 3 * D, w->self_k, slot, n, d->H, d->Tmax, d->dh, t, d->kv16);
+        attention_cache_store(v.qkv + 2 * D, 3 * D, w->self_v, slot, n, d->H, d->Tmax, d->dh, t, d->kv16);
         attention_decode_rows_forward(v.qkv, 3 * D, w->self_k, w->self_v, NULL, origin, ld_origin, NULL,
-                                      v.ctx, D, NULL, n, d->H, d->Tmax, t + 1, d->dh, d->scale, 0);
+                                      v.ctx, D, NULL, n, d->H, d->Tmax, t + 1, d->dh, d->scale, 0, d->kv16);
         linear(&w->self_out, v.ctx, n, v.tmp, 0);
         residual(d, &v, 0, w, w->self_out.bias, n);
 
@@ -192,7 +192,7 @@ static void step_rows(const tf_decoder *d, const int64_t *ids, long n, long t, c
         src = sublayer_input(d, &v, 1, w, n);
         linear(&w->cross_q, src, n, v.query, 1);
         attention_decode_rows_forward(v.query, D, w->memory_k, w->memory_v, sentence, NULL, 0, d->src_pad,
-                                      v.ctx, D, NULL, n, d->H, d->S, d->S, d->dh, d->scale, 0);
+                                      v.ctx, D, NULL, n, d->H, d->S, d->S, d->dh, d->scale, 0, d->kv16);
         linear(&w->cross_out, v.ctx, n, v.tmp, 0);
         residual(d, &v, 1, w, w->cross_out.bias, n);
 

@@ -34,13 +34,14 @@ typedef struct {
 typedef struct {
     const float *norm_w[3], *norm_b[3];   /* norm1 (self-attention), norm2 (cross), norm3 (FF) */
     tf_linear qkv, self_out, cross_q, cross_out, linear1, linear2;
-    const float *memory_k, *memory_v;     /* [B, H, S, dh] cross-attention keys and values */
-    float *self_k, *self_v;               /* [N, H, Tmax, dh] self-attention caches */
+    const void *memory_k, *memory_v;      /* [B, H, S, dh] cross-attention keys and values */
+    void *self_k, *self_v;                /* [N, H, Tmax, dh] self-attention caches */
 } tf_decoder_layer;
 
 typedef struct {
     long D, H, dh, d_ff, V, S, Tmax, B, N, n_layers;
     int norm_first;       /* 1: pre-LN; 0: post-LN (the paper's) */
+    int kv16;             /* 1: the caches above hold bf16 (attention.h), else float32 */
     int activation;       /* TF_ACT_* (elementwise.h) */
     float embed_scale, scale, eps;
     const float *embed;   /* [V, D] target embedding table (dequantized for int8) */

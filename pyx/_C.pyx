@@ -9,7 +9,7 @@ converted). The friendly numpy API that converts inputs is transformer.ops.
 """
 import numpy as np
 
-from libc.stdint cimport int64_t, uint64_t, uint8_t
+from libc.stdint cimport int64_t, uint16_t, uint64_t, uint8_t
 
 
 cdef extern from "cpu.h" nogil:
@@ -84,6 +84,7 @@ def compiler():
 # Argument checks shared by every family below (each .pxi is included here).
 
 cdef object _F32 = np.dtype(np.float32)
+cdef object _U16 = np.dtype(np.uint16)   # bf16 caches (attention.h): the high half of a float32
 cdef object _I64 = np.dtype(np.int64)
 
 

@@ -4,13 +4,22 @@ cdef extern from "attention.h" nogil:
     void attention_decode_forward(const float *q, long ldq, const float *k, const float *v,
                                   const uint8_t *key_mask, float *out, long ldo, float *probs,
                                   long N, long H, long Tmax, long n_keys, long dh, float scale)
-    void attention_decode_rows_forward(const float *q, long ldq, const float *k, const float *v,
+    void attention_decode_rows_forward(const float *q, long ldq, const void *k, const void *v,
                                        const int64_t *rows, const int64_t *key_rows,
                                        long ld_key_rows, const uint8_t *key_mask, float *out,
                                        long ldo, float *probs, long N, long H, long Tmax,
-                                       long n_keys, long dh, float scale, int reference)
-    void c_attention_cache_store "attention_cache_store"(const float *x, long ldx, float *cache, const int64_t *rows,
-                               long N, long H, long Tmax, long dh, long t)
+                                       long n_keys, long dh, float scale, int reference, int kv16)
+    void c_attention_cache_store "attention_cache_store"(const float *x, long ldx, void *cache, const int64_t *rows,
+                               long N, long H, long Tmax, long dh, long t, int kv16)
+    void c_attention_to_bf16 "attention_to_bf16"(const float *x, long n, uint16_t *out)
+    void c_attention_round_bf16 "attention_round_bf16"(float *x, long rows, long cols, long ld)
+
+
+cdef object _att_cache(object cache, str name, bint writeable):
+    """A key or value cache: float32, or uint16 holding bf16 (attention.h), C-contiguous 4-D."""
+    if isinstance(cache, np.ndarray) and cache.dtype == _U16:
+        return _check(cache, name, _U16, 4, writeable)
+    return _check(cache, name, _F32, 4, writeable)
 
 
 cdef Py_ssize_t _att_bad_index(const int64_t *p, Py_ssize_t count, Py_ssize_t stride,
@@ -69,7 +78,8 @@ def attention_decode(q, k_cache, v_cache, Py_ssize_t n_keys, out, float scale, k
     """One query per (row, head) attends to the first n_keys entries of a key/value cache.
 
     q: float32 [N, H*dh] rows with unit inner stride (a column slice of a fused projection is
-    fine); k_cache, v_cache: float32 C-contiguous [R, H, Tmax, dh]; out: float32 [N, H*dh] rows
+    fine); k_cache, v_cache: float32 C-contiguous [R, H, Tmax, dh], or both uint16 holding bf16
+    (to_bf16; half the bytes to read, the bits of float32 caches holding those values); out: float32 [N, H*dh] rows
     with unit inner stride, not overlapping the other arrays; key_mask: None or bool/uint8
     C-contiguous [R, Tmax], True = ignore; probs: None or float32 C-contiguous [N, H, n_keys]
     receiving the attention weights. out[n, h] = softmax(scale * q[n, h] . k[n, h, :n_keys]) @
@@ -85,8 +95,8 @@ def attention_decode(q, k_cache, v_cache, Py_ssize_t n_keys, out, float scale, k
     the current SIMD level: the default fast path gives exactly its bits.
     """
     _check(q, "q", _F32, 2, False, False)
-    _check_f32(k_cache, "k_cache", 4)
-    _check_f32(v_cache, "v_cache", 4)
+    _att_cache(k_cache, "k_cache", False)
+    _check(v_cache, "v_cache", k_cache.dtype, 4)
     _check(out, "out", _F32, 2, True, False)
     _same_shape(k_cache, "k_cache", v_cache, "v_cache")
     cdef Py_ssize_t R = k_cache.shape[0], H = k_cache.shape[1], Tmax = k_cache.shape[2]
@@ -156,26 +166,27 @@ def attention_decode(q, k_cache, v_cache, Py_ssize_t n_keys, out, float scale, k
         return out
     cdef const float[:, :] q_view = q
     cdef float[:, :] out_view = out
-    cdef const float[:, :, :, ::1] k_view = k_cache
-    cdef const float[:, :, :, ::1] v_view = v_cache
+    cdef const void *k_ptr = cnp.PyArray_DATA(<cnp.ndarray>k_cache)
+    cdef const void *v_ptr = cnp.PyArray_DATA(<cnp.ndarray>v_cache)
     cdef long ldq = q.strides[0] // 4, ldo = out.strides[0] // 4
     cdef int ref = 1 if reference else 0
+    cdef int kv16 = 1 if k_cache.dtype == _U16 else 0
     with nogil:
-        attention_decode_rows_forward(&q_view[0, 0], ldq, &k_view[0, 0, 0, 0], &v_view[0, 0, 0, 0],
+        attention_decode_rows_forward(&q_view[0, 0], ldq, k_ptr, v_ptr,
                                       rows_ptr, key_rows_ptr, ld_key_rows, mask_ptr,
                                       &out_view[0, 0], ldo, probs_ptr, N, H, Tmax, n_keys, dh,
-                                      scale, ref)
+                                      scale, ref, kv16)
     return out
 
 
 def attention_cache_store(x, cache, Py_ssize_t t, rows=None):
     """cache[rows[n], h, t, :] = x[n, h*dh:(h+1)*dh] for every n, h: one decoding step's keys
     (or values) into a cache. x: float32 [N, H*dh] rows with unit inner stride (a column slice
-    of a fused projection is fine); cache: float32 C-contiguous writeable [R, H, Tmax, dh], not
-    overlapping x; t in [0, Tmax); rows: None (row n, then R must be >= N) or int64
+    of a fused projection is fine); cache: float32 C-contiguous writeable [R, H, Tmax, dh], or
+    uint16 (bf16: each value rounded as to_bf16 rounds it), not overlapping x; t in [0, Tmax); rows: None (row n, then R must be >= N) or int64
     C-contiguous [N] in [0, R) (a repeated row keeps the last x row written to it)."""
     _check(x, "x", _F32, 2, False, False)
-    _check_f32(cache, "cache", 4, True)
+    _att_cache(cache, "cache", True)
     cdef Py_ssize_t R = cache.shape[0], H = cache.shape[1], Tmax = cache.shape[2], dh = cache.shape[3]
     cdef Py_ssize_t N = x.shape[0]
     if x.shape[1] != H * dh or (x.shape[1] > 1 and x.strides[1] != 4) or x.strides[0] < 0:
@@ -196,8 +207,45 @@ def attention_cache_store(x, cache, Py_ssize_t t, rows=None):
     if N * H * dh == 0:
         return cache
     cdef const float[:, :] x_view = x
-    cdef float[:, :, :, ::1] c_view = cache
+    cdef void *c_ptr = cnp.PyArray_DATA(<cnp.ndarray>cache)
     cdef long ldx = x.strides[0] // 4
+    cdef int kv16 = 1 if cache.dtype == _U16 else 0
     with nogil:
-        c_attention_cache_store(&x_view[0, 0], ldx, &c_view[0, 0, 0, 0], rows_ptr, N, H, Tmax, dh, t)
+        c_attention_cache_store(&x_view[0, 0], ldx, c_ptr, rows_ptr, N, H, Tmax, dh, t, kv16)
     return cache
+
+
+def to_bf16(x, out=None):
+    """x (float32, C-contiguous) rounded to the nearest bf16, ties to even, as uint16 bits (the
+    high half of each float32): NaN stays NaN (quietened), infinities and subnormals are kept, a
+    finite value past bf16's largest rounds to infinity. out: None (a new array) or a writeable
+    C-contiguous uint16 array of x's shape. What a bf16 key/value cache holds. Returns out."""
+    _check_f32(x, "x")
+    if out is None:
+        out = np.empty(x.shape, _U16)
+    _check(out, "out", _U16, x.ndim, True)
+    if out.shape != x.shape:
+        raise ValueError(f"out must have x's shape {x.shape}, got {out.shape}")
+    _att_apart(out, "out", x, "x")
+    cdef const float *xp = <const float *>cnp.PyArray_DATA(<cnp.ndarray>x)
+    cdef uint16_t *op = <uint16_t *>cnp.PyArray_DATA(<cnp.ndarray>out)
+    cdef long n = x.size
+    with nogil:
+        c_attention_to_bf16(xp, n, op)
+    return out
+
+
+def round_bf16_(x):
+    """x (float32 [rows, cols] with unit inner stride, writeable) replaced in place by its values
+    rounded as to_bf16 rounds them, widened back: the keys and values a bf16 cache would hold.
+    Returns x."""
+    _check(x, "x", _F32, 2, True, False)
+    if x.shape[1] > 1 and x.strides[1] != 4 or x.strides[0] < 0:
+        raise ValueError(f"x must be [rows, cols] with unit inner stride, got strides {x.strides}")
+    if x.size == 0:
+        return x
+    cdef float[:, :] view = x
+    cdef long rows = x.shape[0], cols = x.shape[1], ld = x.strides[0] // 4
+    with nogil:
+        c_attention_round_bf16(&view[0, 0], rows, cols, ld)
+    return x

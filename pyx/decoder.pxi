@@ -17,13 +17,13 @@ cdef extern from "decoder.h" nogil:
         const float *norm_w[3]
         const float *norm_b[3]
         tf_linear qkv, self_out, cross_q, cross_out, linear1, linear2
-        const float *memory_k
-        const float *memory_v
-        float *self_k
-        float *self_v
+        const void *memory_k
+        const void *memory_v
+        void *self_k
+        void *self_v
     ctypedef struct tf_decoder:
         long D, H, dh, d_ff, V, S, Tmax, B, N, n_layers
-        int norm_first, activation
+        int norm_first, kv16, activation
         float embed_scale, scale, eps
         const float *embed
         const float *pe
@@ -136,6 +136,16 @@ cdef float *_ds_f32(object a, str name, tuple shape, bint writeable) except NULL
     return <float *>cnp.PyArray_DATA(<cnp.ndarray>a)
 
 
+cdef void *_ds_cache(object a, str name, object dtype, tuple shape, bint writeable) except NULL:
+    """A key or value cache of `dtype` (float32, or uint16 holding bf16) and `shape`."""
+    _check(a, name, dtype, len(shape), writeable)
+    if a.shape != shape:
+        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{name} must not be empty")
+    return cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
 cdef object _ds_buffer(dict buffers, str name, long N, long width):
     """buffers[name]: a writeable float32 array of N rows, [N, width] (width > 0), [N, any]
     (width -1) or [N] (width 0)."""
@@ -210,7 +220,7 @@ cdef class DecoderStep:
         """layers: per decoder layer a dict of norm1, norm2, norm3 ((weight, bias) float32 [D]),
         qkv, self_out, cross_q, cross_out, linear1, linear2 ((prepared weight, bias), as
         _ds_linear takes), memory_k, memory_v (float32 [B, H, S, dh]), self_k, self_v (float32
-        writeable [N, H, Tmax, dh]). generator: (prepared weight, bias) of [V, D]; final_norm: None
+        writeable [N, H, Tmax, dh]); or all four caches uint16 holding bf16 (attention_decode). generator: (prepared weight, bias) of [V, D]; final_norm: None
         or (weight, bias); embed: float32 [V, D]; pe: float32 [Tmax, D]; src_pad: bool [B, S];
         buffers: writeable float32 arrays named as in _DS_BUFFERS with N rows, disjoint."""
         if not layers:
@@ -228,13 +238,15 @@ cdef class DecoderStep:
         first = layers[0]
         if not isinstance(first, dict):
             raise TypeError(f"layers[0] must be a dict, got {type(first).__name__}")
-        _check_f32(first.get("self_k"), "layers[0]['self_k']", 4, True)
-        _check_f32(first.get("memory_k"), "layers[0]['memory_k']", 4)
+        _att_cache(first.get("self_k"), "layers[0]['self_k']", True)
+        kv = first["self_k"].dtype
+        _check(first.get("memory_k"), "layers[0]['memory_k']", kv, 4)
         N, B, S = first["self_k"].shape[0], first["memory_k"].shape[0], first["memory_k"].shape[2]
         F = _ds_buffer(buffers, "ff_pre", N, -1).shape[1]
         d.D, d.H, d.dh, d.d_ff, d.V, d.S, d.Tmax, d.B, d.N = D, H, dh, F, V, S, Tmax, B, N
         d.n_layers = len(layers)
         d.norm_first = norm_first
+        d.kv16 = kv == _U16
         d.activation = _ew_activation(activation)
         d.embed_scale, d.scale, d.eps = embed_scale, <float>(1.0 / sqrt(<double>dh)), _eps_arg(eps)
         d.embed = _ds_f32(embed, "embed", (V, D), False)
@@ -279,10 +291,10 @@ cdef class DecoderStep:
             _ds_linear(&w.cross_out, layer.get("cross_out"), f"layers[{i}]['cross_out']", D, D, self.keep)
             _ds_linear(&w.linear1, layer.get("linear1"), f"layers[{i}]['linear1']", F, D, self.keep)
             _ds_linear(&w.linear2, layer.get("linear2"), f"layers[{i}]['linear2']", D, F, self.keep)
-            w.memory_k = _ds_f32(layer.get("memory_k"), f"layers[{i}]['memory_k']", (B, H, S, dh), False)
-            w.memory_v = _ds_f32(layer.get("memory_v"), f"layers[{i}]['memory_v']", (B, H, S, dh), False)
-            w.self_k = _ds_f32(layer.get("self_k"), f"layers[{i}]['self_k']", (N, H, Tmax, dh), True)
-            w.self_v = _ds_f32(layer.get("self_v"), f"layers[{i}]['self_v']", (N, H, Tmax, dh), True)
+            w.memory_k = _ds_cache(layer.get("memory_k"), f"layers[{i}]['memory_k']", kv, (B, H, S, dh), False)
+            w.memory_v = _ds_cache(layer.get("memory_v"), f"layers[{i}]['memory_v']", kv, (B, H, S, dh), False)
+            w.self_k = _ds_cache(layer.get("self_k"), f"layers[{i}]['self_k']", kv, (N, H, Tmax, dh), True)
+            w.self_v = _ds_cache(layer.get("self_v"), f"layers[{i}]['self_v']", kv, (N, H, Tmax, dh), True)
             self.keep += [layer["memory_k"], layer["memory_v"], layer["self_k"], layer["self_v"]]
             written += [(f"layers[{i}]['self_k']", layer["self_k"]), (f"layers[{i}]['self_v']", layer["self_v"])]
         _ds_linear(&d.generator, generator, "generator", V, D, self.keep)

@@ -10,7 +10,9 @@ engine's precision rounds:
 - logits(..., linear="bf16" | "int8" | None): inference, where only the linear maps are reduced
   (decoding's precision): bf16 operands, or int8 (csrc/qgemm.h: weights and activations quantized
   per row with float32 arithmetic, integer products summed exactly, dequantized as the kernel
-  does); attention products, softmax, layer norm and residuals float64.
+  does); the decoder's attention keys and values rounded to bf16 (what decoding's caches hold
+  at those precisions, decoding.cache_dtype); attention products, softmax, layer norm and
+  residuals float64.
 """
 import math
 
@@ -74,7 +76,8 @@ def logits(torch, cfg, params, pe, src, tgt_in, linear=None, tables=None, genera
     generator = linear if generator is None else (None if generator == "fp32" else generator)
     with torch.no_grad():
         out, _ = _network(torch, cfg, params, pe, src, tgt_in, rounding=False, linear_rounding=rounding,
-                          int8=linear == "int8", dtype=torch.float64, grad=False, generator=generator)
+                          int8=linear == "int8", dtype=torch.float64, grad=False, generator=generator,
+                          decoder_kv=linear is not None)
     return out
 
 
@@ -89,10 +92,12 @@ def loss(torch, cfg, params, pe, src, tgt_in, tgt_out, label_smoothing, rounding
     return value, P
 
 
-def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int8, dtype, grad, generator):
+def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int8, dtype, grad, generator,
+             decoder_kv=False):
     """(logits, leaves): `rounding` rounds the attention products to bf16, `linear_rounding` the
     linear maps; `int8` makes the linear maps int8 (csrc/qgemm.h); the output projection is
-    `generator` ("bf16", "int8" or None: not reduced)."""
+    `generator` ("bf16", "int8" or None: not reduced); `decoder_kv` rounds the decoder's keys and
+    values to bf16 (float32 first, as the engine computes them; ties to even; subnormals kept)."""
     F = torch.nn.functional
     mm = make(torch, rounding, dtype)
     lm = make(torch, linear_rounding, dtype)
@@ -117,7 +122,10 @@ def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int
     def heads(x):   # [B, T, D] -> [B, H, T, dh]
         return x.view(x.shape[0], x.shape[1], H, dh).transpose(1, 2)
 
-    def attention(x, mem, name, key_pad, causal):
+    def to_bf16(x):
+        return x.to(torch.float32).to(torch.bfloat16).to(dtype)
+
+    def attention(x, mem, name, key_pad, causal, round_kv=False):
         w, b = P[f"{name}.in_proj_weight"], P[f"{name}.in_proj_bias"]
         if x is mem:   # self-attention: one fused projection, as the engine does (same rows)
             qkv = project(x, w, b)
@@ -126,6 +134,8 @@ def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int
             q = project(x, w[:D], b[:D])
             k = project(mem, w[D:2 * D], b[D:2 * D])
             v = project(mem, w[2 * D:], b[2 * D:])
+        if round_kv:
+            k, v = to_bf16(k), to_bf16(v)
         scores = mm(heads(q), heads(k).transpose(-1, -2)) / math.sqrt(dh)
         hide = key_pad[:, None, None, :]
         if causal:
@@ -151,8 +161,9 @@ def _network(torch, cfg, params, pe, src, tgt_in, rounding, linear_rounding, int
     y = P["tgt_embed.weight"][tgt_in] * math.sqrt(D) + pe[:tgt_in.shape[1]]
     for i in range(cfg.n_decoder_layers):
         n = f"transformer.decoder.layers.{i}"
-        y = sublayer(y, f"{n}.norm1", lambda h: attention(h, h, f"{n}.self_attn", tgt_pad, True))
-        y = sublayer(y, f"{n}.norm2", lambda h: attention(h, mem, f"{n}.multihead_attn", src_pad, False))
+        y = sublayer(y, f"{n}.norm1", lambda h: attention(h, h, f"{n}.self_attn", tgt_pad, True, decoder_kv))
+        y = sublayer(y, f"{n}.norm2", lambda h: attention(h, mem, f"{n}.multihead_attn", src_pad, False,
+                                                          decoder_kv))
         y = sublayer(y, f"{n}.norm3", lambda h: ff(h, n))
     y = norm(y, "transformer.decoder.norm")
     w, b = P["generator.weight"], P["generator.bias"]

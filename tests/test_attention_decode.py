@@ -125,3 +125,93 @@ def test_fast_path_agrees_with_the_plain_per_key_loop(isa, dh):
                 assert np.array_equal(got_p, want_p)
     finally:
         _C.set_isa(best)
+
+
+# -- bf16 caches (reduced-precision decoding: half the bytes a step reads) --------------------------
+
+def widen(bits):
+    """float32 values of bf16 bits (exact)."""
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+def test_to_bf16_rounds_to_nearest_even_as_torch_does():
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(0)
+    with np.errstate(over="ignore"):
+        wide = (rng.standard_normal(5000) * 10.0 ** rng.integers(-44, 39, 5000)).astype(np.float32)
+    x = np.concatenate([wide,
+                        np.array([0.0, -0.0, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-40, -1e-42,
+                                  1.0 + 2.0 ** -8, 1.0 + 3 * 2.0 ** -8, 1.0 + 2.0 ** -8 + 2.0 ** -20],
+                                 np.float32)])
+    got = _C.to_bf16(x)
+    want = torch.from_numpy(x).to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    assert np.array_equal(got, want)
+    assert widen(got)[-3] == 1.0 and widen(got)[-2] == 1.0 + 2.0 ** -6   # ties to even, up and down
+    assert widen(got)[-1] == 1.0 + 2.0 ** -7                              # past the tie: up
+    assert widen(got)[-5] != 0.0 and np.float32(widen(got)[-5]) < 2.0 ** -126   # a subnormal is kept
+    nan = _C.to_bf16(np.array([np.nan, -np.nan], np.float32))
+    assert np.isnan(widen(nan)).all()
+
+
+def test_round_bf16_in_place_rounds_a_column_slice_and_nothing_else():
+    rng = np.random.default_rng(1)
+    fused = rng.standard_normal((5, 12), dtype=np.float32)
+    before = fused.copy()
+    _C.round_bf16_(fused[:, 4:])
+    assert np.array_equal(fused[:, :4], before[:, :4])
+    assert np.array_equal(fused[:, 4:], widen(_C.to_bf16(np.ascontiguousarray(before[:, 4:]))))
+
+
+@pytest.mark.parametrize("isa", isas())
+@pytest.mark.parametrize("dh", [1, 15, 17, 32, 33, 64, 65])
+def test_bf16_caches_give_the_bits_of_float32_caches_holding_their_values(isa, dh):
+    """A bf16 cache is widened exactly as it is read: every path (and the reference loop) then
+    computes what it computes on float32 caches of the widened values, bit for bit; those are
+    checked against numpy above."""
+    rng = np.random.default_rng(dh)
+    N, H, Tmax, n_keys = 3, 2, 21, 19
+    q = rng.standard_normal((N, H * dh), dtype=np.float32)
+    k16, v16 = (_C.to_bf16(rng.standard_normal((N + 1, H, Tmax, dh), dtype=np.float32)) for _ in range(2))
+    k32, v32 = widen(k16), widen(v16)
+    mask = rng.random((N + 1, Tmax)) < 0.3
+    rows = np.array([1, 3, 0])
+    key_rows = rng.integers(0, N + 1, size=(N, Tmax))
+    best = _C.best_isa()
+    try:
+        _C.set_isa(isa)
+        for kwargs in (dict(), dict(key_mask=mask, rows=rows), dict(rows=rows, key_rows=key_rows)):
+            n = N + 1 if not kwargs else N
+            for reference in (False, True):
+                got, want = (np.empty((n, H * dh), np.float32) for _ in range(2))
+                got_p, want_p = (np.empty((n, H, n_keys), np.float32) for _ in range(2))
+                qn = np.ascontiguousarray(np.resize(q, (n, H * dh)))
+                _C.attention_decode(qn, k16, v16, n_keys, got, 0.3, probs=got_p, reference=reference, **kwargs)
+                _C.attention_decode(qn, k32, v32, n_keys, want, 0.3, probs=want_p, reference=reference, **kwargs)
+                assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (kwargs, reference)
+                assert np.array_equal(got_p.view(np.uint32), want_p.view(np.uint32))
+    finally:
+        _C.set_isa(best)
+
+
+def test_cache_store_into_a_bf16_cache_rounds_each_value():
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((3, 2 * 8), dtype=np.float32)
+    cache = np.zeros((4, 2, 5, 8), np.uint16)
+    _C.attention_cache_store(x, cache, 3, np.array([2, 0, 3]))
+    want = _C.to_bf16(x).reshape(3, 2, 8)
+    assert np.array_equal(cache[[2, 0, 3], :, 3], want)
+    assert not cache[1].any() and not cache[:, :, [0, 1, 2, 4]].any()
+
+
+def test_bf16_cache_arguments_are_named():
+    q = np.zeros((2, 8), np.float32)
+    k16 = np.zeros((2, 2, 5, 4), np.uint16)
+    out = np.zeros((2, 8), np.float32)
+    with pytest.raises(TypeError, match="v_cache must have dtype uint16"):
+        _C.attention_decode(q, k16, k16.astype(np.float32), 3, out, 1.0)
+    with pytest.raises(TypeError, match="k_cache must have dtype float32"):
+        _C.attention_decode(q, k16.astype(np.int16), k16, 3, out, 1.0)
+    with pytest.raises(TypeError, match="out must have dtype uint16"):
+        _C.to_bf16(q, np.zeros((2, 8), np.int16))
+    with pytest.raises(ValueError, match="out must have x's shape"):
+        _C.to_bf16(q, np.zeros((2, 9), np.uint16))

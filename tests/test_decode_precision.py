@@ -196,6 +196,28 @@ def test_damaged_int8_files_are_refused(tmp_path):
             T.Seq2SeqTransformer.load(tmp_path / "int8")
 
 
+@pytest.mark.parametrize("precision", ("fp32",) + REDUCED)
+def test_the_reduced_precisions_keep_the_decoders_keys_and_values_in_bf16(precision):
+    """bf16 caches (half the bytes attention reads per step) hold each key and value rounded to
+    nearest; fp32 keeps float32. What the oracle above rounds (decoder_kv) is what they hold."""
+    model = make_model(seed=19)
+    src, _ = inputs(model.cfg, seed=20)
+    shared, src_pad = decoding._encode_once(model, src, precision, {})
+    cache = decoding.DecoderCache(model, shared, src_pad, 1, 8)
+    want = np.float32 if precision == "fp32" else np.uint16
+    assert all(a.dtype == want for a in cache.self_k + cache.self_v + cache.memory_k + cache.memory_v)
+    if precision != "fp32":   # the cross-attention keys: the projection of the memory, rounded
+        D, H = model.cfg.d_model, model.cfg.n_heads
+        B, S = src.shape
+        memory = model.encode(src, precision=precision).reshape(B * S, D)
+        w = model.params.data["transformer.decoder.layers.0.multihead_attn.in_proj_weight"][D:2 * D]
+        b = model.params.data["transformer.decoder.layers.0.multihead_attn.in_proj_bias"][D:2 * D]
+        keys = (memory.astype(np.float64) @ w.T.astype(np.float64) + b).reshape(B, S, H, D // H).transpose(0, 2, 1, 3)
+        held = (cache.memory_k[0].astype(np.uint32) << 16).view(np.float32)
+        scale = np.abs(keys).max()
+        assert np.abs(held - keys).max() <= 2 ** -8 * scale + (0.03 * scale if precision == "int8" else 0)
+
+
 def test_unknown_or_unsupported_precision_is_refused():
     model = make_model(seed=18)
     src, tin = inputs(model.cfg, seed=19)

@@ -30,8 +30,9 @@ Precision (per call): "fp32"; "bf16": every linear map's operands rounded to bfl
 (float32 sums); "int8": every linear map of the encoder and decoder (the output projection
 at int8_generator's precision: bf16 unless it is the biggest part of a step) on int8 weights quantized per output row and
 activations quantized per row on the fly, and the embedding tables' rows quantized the
-same way (what an int8 file holds). Attention over the caches, layer norm, softmax and
-the residual stream stay float32 in every precision.
+same way (what an int8 file holds). At bf16 and int8 the decoder's keys and values are kept
+in bfloat16 (cache_dtype), which halves what attention over the caches reads; that attention
+computes in float32, as do layer norm, softmax and the residual stream, in every precision.
 """
 import functools
 import math
@@ -143,15 +144,31 @@ def step_groups(cfg, precision, threads, rows):
 
 
 def _buffers(ws):
-    """buffer(key, shape): a float32 view of `ws`'s array for `key`, grown on demand (contents are
-    never carried over from one call to the next)."""
-    def buffer(key, shape):
+    """buffer(key, shape, dtype=float32): a view of `ws`'s array for `key`, grown on demand
+    (contents are never carried over from one call to the next)."""
+    def buffer(key, shape, dtype=np.float32):
         size = math.prod(shape)
+        key = (key, np.dtype(dtype).str)
         held = ws.get(key)
         if held is None or held.size < size:
-            held = ws[key] = np.empty(size, np.float32)
+            held = ws[key] = np.empty(size, dtype)
         return held[:size].reshape(shape)
     return buffer
+
+
+def cache_dtype(precision):
+    """What decoding's key/value caches hold: float32 at fp32; bf16 (uint16: rounded to nearest,
+    ties to even, attention.h) at bf16 and int8, whose caches then read half the bytes. A step's
+    attention reads every cached key and value of its sentence (a base step of 8 sentences: 12.6 MB
+    of cross-attention at 64 source positions, in float32), and int8 products made those reads
+    its biggest cost after the weights. Measured, int8, the decode bench's models, float32 against
+    bf16 caches alternated in one process, two sessions of 5-20 rounds (AMD EPYC Zen 3, family 25
+    model 1), the median of the rounds' ratios: greedy 1.13-1.16x at one thread and 1.13-1.15x at
+    two (base), 1.12-1.16x / 1.03-1.07x (tiny); beam 4, whose beams share their sentence's
+    cross-attention, 1.00-1.15x / 1.02x (base), 1.03-1.10x (tiny, one thread). The full
+    forward pass of those precisions rounds the decoder's keys and values the same way
+    (layers.py), so it scores what decoding computes."""
+    return np.float32 if precision == "fp32" else np.uint16
 
 
 class StepWeights:
@@ -184,9 +201,15 @@ class StepWeights:
                 else:
                     _C.gemm(flat_memory, w[rows], projected, trans_b=True, bf16=precision == "bf16")
                     _C.add_bias(projected, b[rows])
-                # A copy (never a view: `projected` is reused for the values).
-                heads.append(buffer(("memory", layer, part), (B, H, S, dh)))
-                np.copyto(heads[-1], projected.reshape(B, S, H, dh).transpose(0, 2, 1, 3))
+                # A copy (never a view: `projected` is reused for the values), rounded to bf16
+                # for the reduced precisions (cache_dtype).
+                dtype = cache_dtype(precision)
+                heads.append(buffer(("memory", layer, part), (B, H, S, dh), dtype))
+                if dtype == np.uint16:
+                    rounded = _C.to_bf16(projected, buffer(("memory bf16",), (B * S, D), np.uint16))
+                    np.copyto(heads[-1], rounded.reshape(B, S, H, dh).transpose(0, 2, 1, 3))
+                else:
+                    np.copyto(heads[-1], projected.reshape(B, S, H, dh).transpose(0, 2, 1, 3))
             self.memory_k.append(heads[0])
             self.memory_v.append(heads[1])
 
@@ -254,9 +277,9 @@ class DecoderCache:
 
         # Self-attention caches: row r's key/value of step j at [r, :, j]; step j is written
         # before any query reads it, so nothing older than the call is ever read.
-        shape = (N, H, max_steps, self.dh)
-        self.self_k = [buffer(("self_k", layer), shape) for layer in range(cfg.n_decoder_layers)]
-        self.self_v = [buffer(("self_v", layer), shape) for layer in range(cfg.n_decoder_layers)]
+        shape, dtype = (N, H, max_steps, self.dh), cache_dtype(shared.precision)
+        self.self_k = [buffer(("self_k", layer), shape, dtype) for layer in range(cfg.n_decoder_layers)]
+        self.self_v = [buffer(("self_v", layer), shape, dtype) for layer in range(cfg.n_decoder_layers)]
         self.slot = np.arange(N, dtype=np.int64)                            # live row -> cache row
         self.sentence = np.arange(N, dtype=np.int64) // rows_per_sentence   # live row -> sentence
         self.origin = np.zeros((N, max_steps), np.int64)                    # (row, step) -> cache row
@@ -465,7 +488,7 @@ def _physical_memory():
         return None
 
 
-def _check_memory(cfg, rows, steps, what):
+def _check_memory(cfg, rows, steps, what, precision="fp32"):
     """MemoryError naming `what` when a decoding loop of `rows` rows and `steps` steps needs more
     memory for its caches and step buffers than this machine has: numpy would reserve them all
     the same (the system promises memory it has not got), and the process would then fill them
@@ -473,8 +496,10 @@ def _check_memory(cfg, rows, steps, what):
     total = _physical_memory()
     if total is None:
         return
-    per_row = 4 * (2 * cfg.n_decoder_layers * steps * cfg.d_model + cfg.tgt_vocab_size + 8 * cfg.d_model
-                   + 2 * cfg.d_ff) + 8 * 4 * steps    # caches, logits, step buffers; origin and hypothesis tables
+    cache = np.dtype(cache_dtype(precision)).itemsize
+    per_row = cache * 2 * cfg.n_decoder_layers * steps * cfg.d_model \
+        + 4 * (cfg.tgt_vocab_size + 8 * cfg.d_model + 2 * cfg.d_ff) + 8 * 4 * steps
+    # caches; logits, step buffers; origin and hypothesis tables
     need = rows * per_row
     if need > total:
         raise MemoryError(f"{what}: {rows:,} decoder rows of up to {steps} steps need {need / 2**30:,.1f} GiB "
@@ -596,7 +621,7 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
         raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty!r}")
     src, limits, min_len, no_repeat_ngram = _check_decode_args(model, src, max_len, min_len, no_repeat_ngram)
     _check_memory(model.cfg, src.shape[0] * int(beam_size), int(limits.max()),
-                  f"beam_size {beam_size} for {src.shape[0]} sentence{'' if src.shape[0] == 1 else 's'}")
+                  f"beam_size {beam_size} for {src.shape[0]} sentence{'' if src.shape[0] == 1 else 's'}", precision)
     workspace = _lend_workspace(model)
     try:
         return _beam_search(model, src, int(beam_size), limits, float(length_penalty), min_len, no_repeat_ngram,

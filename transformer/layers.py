@@ -50,6 +50,7 @@ class Workspace:
         self.bf16 = False     # the call in progress: linear maps on bf16 operands (precision="bf16")
         self.bf16_attention = False   # and the attention products too (training, forward)
         self.int8 = None      # or, for an int8 inference call, its PreparedWeights (prepared.py)
+        self.kv_bf16 = False  # the decoder's keys and values rounded to bf16 (bf16 or int8 inference)
         self._backing = {}
         self._views = {}
 
@@ -214,7 +215,11 @@ class MultiHeadAttention:
     Q from x and K, V from the encoder memory. Heads are strided views ([B, T, 3, H, dh] ->
     [B, H, T, dh]) fed to 4-D batched gemms: no copies, no loop over heads or batch rows."""
 
-    def __init__(self, params, grads, prefix, n_heads, dropout, stream, ws, cross=False):
+    def __init__(self, params, grads, prefix, n_heads, dropout, stream, ws, cross=False, cached=False):
+        # cached: a decoder's attention, whose keys and values decoding keeps in caches: in bf16
+        # for the reduced precisions (decoding.cache_dtype), so the forward pass of those
+        # precisions (ws.kv_bf16) rounds them the same way.
+        self.cached = cached
         w, b = params[f"{prefix}.in_proj_weight"], params[f"{prefix}.in_proj_bias"]
         dw, db = grads[f"{prefix}.in_proj_weight"], grads[f"{prefix}.in_proj_bias"]
         d = w.shape[1]
@@ -284,6 +289,8 @@ class MultiHeadAttention:
             self.kv_proj.forward(memory, self.kv)
         else:
             self.qkv_proj.forward(x, self.qkv)
+        if self.cached and self.ws.kv_bf16:   # the keys and values a bf16 cache holds
+            _C.round_bf16_(self.kv if self.cross else self.qkv[:, self.d_model:])
         probs, bf16 = self.probs, self.ws.bf16_attention
         _C.gemm(self.q4, self.k4, probs, False, True, bf16=bf16)            # Q Kᵀ
         _C.softmax_forward(probs, probs, self.scale, causal, key_padding_mask)  # softmax(QKᵀ/sqrt(dk))
@@ -453,9 +460,10 @@ class DecoderLayer:
 
     def __init__(self, params, grads, prefix, cfg, stream, ws):
         p = cfg.dropout
-        self.self_attn = MultiHeadAttention(params, grads, f"{prefix}.self_attn", cfg.n_heads, p, stream, ws)
+        self.self_attn = MultiHeadAttention(params, grads, f"{prefix}.self_attn", cfg.n_heads, p, stream, ws,
+                                            cached=True)
         self.cross_attn = MultiHeadAttention(params, grads, f"{prefix}.multihead_attn", cfg.n_heads, p,
-                                             stream, ws, cross=True)
+                                             stream, ws, cross=True, cached=True)
         self.feed_forward = FeedForward(params, grads, prefix, cfg.activation, p, stream, ws)
         self.norm1 = _norm(params, grads, f"{prefix}.norm1", ws)
         self.norm2 = _norm(params, grads, f"{prefix}.norm2", ws)

@@ -233,6 +233,7 @@ class Seq2SeqTransformer:
             self.stream.training = False
             self.ws.bf16 = precision == "bf16"
             self.ws.int8 = prepared
+            self.ws.kv_bf16 = precision != "fp32"   # as decoding's caches hold them
             try:
                 tables = None if prepared is None else tuple(
                     prepared.table(precision, name, self.params.tensor(name))
@@ -243,7 +244,7 @@ class Seq2SeqTransformer:
                     self.ws.int8, self.ws.bf16 = None, generator == "bf16"
                 self.generator.forward(h, logits)
             finally:
-                self.ws.bf16, self.ws.int8 = False, None
+                self.ws.bf16, self.ws.int8, self.ws.kv_bf16 = False, None, False
             if not return_attention:
                 return logits.reshape(B, T, -1)
             attention = {
