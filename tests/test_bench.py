@@ -222,6 +222,7 @@ def test_int8_decode_record_has_ours_int8_ours_fp32_and_ctranslate2_int8_or_why_
     (record,) = decode.run(threads=[1], configs=(name,), beams=(1,), engines=("ours", "ctranslate2"),
                            precision="int8")
     assert record["kernel"] == "decode greedy int8" and record["precision"] == "int8" and record["beam"] == 1
+    assert record["kv_cache"] == "bf16"
     assert record["ours_per_s"] > 0 and record["ours_fp32_per_s"] > 0 and "torch_per_s" not in record
     assert record["vs_ours_fp32"] == pytest.approx(record["ours_fp32_s"] / record["ours_s"])
     if "ctranslate2_skipped" in record:             # not installed here
@@ -321,6 +322,7 @@ def test_ctranslate2_float32_record_names_its_compute_type_and_layout():
     name = bench_train.custom_config(TINY_SPEC)
     (record,) = decode.run(threads=[1], configs=(name,), beams=(1,), engines=("ours", "ctranslate2"))
     assert record["precision"] == "fp32" and record["ctranslate2_compute_type"] == "float32"
+    assert record["kv_cache"] == "float32"
     assert record["ctranslate2_layout"] == {"intra_threads": 1, "inter_threads": 1, "max_batch_size": 2}
     assert set(record["ctranslate2_layout_trials_s"]) == {"intra"}        # one thread: one layout
     assert record["vs_ctranslate2"] == pytest.approx(record["ctranslate2_s"] / record["ours_s"])

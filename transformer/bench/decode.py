@@ -437,6 +437,13 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
     return records
 
 
+def _kv_cache(precision):
+    """What our key/value caches hold at `precision` (decoding.cache_dtype)."""
+    from ..decoding import cache_dtype
+
+    return "float32" if cache_dtype(precision) == np.float32 else "bf16"
+
+
 def _record(name, src, threads, beam, precision, times):
     """The record of one (config, threads, beam) from {engine: [seconds]}: ours_* (at
     `precision`), then for every other engine E: E_per_s, E_s, E_spread_s and vs_E (E's time /
@@ -447,7 +454,8 @@ def _record(name, src, threads, beam, precision, times):
     if precision != "fp32":
         kernel += f" {precision}"
     record = {"kernel": kernel, "config": name, "shape": f"{name} B={src.shape[0]} S={src.shape[1]}",
-              "threads": threads, "precision": precision, "beam": beam, "ours_per_s": tokens / median["ours"],
+              "threads": threads, "precision": precision, "beam": beam, "kv_cache": _kv_cache(precision),
+              "ours_per_s": tokens / median["ours"],
               "ours_s": median["ours"], "ours_spread_s": [min(times["ours"]), max(times["ours"])],
               "repeats": len(times["ours"])}
     for engine in times:
