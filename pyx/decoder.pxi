@@ -127,23 +127,19 @@ cdef int _raise_caught(_signals *caught) except -1:
 _DS_BUFFERS = ("x", "h", "tmp", "ctx", "query", "qkv", "ff_pre", "ff_act", "logits", "mean", "rstd")
 
 
-cdef float *_ds_f32(object a, str name, tuple shape, bint writeable) except NULL:
-    _check_f32(a, name, len(shape), writeable)
-    if a.shape != shape:
-        raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
-    if a.size == 0:
-        raise ValueError(f"{name} must not be empty")
-    return <float *>cnp.PyArray_DATA(<cnp.ndarray>a)
-
-
-cdef void *_ds_cache(object a, str name, object dtype, tuple shape, bint writeable) except NULL:
-    """A key or value cache of `dtype` (float32, or uint16 holding bf16) and `shape`."""
+cdef void *_ds_array(object a, str name, object dtype, tuple shape, bint writeable) except NULL:
+    """The data of a non-empty C-contiguous array of `dtype` and `shape` (a key or value cache:
+    float32, or uint16 holding bf16)."""
     _check(a, name, dtype, len(shape), writeable)
     if a.shape != shape:
         raise ValueError(f"{name} must have shape {shape}, got {a.shape}")
     if a.size == 0:
         raise ValueError(f"{name} must not be empty")
     return cnp.PyArray_DATA(<cnp.ndarray>a)
+
+
+cdef float *_ds_f32(object a, str name, tuple shape, bint writeable) except NULL:
+    return <float *>_ds_array(a, name, _F32, shape, writeable)
 
 
 cdef object _ds_buffer(dict buffers, str name, long N, long width):
@@ -291,10 +287,10 @@ cdef class DecoderStep:
             _ds_linear(&w.cross_out, layer.get("cross_out"), f"layers[{i}]['cross_out']", D, D, self.keep)
             _ds_linear(&w.linear1, layer.get("linear1"), f"layers[{i}]['linear1']", F, D, self.keep)
             _ds_linear(&w.linear2, layer.get("linear2"), f"layers[{i}]['linear2']", D, F, self.keep)
-            w.memory_k = _ds_cache(layer.get("memory_k"), f"layers[{i}]['memory_k']", kv, (B, H, S, dh), False)
-            w.memory_v = _ds_cache(layer.get("memory_v"), f"layers[{i}]['memory_v']", kv, (B, H, S, dh), False)
-            w.self_k = _ds_cache(layer.get("self_k"), f"layers[{i}]['self_k']", kv, (N, H, Tmax, dh), True)
-            w.self_v = _ds_cache(layer.get("self_v"), f"layers[{i}]['self_v']", kv, (N, H, Tmax, dh), True)
+            w.memory_k = _ds_array(layer.get("memory_k"), f"layers[{i}]['memory_k']", kv, (B, H, S, dh), False)
+            w.memory_v = _ds_array(layer.get("memory_v"), f"layers[{i}]['memory_v']", kv, (B, H, S, dh), False)
+            w.self_k = _ds_array(layer.get("self_k"), f"layers[{i}]['self_k']", kv, (N, H, Tmax, dh), True)
+            w.self_v = _ds_array(layer.get("self_v"), f"layers[{i}]['self_v']", kv, (N, H, Tmax, dh), True)
             self.keep += [layer["memory_k"], layer["memory_v"], layer["self_k"], layer["self_v"]]
             written += [(f"layers[{i}]['self_k']", layer["self_k"]), (f"layers[{i}]['self_v']", layer["self_v"])]
         _ds_linear(&d.generator, generator, "generator", V, D, self.keep)
