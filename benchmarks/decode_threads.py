@@ -48,6 +48,7 @@ def _seconds(fn, repeats):
 def measure(name, precision, threads, repeats, python_loops=False, blocks="auto"):
     """One record; python_loops: the step-by-step loop in Python; blocks: "auto" or a count."""
     model, src = bench._model(name)
+    model.params.freeze()          # as the decode bench times them (transformer/bench/decode.py)
     T.set_num_threads(threads)
     saved = decoding._PYTHON_LOOPS, decoding.DECODE_GROUPS, decoding.MIN_GROUP_ROWS
     decoding._PYTHON_LOOPS = python_loops
@@ -75,7 +76,8 @@ def _measure(model, src, name, precision, threads, repeats, python_loops, blocks
                 tokens_per_s=tokens / total_s, total_s=total_s, total_spread_s=total_spread,
                 encoder_s=encoder_s, encoder_spread_s=encoder_spread, steps_s=total_s - encoder_s,
                 encoder_share=encoder_s / total_s, loops="python" if python_loops else "c",
-                blocks_asked=blocks, isa=T.build_info()["isa"], repeats=repeats)
+                blocks_asked=blocks, isa=T.build_info()["isa"], repeats=repeats,
+                weights="frozen" if model.params.frozen is not None else "writeable")
 
 
 def main(argv=None):

@@ -235,6 +235,41 @@ def test_int8_decode_record_has_ours_int8_ours_fp32_and_ctranslate2_int8_or_why_
 
 
 @needs_engine_precision
+def test_decode_bench_times_frozen_weights_which_are_not_read_again_each_call(monkeypatch):
+    # as translate holds them: only the warm-up call reads the float32 weights for their
+    # fingerprints (prepared.py), never a timed one
+    from transformer import prepared
+    from transformer.bench import decode
+
+    class Counting:
+        checksums = 0
+
+        def __getattr__(self, name):
+            return getattr(prepared_C, name)
+
+        def checksum(self, array):
+            Counting.checksums += 1
+            return prepared_C.checksum(array)
+
+    prepared_C = prepared._C
+    monkeypatch.setattr(prepared, "_C", Counting())
+    timed = []
+
+    def call_seconds(decide, *args):
+        before = Counting.checksums
+        seconds = original(decide, *args)
+        timed.append(Counting.checksums - before)
+        return seconds
+
+    original = decode.call_seconds
+    monkeypatch.setattr(decode, "call_seconds", call_seconds)
+    name = bench_train.custom_config(TINY_SPEC)
+    (record,) = decode.run(threads=[1], configs=(name,), beams=(1,), engines=("ours",), precision="int8")
+    assert record["weights"] == "frozen"
+    assert Counting.checksums > 0 and len(timed) >= 2 and set(timed) == {0}
+
+
+@needs_engine_precision
 def test_bf16_decode_record_says_why_ctranslate2_was_skipped(monkeypatch):
     from transformer.bench import decode
 
@@ -395,7 +430,7 @@ def test_decode_threads_times_the_encoder_apart_from_the_steps(capsys, restore_t
     assert record["tokens"] == 32 * 64 and record["groups"] == 1
     assert 0 < record["encoder_s"] < record["total_s"]
     assert record["steps_s"] == pytest.approx(record["total_s"] - record["encoder_s"])
-    assert record["loops"] == "c" and record["blocks_asked"] == "auto"
+    assert record["loops"] == "c" and record["blocks_asked"] == "auto" and record["weights"] == "frozen"
     # the Python loops and a fixed block count are asked for, and put back afterwards
     loops, groups = dec._PYTHON_LOOPS, dec.DECODE_GROUPS
     record = script.measure("tiny", "fp32", 2, repeats=1, python_loops=True, blocks="8")

@@ -52,6 +52,7 @@ def test_every_engine_generated_the_same_tokens(tiny_run):
         assert all(n == r["tokens"] for n in r["generated"].values()), r["generated"]
         assert r["vs_ctranslate2"] == r["ratio"] and r["reference"] == "ctranslate2"
         assert r["ctranslate2_compute_type"] == {"fp32": "float32", "int8": "int8"}[r["precision"]]
+        assert r["weights"] == "frozen"          # as translate holds them; fine-tuning after, unfrozen
     assert records[0]["vs_transformers"] > 0 and "transformers_skipped" in records[1]
 
 

@@ -23,6 +23,13 @@ one thread each, the batch split in n with max_batch_size) are tried before timi
 faster is kept; the record names it (ctranslate2_layout) with both trial times. Each translator
 runs in a process of its own, as in a deployment, and times its calls there (ctranslate2_decoder
 says why: in one process with torch imported, the two engines' OpenMP threads slow each other).
+
+Our weights are frozen while they are timed (Parameters.freeze), as `transformer translate` and
+`evaluate` hold them and as CTranslate2 holds the model it converted on load: a call then trusts
+the matrices it converted for the first one instead of reading every float32 weight again to see
+whether it changed (transformer/prepared.py; 225 MB at base size, 3-7% of a base int8 decode at
+one thread). Records say so (`weights`: "frozen"); records before 2026-11-28 have no such field
+and were timed with writeable weights.
 """
 import json
 import socket
@@ -385,6 +392,7 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
     records = []
     for name in configs:
         model, src = _model(name)
+        model.params.freeze()              # as translate holds them (module docstring)
         repeats = CONFIGS[name]["repeats"]
         for n in threads:
             T.set_num_threads(n)
@@ -422,7 +430,7 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
                             if n > 1:
                                 time.sleep(SETTLE_S)
                             times[engine].append(call_seconds(decide, src, beam))
-                    record = _record(name, src, n, beam, precision, times)
+                    record = _record(name, src, n, beam, precision, times, model.params.frozen is not None)
                     if ct2_trials is not None:
                         record.update(ctranslate2_compute_type=compute_type,
                                       ctranslate2_layout=dict(deciders["ctranslate2"].layout),
@@ -444,9 +452,9 @@ def _kv_cache(precision):
     return "float32" if cache_dtype(precision) == np.float32 else "bf16"
 
 
-def _record(name, src, threads, beam, precision, times):
+def _record(name, src, threads, beam, precision, times, frozen):
     """The record of one (config, threads, beam) from {engine: [seconds]}: ours_* (at
-    `precision`), then for every other engine E: E_per_s, E_s, E_spread_s and vs_E (E's time /
+    `precision`, on weights `frozen` or writeable), then for every other engine E: E_per_s, E_s, E_spread_s and vs_E (E's time /
     ours: ours' tokens/s over E's)."""
     tokens = src.shape[0] * STEPS
     median = {e: statistics.median(t) for e, t in times.items()}
@@ -455,6 +463,7 @@ def _record(name, src, threads, beam, precision, times):
         kernel += f" {precision}"
     record = {"kernel": kernel, "config": name, "shape": f"{name} B={src.shape[0]} S={src.shape[1]}",
               "threads": threads, "precision": precision, "beam": beam, "kv_cache": _kv_cache(precision),
+              "weights": "frozen" if frozen else "writeable",
               "ours_per_s": tokens / median["ours"],
               "ours_s": median["ours"], "ours_spread_s": [min(times["ours"]), max(times["ours"])],
               "repeats": len(times["ours"])}

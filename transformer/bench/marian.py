@@ -410,7 +410,8 @@ def _decode(model, hf_model, pieces, ct2_dirs, config, threads, options, records
                                  f"decoding, {search}, {precision}: generated tokens/s, {src.shape[0]} "
                                  f"sentences of ~{source_tokens:.0f} source tokens, {new_tokens} new tokens each",
                                  precision=precision, beam=beam, batch=int(src.shape[0]),
-                                 source_tokens=source_tokens, new_tokens=new_tokens, tokens=tokens)
+                                 source_tokens=source_tokens, new_tokens=new_tokens, tokens=tokens,
+                                 weights="frozen" if model.params.frozen is not None else "writeable")
                 record["generated"] = {name: generated[label] for label, name in {ours: "ours", **refs}.items()
                                        if label in generated}
                 record.update(ct2_fields[precision])
@@ -481,10 +482,14 @@ def run(threads, quick=False, config="opus", stream=sys.stdout):
         with _quiet_transformers():
             hf_model = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
         try:
-            for n in threads:
-                T.set_num_threads(n)
-                torch.set_num_threads(n)
-                _decode(model, hf_model, pieces, ct2_dirs, config, n, options, records, stream)
+            model.params.freeze()      # decoded as translate holds the weights (decode.py)
+            try:
+                for n in threads:
+                    T.set_num_threads(n)
+                    torch.set_num_threads(n)
+                    _decode(model, hf_model, pieces, ct2_dirs, config, n, options, records, stream)
+            finally:
+                model.params.unfreeze()
             _train(model, hf_model, config, threads, options, records, stream)
         finally:
             T.set_num_threads(prev_ours)
