@@ -2,6 +2,7 @@
 equals the autoregressive loop; without the mask it does not), the step profile, the options.
 
 Timings are not asserted (they belong to benchmarks); what is computed is."""
+import json
 import os
 
 import numpy as np
@@ -409,6 +410,31 @@ def test_bench_refuses_a_precision_the_engine_lacks_before_any_work(what, monkey
     out = capsys.readouterr()
     assert out.err.startswith("transformer bench: error: --precision bf16: no precision= in this build")
     assert out.out == ""
+
+
+@pytest.mark.parametrize("what", ["kernels", "profile", "all", "masking"])
+def test_bench_repeats_is_refused_where_nothing_reads_it(what, capsys):
+    assert cli.main(["bench", "--what", what, "--repeats", "5", "--threads", "1"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"transformer bench: error: --repeats does not apply to --what {what}, only to --what train or decode")
+
+
+def test_bench_repeats_times_each_engine_that_many_times(monkeypatch, capsys):
+    # --what decode and train take the count, or their config's own without the flag
+    from transformer.bench import decode
+
+    args = ["bench", "--config", TINY_SPEC, "--threads", "1", "--against", "none"]
+    assert cli.main([*args, "--what", "decode", "--repeats", "2"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["repeats"] for r in records] == [2, 2]          # greedy, beam 4
+    assert cli.main([*args, "--what", "train", "--repeats", "4"]) == 0
+    (record, *_) = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert record["repeats"] == 4
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--what", "decode", "--repeats", "0"])
+    assert "--repeats: must be >= 1" in capsys.readouterr().err
+    (record, _) = decode.run(threads=[1], configs=(bench_train.custom_config(TINY_SPEC),), engines=("ours",))
+    assert record["repeats"] == decode.CONFIGS["custom"]["repeats"]
 
 
 def _benchmark_script(name):

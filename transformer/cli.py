@@ -28,8 +28,9 @@ DECODE_PRECISION_HELP = ("fp32 (default; int8 for a model written by `transforme
                          "scale per output row) and int8 activations (one scale per row), int32 sums")
 BENCH_DEFAULTS = {"config": "tiny,base", "families": "gemm,nn,elementwise,loss", "precision": "fp32"}
 # What each --what reads besides --threads and --json; these flags given to another are refused.
-BENCH_FLAGS = {"kernels": ("families", "against", "precision"), "train": ("config", "against", "precision"),
-               "profile": ("config",), "decode": ("config", "against", "precision"), "masking": (),
+BENCH_FLAGS = {"kernels": ("families", "against", "precision"),
+               "train": ("config", "against", "precision", "repeats"), "profile": ("config",),
+               "decode": ("config", "against", "precision", "repeats"), "masking": (),
                "all": ("config", "against", "plot"), "distributed": ("config", "against"),
                "marian": ("config",)}
 
@@ -118,7 +119,7 @@ def _bench_marian(args):
 
 def _check_bench_flags(args):
     """A flag the chosen --what would not read is refused, not silently ignored."""
-    for key in ("config", "against", "families", "plot", "precision"):
+    for key in ("config", "against", "families", "plot", "precision", "repeats"):
         if getattr(args, key) is not None and key not in BENCH_FLAGS[args.what]:
             readers = " or ".join(what for what, keys in BENCH_FLAGS.items() if key in keys)
             raise FlagError(f"--{key} does not apply to --what {args.what}, only to --what {readers}")
@@ -195,7 +196,7 @@ def _bench(args):
         records = []
         if args.what == "train":
             records = train.run(threads=tuple(args.threads), configs=tuple(configs), against=against,
-                                precision=args.precision)
+                                precision=args.precision, repeats=args.repeats)
         profiles = [train.profile(name, n, precision=args.precision) for name in configs for n in args.threads]
         _emit(records + profiles, args)
         for record in profiles:
@@ -206,7 +207,7 @@ def _bench(args):
 
         engines = ("ours", "torch", "ctranslate2") if against else ("ours",)
         _emit(decode.run(threads=tuple(args.threads), configs=tuple(configs), engines=engines,
-                         precision=args.precision), args)
+                         precision=args.precision, repeats=args.repeats), args)
         return 0
     if args.what == "distributed":
         from .bench import distributed
@@ -731,6 +732,10 @@ def build_parser():
                        help="train: fp32 (default) or bf16, ours against torch.autocast bf16 and ours fp32; "
                             "decode: fp32, bf16 or int8, ours against CTranslate2 at the same compute type "
                             "and ours fp32; kernels: bf16 or int8 adds GEMM rows at that precision")
+    bench.add_argument("--repeats", type=_positive_int,
+                       help="train, decode: timed runs of each engine per measurement, alternated, the "
+                            "median reported (default per config: train 15 tiny / 3 base, decode 5 / 3); "
+                            "more gives steadier ratios on a noisy machine")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON lines to FILE")
     bench.add_argument("--plot", metavar="FILE.png", help="with --what all: draw throughput and efficiency")
     bench.set_defaults(func=_bench)

@@ -371,7 +371,7 @@ def ours_decoder(model, precision="fp32"):
 
 
 def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours", "torch", "ctranslate2"),
-        torch_repeats=1, precision="fp32"):
+        torch_repeats=1, precision="fp32", repeats=None):
     """PyTorch re-runs the whole prefix every step (10-50x slower than the others): it is warmed up
     on a 4-step decode and timed `torch_repeats` times (in the first rounds), which keeps the
     default run to a few minutes; ours and CTranslate2 alternate for every repeat. Without
@@ -380,7 +380,8 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
     precision "bf16" or "int8": ours at that precision ("ours_*"), ours at fp32 ("ours_fp32_*")
     and CTranslate2 at the matching compute type, interleaved; PyTorch is left out (see the module
     docstring); `ratio` is then ours / CTranslate2 in tokens/s. An engine without precision= is
-    refused before any work (RuntimeError); nothing falls back to fp32."""
+    refused before any work (RuntimeError); nothing falls back to fp32. repeats: the timed calls
+    of ours and CTranslate2 per record (None: the config's own, CONFIGS)."""
     import transformer as T
 
     from .precision import require
@@ -393,7 +394,7 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
     for name in configs:
         model, src = _model(name)
         model.params.freeze()              # as translate holds them (module docstring)
-        repeats = CONFIGS[name]["repeats"]
+        n_repeats = repeats or CONFIGS[name]["repeats"]
         for n in threads:
             T.set_num_threads(n)
             if torch is not None:
@@ -423,7 +424,7 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
                             decide(src, beam, steps=4)
                         else:
                             decide(src, beam)
-                    for r in range(repeats):
+                    for r in range(n_repeats):
                         for engine, decide in deciders.items():
                             if engine == "torch" and r >= torch_repeats:
                                 continue
