@@ -28,8 +28,8 @@ Our weights are frozen while they are timed (Parameters.freeze), as `transformer
 `evaluate` hold them and as CTranslate2 holds the model it converted on load: a call then trusts
 the matrices it converted for the first one instead of reading every float32 weight again to see
 whether it changed (transformer/prepared.py; 225 MB at base size, 3-7% of a base int8 decode at
-one thread). Records say so (`weights`: "frozen"); records before 2026-11-28 have no such field
-and were timed with writeable weights.
+one thread). Records say so (`weights`: "frozen"); a record without that field (before
+2026-11-27 late evening) was timed with writeable weights.
 """
 import json
 import socket
