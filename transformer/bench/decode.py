@@ -455,8 +455,8 @@ def _kv_cache(precision):
 
 def _record(name, src, threads, beam, precision, times, frozen):
     """The record of one (config, threads, beam) from {engine: [seconds]}: ours_* (at
-    `precision`, on weights `frozen` or writeable), then for every other engine E: E_per_s, E_s, E_spread_s and vs_E (E's time /
-    ours: ours' tokens/s over E's)."""
+    `precision`, on weights `frozen` or writeable), then for every other engine E: E_per_s, E_s,
+    E_spread_s and vs_E (E's time / ours: ours' tokens/s over E's)."""
     tokens = src.shape[0] * STEPS
     median = {e: statistics.median(t) for e, t in times.items()}
     kernel = f"decode {'greedy' if beam == 1 else f'beam {beam}'}"
