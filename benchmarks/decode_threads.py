@@ -14,8 +14,9 @@ loop runs in at that count (transformer/decoding.py, step_groups).
 --python-loops: also the step-by-step loop in Python (decoding._PYTHON_LOOPS, the threads
 meeting once per step) next to the loop in C (each block of sentences on one thread from its
 first step to its last), in the same process. --blocks: also each fixed block count
-(decoding.DECODE_GROUPS, blocks of one row allowed), "auto" being step_groups' choice. One JSON
-line each.
+(decoding.DECODE_GROUPS, blocks of one row allowed), "auto" being step_groups' choice. A fixed
+count runs that many threads in the loop whatever --threads says (--threads sizes the encoder's
+team and the kernels of a one-block loop): each record says `loop_threads`. One JSON line each.
 
 Written for the 16-core Xeon, where ours got slower from 8 to 16 threads even with the same
 blocks a step (benchmarks/README.md, "The 16-core Xeon again"), before the loops moved to C:
@@ -70,9 +71,10 @@ def _measure(model, src, name, precision, threads, repeats, python_loops, blocks
     finally:
         decoding._return_workspace(model, workspace)
     tokens = src.shape[0] * bench.STEPS
+    groups = decoding.step_groups(model.cfg, precision, threads, src.shape[0])
     return dict(bench="decode_threads", config=name, precision=precision, threads=threads,
                 shape=f"{name} B={src.shape[0]} S={src.shape[1]}", tokens=tokens,
-                groups=decoding.step_groups(model.cfg, precision, threads, src.shape[0]),
+                groups=groups, loop_threads=groups if groups > 1 else threads,
                 tokens_per_s=tokens / total_s, total_s=total_s, total_spread_s=total_spread,
                 encoder_s=encoder_s, encoder_spread_s=encoder_spread, steps_s=total_s - encoder_s,
                 encoder_share=encoder_s / total_s, loops="python" if python_loops else "c",
@@ -118,7 +120,8 @@ def main(argv=None):
                         print(f"{name} {precision} {n:>2} threads, loops in {record['loops']:>6}: "
                               f"{record['tokens_per_s']:9.0f} tokens/s, encoder "
                               f"{record['encoder_s'] * 1e3:6.1f} ms of {record['total_s'] * 1e3:6.1f} "
-                              f"({record['groups']} blocks)", file=sys.stderr)
+                              f"({record['groups']} blocks on {record['loop_threads']} threads)",
+                              file=sys.stderr)
 
 
 if __name__ == "__main__":

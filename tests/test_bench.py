@@ -457,10 +457,12 @@ def test_decode_threads_times_the_encoder_apart_from_the_steps(capsys, restore_t
     assert 0 < record["encoder_s"] < record["total_s"]
     assert record["steps_s"] == pytest.approx(record["total_s"] - record["encoder_s"])
     assert record["loops"] == "c" and record["blocks_asked"] == "auto" and record["weights"] == "frozen"
+    assert record["loop_threads"] == 1
     # the Python loops and a fixed block count are asked for, and put back afterwards
     loops, groups = dec._PYTHON_LOOPS, dec.DECODE_GROUPS
     record = script.measure("tiny", "fp32", 2, repeats=1, python_loops=True, blocks="8")
     assert record["loops"] == "python" and record["groups"] == 8
+    assert record["loop_threads"] == 8          # a fixed block count is a thread count too
     assert (dec._PYTHON_LOOPS, dec.DECODE_GROUPS) == (loops, groups)
     with pytest.raises(SystemExit):
         script.main(["--threads", "0"])
