@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import transformer as T
-from transformer import cli
+from transformer import _C, cli
+from transformer.bench.kernels import cpu_model
 from transformer import decoding as dec
 from transformer.bench import masking
 from transformer.bench import train as bench_train
@@ -203,6 +204,7 @@ def test_fp32_train_record_keeps_the_format_of_issue_3():
     name = bench_train.custom_config(TINY_SPEC)
     (record,) = bench_train.run(threads=(1,), configs=(name,), repeats=1, memory=False, against=None)
     assert record["precision"] == "fp32" and record["kernel"] == f"train_step {name}"
+    assert record["cpu"] == cpu_model() and record["isa"] == _C.isa()
     assert {"ours_s", "ours_spread_s", "ours_tokens_per_s", "ours_per_s", "repeats", "shape"} <= set(record)
     assert not [key for key in record if "fp32_" in key or "autocast" in key]
 
@@ -267,6 +269,7 @@ def test_decode_bench_times_frozen_weights_which_are_not_read_again_each_call(mo
     name = bench_train.custom_config(TINY_SPEC)
     (record,) = decode.run(threads=[1], configs=(name,), beams=(1,), engines=("ours",), precision="int8")
     assert record["weights"] == "frozen"
+    assert record["cpu"] == cpu_model() and record["isa"] == _C.isa()   # the figure's machine and level
     assert Counting.checksums > 0 and len(timed) >= 2 and set(timed) == {0}
 
 

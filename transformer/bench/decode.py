@@ -456,14 +456,18 @@ def _kv_cache(precision):
 def _record(name, src, threads, beam, precision, times, frozen):
     """The record of one (config, threads, beam) from {engine: [seconds]}: ours_* (at
     `precision`, on weights `frozen` or writeable), then for every other engine E: E_per_s, E_s,
-    E_spread_s and vs_E (E's time / ours: ours' tokens/s over E's)."""
+    E_spread_s and vs_E (E's time / ours: ours' tokens/s over E's). Every record names the CPU
+    (family and model) and the dispatch level it ran."""
     tokens = src.shape[0] * STEPS
     median = {e: statistics.median(t) for e, t in times.items()}
     kernel = f"decode {'greedy' if beam == 1 else f'beam {beam}'}"
     if precision != "fp32":
         kernel += f" {precision}"
+    from .. import _C
+    from .kernels import cpu_model
+
     record = {"kernel": kernel, "config": name, "shape": f"{name} B={src.shape[0]} S={src.shape[1]}",
-              "threads": threads, "precision": precision, "beam": beam, "kv_cache": _kv_cache(precision),
+              "cpu": cpu_model(), "isa": _C.isa(), "threads": threads, "precision": precision, "beam": beam, "kv_cache": _kv_cache(precision),
               "weights": "frozen" if frozen else "writeable",
               "ours_per_s": tokens / median["ours"],
               "ours_s": median["ours"], "ours_spread_s": [min(times["ours"]), max(times["ours"])],

@@ -189,7 +189,12 @@ def _record(name, threads, times, precision):
     fp32 keeps the record of issue 3 (ours_*, ref_*, ratio = torch time / ours). bf16 adds the
     same figures under names that say what ran: ours_bf16_tokens_per_s,
     torch_autocast_bf16_tokens_per_s, ours_fp32_tokens_per_s, and the ratios of tokens/s
-    ours_bf16_vs_torch_autocast_bf16 (= ratio) and ours_bf16_vs_ours_fp32."""
+    ours_bf16_vs_torch_autocast_bf16 (= ratio) and ours_bf16_vs_ours_fp32. Every record names
+    the CPU (family and model: the name alone does not tell Zen 3, 4 and 5 apart) and the
+    dispatch level it ran."""
+    from .. import _C
+    from .kernels import cpu_model
+
     c = CONFIGS[name]
     tokens = c["batch"] * c["length"]
     median = {label: statistics.median(t) for label, t in times.items()}
@@ -197,7 +202,7 @@ def _record(name, threads, times, precision):
     o = median["ours"]
     kernel = f"train_step {name}" if precision == "fp32" else f"train_step {precision} {name}"
     record = {"bench": "train_step", "kernel": kernel, "config": name, "threads": threads,
-              "precision": precision,
+              "precision": precision, "cpu": cpu_model(), "isa": _C.isa(),
               "shape": f"B{c['batch']} S{c['length']} T{c['length']} V{c['vocab']}",
               "ours_s": o, "ours_spread_s": spread["ours"],
               "ours_tokens_per_s": tokens / o, "ours_per_s": tokens / o, "repeats": len(times["ours"])}
