@@ -222,7 +222,7 @@ class Seq2SeqTransformer:
         attention["decoder_self"] and attention["cross"] are lists with one float32 array per
         layer, [B, H, S, S], [B, H, T, T] and [B, H, T, S]: the softmax weights of every head
         (rows of padded queries are included; masked keys have weight 0)."""
-        from .decoding import int8_generator
+        from .decoding import cache_dtype, int8_generator
         _check_bool(return_attention, "return_attention")
         precision = check_precision(precision)
         src, tgt_in, _ = self._check_inputs(src, tgt_in)
@@ -233,7 +233,7 @@ class Seq2SeqTransformer:
             self.stream.training = False
             self.ws.bf16 = precision == "bf16"
             self.ws.int8 = prepared
-            self.ws.kv_bf16 = precision != "fp32"   # as decoding's caches hold them
+            self.ws.kv_bf16 = cache_dtype(precision) == np.uint16   # as decoding's caches hold them
             try:
                 tables = None if prepared is None else tuple(
                     prepared.table(precision, name, self.params.tensor(name))
