@@ -19,6 +19,11 @@ import math
 import numpy as np
 
 
+def widen(bits):
+    """float32 values of bf16 bits (uint16, as _C.to_bf16 and the bf16 caches hold them): exact."""
+    return (np.asarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
 def make(torch, rounding=True, dtype=None):
     def r(x):
         if not rounding:

@@ -4,6 +4,8 @@ import pytest
 
 from transformer import _C
 
+from bf16_oracle import widen
+
 TOL = 1e-5  # relative to the largest |value|, float32 vs float64
 
 
@@ -128,11 +130,6 @@ def test_fast_path_agrees_with_the_plain_per_key_loop(isa, dh):
 
 
 # -- bf16 caches (reduced-precision decoding: half the bytes a step reads) --------------------------
-
-def widen(bits):
-    """float32 values of bf16 bits (exact)."""
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
 
 def test_to_bf16_rounds_to_nearest_even_as_torch_does():
     torch = pytest.importorskip("torch")

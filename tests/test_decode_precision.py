@@ -213,7 +213,7 @@ def test_the_reduced_precisions_keep_the_decoders_keys_and_values_in_bf16(precis
         w = model.params.data["transformer.decoder.layers.0.multihead_attn.in_proj_weight"][D:2 * D]
         b = model.params.data["transformer.decoder.layers.0.multihead_attn.in_proj_bias"][D:2 * D]
         keys = (memory.astype(np.float64) @ w.T.astype(np.float64) + b).reshape(B, S, H, D // H).transpose(0, 2, 1, 3)
-        held = (cache.memory_k[0].astype(np.uint32) << 16).view(np.float32)
+        held = bf16_oracle.widen(cache.memory_k[0])
         scale = np.abs(keys).max()
         assert np.abs(held - keys).max() <= 2 ** -8 * scale + (0.03 * scale if precision == "int8" else 0)
 
