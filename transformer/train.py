@@ -459,14 +459,17 @@ class Trainer:
                     out_of_time = deadline is not None and time.monotonic() >= deadline
                     if dp is not None:
                         # Ranks stop, and rank 0 saves, at the same step: rank 0's clock decides, and a
-                        # signal to any rank stops them all.
+                        # signal to any rank stops them all. Only the agreed flag stops a rank: a
+                        # signal that lands after the vote is in the next step's (a rank that read
+                        # its own flag here stopped alone, and the others waited for it forever in
+                        # the step's all-reduce while it sat in MPI_Finalize).
                         out_of_time, save_now, signum = dp.max_flags(
                             [self.leader and out_of_time, self.leader and save_now, stop.signal or 0])
-                        if signum and stop.signal is None:
-                            stop.signal, stop.remote = signum, True
-                    if stop.signal is not None and dp is not None:
-                        status = self._stopped_by_signal(stop, bar, stream)
-                        break
+                        if signum:
+                            if stop.signal is None:
+                                stop.signal, stop.remote = signum, True
+                            status = self._stopped_by_signal(stop, bar, stream)
+                            break
                     if out_of_time:
                         break
                     started = time.perf_counter()
