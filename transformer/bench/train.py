@@ -189,11 +189,14 @@ def _record(name, threads, times, precision):
     fp32 keeps the record of issue 3 (ours_*, ref_*, ratio = torch time / ours). bf16 adds the
     same figures under names that say what ran: ours_bf16_tokens_per_s,
     torch_autocast_bf16_tokens_per_s, ours_fp32_tokens_per_s, and the ratios of tokens/s
-    ours_bf16_vs_torch_autocast_bf16 (= ratio) and ours_bf16_vs_ours_fp32. Every record names
+    ours_bf16_vs_torch_autocast_bf16 (= ratio) and ours_bf16_vs_ours_fp32. The steps alternate,
+    so each ratio also comes paired (ratio_paired, ..._paired: decode.paired_ratio). Every record names
     the CPU (family and model: the name alone does not tell Zen 3, 4 and 5 apart) and the
     dispatch level it ran."""
     from .. import _C
     from .kernels import cpu_model
+
+    from .decode import paired_ratio
 
     c = CONFIGS[name]
     tokens = c["batch"] * c["length"]
@@ -208,13 +211,15 @@ def _record(name, threads, times, precision):
               "ours_tokens_per_s": tokens / o, "ours_per_s": tokens / o, "repeats": len(times["ours"])}
     if "ref" in median:
         r = median["ref"]
-        record.update({"ref_s": r, "ref_spread_s": spread["ref"], "ratio": r / o, "ref_tokens_per_s": tokens / r})
+        record.update({"ref_s": r, "ref_spread_s": spread["ref"], "ratio": r / o, "ref_tokens_per_s": tokens / r,
+                       "ratio_paired": paired_ratio(times["ours"], times["ref"])})
     if precision == "fp32":
         return record
     f = median["ours_fp32"]
     record.update({f"ours_{precision}_tokens_per_s": tokens / o,
                    "ours_fp32_s": f, "ours_fp32_spread_s": spread["ours_fp32"], "ours_fp32_tokens_per_s": tokens / f,
-                   f"ours_{precision}_vs_ours_fp32": f / o})
+                   f"ours_{precision}_vs_ours_fp32": f / o,
+                   f"ours_{precision}_vs_ours_fp32_paired": paired_ratio(times["ours"], times["ours_fp32"])})
     if "ref" in median:
         record.update({"reference": "torch.autocast('cpu', dtype=torch.bfloat16), fp32 master weights",
                        f"torch_autocast_{precision}_tokens_per_s": tokens / median["ref"],
