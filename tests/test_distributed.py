@@ -200,6 +200,36 @@ def test_sigterm_to_one_rank_stops_all_with_a_checkpoint(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
+# Rank 1 takes SIGTERM right after the ranks' 5th vote on the stop flags returned: the window of
+# a race CI once hit by chance (12931d4), made certain.
+_LATE_SIGNAL = """
+import os, signal, sys
+from transformer import distributed
+original, votes = distributed.DataParallel.max_flags, []
+def max_flags(self, flags, *args, **kwargs):
+    agreed = original(self, flags, *args, **kwargs)
+    votes.append(agreed)
+    if self.rank == 1 and len(votes) == 5:
+        os.kill(os.getpid(), signal.SIGTERM)
+    return agreed
+distributed.DataParallel.max_flags = max_flags
+from transformer.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_after_the_stop_vote_counts_in_the_next_one(tmp_path):
+    """The vote before step 5 saw no signal, so every rank takes step 5, and the vote after it stops
+    them all, with rank 0's checkpoint at step 5. (A rank that stopped on its own flag, read after the
+    vote, left the others waiting in step 5's all-reduce while it sat in MPI_Finalize.)"""
+    out = str(tmp_path / "run")
+    done = mpirun(2, sys.executable, "-c", _LATE_SIGNAL, "train", *SMALL, "--minutes", "10",
+                  "--save-minutes", "0", "--out", out, timeout=120)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr
+    assert "SIGTERM received by another rank: saving a checkpoint" in done.stderr
+    assert load_checkpoint(out).train_state["step"] == max(losses(out)) == 5
+
+
 def test_ranks_that_disagree_refuse_to_start(tmp_path):
     out = str(tmp_path / "run")
     cmd = [sys.executable, "-m", "transformer", "train", *SMALL, "--max-steps", "2", "--out", out]
