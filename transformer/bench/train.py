@@ -194,9 +194,8 @@ def _record(name, threads, times, precision):
     the CPU (family and model: the name alone does not tell Zen 3, 4 and 5 apart) and the
     dispatch level it ran."""
     from .. import _C
-    from .kernels import cpu_model
-
     from .decode import paired_ratio
+    from .kernels import cpu_model
 
     c = CONFIGS[name]
     tokens = c["batch"] * c["length"]
