@@ -457,6 +457,38 @@ def test_records_pair_each_round_of_alternated_engines():
     assert record["ours_bf16_vs_ours_fp32"] == 3.0 and record["ours_bf16_vs_ours_fp32_paired"] == 1.5
 
 
+def test_decode_bench_runs_every_engine_on_the_same_first_cpus(monkeypatch):
+    # n threads: ours (and any process started meanwhile, as CTranslate2's) held to the first n
+    # CPUs of this process's set while timed; the old set comes back after
+    import subprocess
+    import sys
+
+    from transformer.bench import decode, timing
+
+    allowed = sorted(os.sched_getaffinity(0))
+    seen = []
+    original = decode.ours_decoder
+
+    def watching(model, precision="fp32"):
+        decode_fn = original(model, precision)
+
+        def decode_and_look(src, beam):
+            seen.append(sorted(os.sched_getaffinity(0)))
+            return decode_fn(src, beam)
+        return decode_and_look
+
+    monkeypatch.setattr(decode, "ours_decoder", watching)
+    records = decode.run(threads=[1, 2], configs=("tiny",), beams=(1,), engines=("ours",), repeats=1)
+    assert [r["cpus"] for r in records] == [allowed[:1], allowed[:2]]
+    assert seen[0] == allowed[:1] and seen[-1] == allowed[:2]
+    assert sorted(os.sched_getaffinity(0)) == allowed
+    with timing.pinned(allowed[:1]):
+        child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
+                               capture_output=True, text=True, check=True)
+    assert child.stdout.strip() == str(allowed[:1])
+    assert timing.bench_cpus(len(allowed) + 5) == allowed
+
+
 def _benchmark_script(name):
     import importlib.util
     from pathlib import Path

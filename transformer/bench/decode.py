@@ -381,10 +381,13 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
     and CTranslate2 at the matching compute type, interleaved; PyTorch is left out (see the module
     docstring); `ratio` is then ours / CTranslate2 in tokens/s. An engine without precision= is
     refused before any work (RuntimeError); nothing falls back to fp32. repeats: the timed calls
-    of ours and CTranslate2 per record (None: the config's own, CONFIGS)."""
+    of ours and CTranslate2 per record (None: the config's own, CONFIGS). A thread count n runs
+    every engine on the same n CPUs, the first this process may use (timing.pinned; records:
+    "cpus"), CTranslate2's process included."""
     import transformer as T
 
     from .precision import require
+    from .timing import bench_cpus, pinned
     require(precision, "decode")
     torch = None
     if "torch" in engines and precision == "fp32":
@@ -399,7 +402,8 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
             T.set_num_threads(n)
             if torch is not None:
                 torch.set_num_threads(n)
-            with tempfile.TemporaryDirectory() as directory:
+            cpus = bench_cpus(n)   # both engines on the same cores, CTranslate2's process too
+            with pinned(cpus), tempfile.TemporaryDirectory() as directory:
                 deciders = {"ours": ours_decoder(model, precision)}     # timed in this order
                 if precision != "fp32":
                     deciders["ours_fp32"] = ours_decoder(model)
@@ -432,6 +436,7 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
                                 time.sleep(SETTLE_S)
                             times[engine].append(call_seconds(decide, src, beam))
                     record = _record(name, src, n, beam, precision, times, model.params.frozen is not None)
+                    record["cpus"] = cpus
                     if ct2_trials is not None:
                         record.update(ctranslate2_compute_type=compute_type,
                                       ctranslate2_layout=dict(deciders["ctranslate2"].layout),

@@ -1,4 +1,6 @@
 """Timing two implementations fairly on the same cores."""
+import contextlib
+import os
 import time
 
 import numpy as np
@@ -39,3 +41,42 @@ def spread_fields():
     """{"ours_spread_s": [min, max], "ref_spread_s": [min, max]} of the last time_pair call."""
     ours, ref = time_pair.last_spread
     return {"ours_spread_s": ours, "ref_spread_s": ref}
+
+
+def bench_cpus(threads):
+    """The CPUs a run of `threads` threads is held to: the first `threads` of those this process may
+    use (all of them when it asks for more), or None where the OS cannot pin (not Linux)."""
+    if not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    return allowed[:threads] if threads <= len(allowed) else allowed
+
+
+@contextlib.contextmanager
+def pinned(cpus):
+    """Every thread of this process held to `cpus` (None: left alone), and so every thread and
+    process started meanwhile (affinity is inherited); the old sets come back after.
+
+    Why: two vCPUs of one VM measured up to 1.4x apart on the same memory-bound decode, and swapped
+    roles within minutes (Zen 3, 2026-11-27, benchmarks/README.md "Paired ratios"). Unpinned, one
+    engine can run a round on the fast core and the other on the slow one; pinned, both run
+    every round on the same cores. Affinity is per thread on Linux, hence every task of the process."""
+    if cpus is None:
+        yield
+        return
+    tasks = [int(t) for t in os.listdir("/proc/self/task")]
+    before = {}
+    for tid in tasks:
+        try:
+            before[tid] = os.sched_getaffinity(tid)
+            os.sched_setaffinity(tid, cpus)
+        except OSError:          # a thread that ended meanwhile
+            pass
+    try:
+        yield
+    finally:
+        for tid in [int(t) for t in os.listdir("/proc/self/task")]:
+            try:
+                os.sched_setaffinity(tid, before.get(tid, before.get(os.getpid(), cpus)))
+            except OSError:
+                pass
