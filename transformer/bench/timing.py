@@ -48,8 +48,7 @@ def bench_cpus(threads):
     use (all of them when it asks for more), or None where the OS cannot pin (not Linux)."""
     if not hasattr(os, "sched_getaffinity"):
         return None
-    allowed = sorted(os.sched_getaffinity(0))
-    return allowed[:threads] if threads <= len(allowed) else allowed
+    return sorted(os.sched_getaffinity(0))[:threads]
 
 
 @contextlib.contextmanager
