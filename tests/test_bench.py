@@ -443,12 +443,12 @@ def test_bench_repeats_times_each_engine_that_many_times(monkeypatch, capsys):
 def test_records_pair_each_round_of_alternated_engines():
     # the machine slows down 2x halfway: the ratio of the medians pairs ours' fast rounds with the
     # reference's slow ones (here 3.0 / 1.0); each round's own ratio is 1.5 throughout
-    from transformer.bench import decode
+    from transformer.bench import decode, timing
     from transformer.bench import train as bench_train
 
     ours, theirs = [1.0, 1.0, 1.0, 2.0, 2.0], [1.5, 1.5, 3.0, 3.0, 3.0]
-    assert decode.paired_ratio(ours, theirs) == 1.5
-    assert decode.paired_ratio([2.0, 1.0, 1.0], [1.0]) == 0.5          # rounds one engine skipped
+    assert timing.paired_ratio(ours, theirs) == 1.5
+    assert timing.paired_ratio([2.0, 1.0, 1.0], [1.0]) == 0.5          # rounds one engine skipped
     src = np.zeros((2, 3), np.int64)
     record = decode._record("tiny", src, 1, 1, "int8", {"ours": ours, "ctranslate2": theirs}, True)
     assert record["vs_ctranslate2"] == 3.0 and record["vs_ctranslate2_paired"] == 1.5

@@ -42,6 +42,8 @@ import weakref
 
 import numpy as np
 
+from .timing import bench_cpus, paired_ratio, pinned
+
 CONFIGS = {
     "tiny": dict(sizes=dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2),
                  vocab=4000, batch=32, src_len=32, repeats=5),
@@ -387,7 +389,6 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
     import transformer as T
 
     from .precision import require
-    from .timing import bench_cpus, pinned
     require(precision, "decode")
     torch = None
     if "torch" in engines and precision == "fp32":
@@ -485,15 +486,6 @@ def _record(name, src, threads, beam, precision, times, frozen):
             record[f"{engine}_spread_s"] = [min(times[engine]), max(times[engine])]
             record[f"vs_{engine}_paired"] = paired_ratio(times["ours"], times[engine])
     return record
-
-
-def paired_ratio(ours, theirs):
-    """The median over rounds of their time / ours in the same round (rounds alternate the
-    engines, so each pair ran seconds apart): on a VM whose speed drifts by 1.5x within minutes
-    (Zen 3, 2026-11-27: CTranslate2's tiny greedy took 99 ms in one run and 152 ms in the next),
-    a steadier figure than the ratio of the medians, which can pair a fast stretch of one engine
-    with a slow stretch of the other. Rounds one engine skipped (PyTorch after its first) are left out."""
-    return statistics.median(t / o for o, t in zip(ours, theirs))
 
 
 if __name__ == "__main__":

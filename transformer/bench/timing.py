@@ -1,6 +1,7 @@
 """Timing two implementations fairly on the same cores."""
 import contextlib
 import os
+import statistics
 import time
 
 import numpy as np
@@ -41,6 +42,15 @@ def spread_fields():
     """{"ours_spread_s": [min, max], "ref_spread_s": [min, max]} of the last time_pair call."""
     ours, ref = time_pair.last_spread
     return {"ours_spread_s": ours, "ref_spread_s": ref}
+
+
+def paired_ratio(ours, theirs):
+    """The median over rounds of their time / ours in the same round (rounds alternate the
+    engines, so each pair ran seconds apart): on a VM whose speed drifts by 1.5x within minutes
+    (Zen 3, 2026-11-27: CTranslate2's tiny greedy took 99 ms in one run and 152 ms in the next),
+    a steadier figure than the ratio of the medians, which can pair a fast stretch of one engine
+    with a slow stretch of the other. Rounds one engine skipped (PyTorch after its first) are left out."""
+    return statistics.median(t / o for o, t in zip(ours, theirs))
 
 
 def bench_cpus(threads):
