@@ -375,6 +375,29 @@ def test_quality_bench_averages_the_pytorch_run_like_ours(tmp_path):
     assert set(record["greedy"]) == set(record["beam4"]) == {"bleu", "chrf"}
 
 
+def test_quality_plot_tells_runs_apart_by_their_batches(tmp_path, monkeypatch):
+    """Runs of one engine and budget that differ in batch size or dropout get legends that say so
+    (records before those fields existed keep the short legend)."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    from transformer.bench import quality
+
+    def record(**extra):
+        return {"engine": "ours", "data": "bible.tsv.gz", "minutes": 10, "cpu": "cpu", "threads": 2,
+                "curve": [[30.0, 100, 5.0, 20.0, 4.0], [60.0, 200, 8.0, 25.0, 3.5]],
+                "greedy": {"bleu": 8.0, "chrf": 25.0}, **extra}
+
+    figures = []
+    monkeypatch.setattr(plt.Figure, "savefig", lambda fig, *a, **k: figures.append(fig))
+    quality.plot([record(batch_tokens=2048, dropout=0.1), record(batch_tokens=512, dropout=0.0), record()],
+                 str(tmp_path / "p.png"))
+    labels = sorted(t.get_text() for t in figures[0].axes[0].get_legend().get_texts())
+    assert labels == ["ours, 10 min (final greedy BLEU 8.0)",
+                      "ours, 10 min, batches of 2048 tokens, dropout 0.1 (final greedy BLEU 8.0)",
+                      "ours, 10 min, batches of 512 tokens, dropout 0 (final greedy BLEU 8.0)"]
+
+
 def test_train_on_data_hands_back_the_raw_weights_and_the_average_apart(tmp_path):
     """With --average-last the caller's trainer holds the raw final weights (what a benchmark
     scores as "final") and model_for_inference the average; neither replaces the other."""

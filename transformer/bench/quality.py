@@ -138,6 +138,14 @@ def budget(record):
     return f"{record['minutes']:g} min" if record.get("minutes") else f"{record['steps']} steps"
 
 
+def batches(record):
+    """", batches of N tokens, dropout p" where the record says (records since 2026-11-25 do)."""
+    if record.get("batch_tokens") is None:
+        return ""
+    dropout = f", dropout {record['dropout']:g}" if record.get("dropout") is not None else ""
+    return f", batches of {record['batch_tokens']} tokens{dropout}"
+
+
 def plot(records, path):
     """Dev BLEU (periodic, greedy, --eval-limit sentences) against training wall-clock, one line per
     run: engine, corpus and budget in the legend."""
@@ -154,7 +162,7 @@ def plot(records, path):
             ys = [p[2] for p in r["curve"] if p[2] is not None]
             style = "-" if r["engine"] == "ours" else "--"
             ax.plot(xs, ys, style, marker="o", markersize=3,
-                    label=f"{r['engine']}, {budget(r)} (final greedy BLEU {r['greedy']['bleu']:.1f})")
+                    label=f"{r['engine']}, {budget(r)}{batches(r)} (final greedy BLEU {r['greedy']['bleu']:.1f})")
         ax.set_title(f"{corpus}: dev BLEU during training ({records[0].get('cpu', '')}, "
                      f"{records[0].get('threads')} threads)", fontsize=9)
         ax.set_xlabel("training wall-clock (minutes)")
