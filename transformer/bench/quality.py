@@ -139,7 +139,7 @@ def budget(record):
 
 
 def batches(record):
-    """", batches of N tokens, dropout p" where the record says (records since 2026-11-25 do)."""
+    """The legend's ', batches of N tokens, dropout p', or '' for a record without batch_tokens."""
     if record.get("batch_tokens") is None:
         return ""
     dropout = f", dropout {record['dropout']:g}" if record.get("dropout") is not None else ""
