@@ -504,6 +504,16 @@ def test_the_default_dropout_follows_how_often_the_plan_sees_the_pairs(tmp_path,
     assert load_checkpoint(out).model.cfg.dropout == want
 
 
+def test_train_help_states_the_dropout_rule_in_use(capsys):
+    """`transformer train --help` gives the thresholds the rule applies (it said 5 passes after the
+    rule moved to 8)."""
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert (f"fewer than {train.DROPOUT_FREE_PASSES:g} times, {train.HEAVY_DROPOUT:g} when it sees them "
+            f"{train.HEAVY_DROPOUT_PASSES:g} times or more") in text
+
+
 def test_choose_vocab_size_gives_one_entry_per_16_words_within_its_bounds():
     """The default BPE size: the two sides' mean word count / VOCAB_WORDS_PER_ENTRY, rounded down
     to a multiple of 500, clamped to [MIN_VOCAB, MAX_VOCAB] (Tatoeba English-Hindi: 1000; the

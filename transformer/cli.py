@@ -6,6 +6,7 @@ import math
 import os
 import sys
 
+from .config import DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES
 from .data import HEADER_CHOICES
 from .errors import FlagError, blame, describe
 
@@ -762,8 +763,9 @@ def build_parser():
     train.add_argument("--n-encoder-layers", dest="n_encoder_layers", type=_positive_int)
     train.add_argument("--n-decoder-layers", dest="n_decoder_layers", type=_positive_int)
     train.add_argument("--dropout", type=_fraction,
-                       help="default with --data: 0 when the budget sees the training pairs fewer than 5 times, "
-                            "0.3 when it sees them 20 times or more, else 0.1; 0 for the built-in task")
+                       help=f"default with --data: 0 when the budget sees the training pairs fewer than "
+                            f"{DROPOUT_FREE_PASSES:g} times, {HEAVY_DROPOUT:g} when it sees them "
+                            f"{HEAVY_DROPOUT_PASSES:g} times or more, else 0.1; 0 for the built-in task")
     train.add_argument("--activation", choices=["relu", "gelu", "silu"])
     train.add_argument("--tie-embeddings", dest="tie_embeddings", choices=["none", "target"],
                        help="target: the output projection is the target embedding matrix (one matrix, "

@@ -20,7 +20,7 @@ from . import _C, datasets
 from .checkpoint import (BEST_DIR, CHECKPOINT_FILE, LOG_FILE, average_weights, clear_run, list_snapshots,
                          load_checkpoint, save_checkpoint, save_inference_files, save_snapshot,
                          snapshot_path)
-from .config import PRESETS, ModelConfig
+from .config import DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES, PRESETS, ModelConfig
 from .data import HEADER_CHOICES, collate, length_batches, make_example, read_pairs, split_pairs
 from .errors import FlagError, blame
 from .model import Seq2SeqTransformer
@@ -41,21 +41,6 @@ WARMUP_SHARE = 0.05
 MIN_WARMUP = 10
 PEAK_LR_FACTOR = 0.032
 FINAL_LR_SHARE = 0.1
-# With --data and no --dropout: a budget that sees the training pairs fewer times than this trains
-# without dropout (regularising data the model has barely seen only slows it down: on the Bible
-# corpus, 954 steps = 1.6 passes, dev BLEU 1.42 without dropout against 0.92 with 0.1; 1764 steps
-# = 3.7 passes, 23.7 / 26.0 BLEU greedy / beam 4 without dropout against 18.9 / 22.7 with 0.1;
-# `tiny`, 10 minutes on 2 Zen 3 cores, 6.0-6.5 passes: 24.8 / 27.6 against 23.2 / 25.1, where the
-# threshold was 5 and the run took 0.1), else 0.1. The dev loss's lead without dropout shrank from
-# 0.10 at 4.0-4.3 passes to 0.02 at 6.0-6.5 (benchmarks/README.md, "Dropout for ten minutes of
-# tiny"), so the threshold is 8, which also covers tiny's ten minutes on the faster Zen 2 (7.4).
-DROPOUT_FREE_PASSES = 8.0
-# ... and a budget that sees them at least HEAVY_DROPOUT_PASSES times (a small corpus: Tatoeba's
-# 2,690 English-Hindi pairs are seen ~100 times in 10 minutes, and the model learns them by heart
-# after ~200 steps) trains with HEAVY_DROPOUT (measured there, 10 minutes: greedy BLEU 9.1 /
-# chrF 26.7 against 6.6 / 23.6 with 0.1).
-HEAVY_DROPOUT_PASSES = 20.0
-HEAVY_DROPOUT = 0.3
 # Without --vocab-size, the BPE vocabulary (per language) is one entry per VOCAB_WORDS_PER_ENTRY
 # words of training text (the two sides' mean), rounded down to a multiple of 500, within
 # [MIN_VOCAB, MAX_VOCAB]. 4000 is the Bible's best measured (29,024 pairs: 8000 learned less in 10
