@@ -12,9 +12,10 @@ TIE_EMBEDDINGS = ("none", "target", "all")
 # slows it down: on the Bible corpus, 954 steps = 1.6 passes, dev BLEU 1.42 without dropout against
 # 0.92 with 0.1; 1764 steps = 3.7 passes, 23.7 / 26.0 BLEU greedy / beam 4 without dropout against
 # 18.9 / 22.7 with 0.1; `tiny`, 10 minutes on 2 Zen 3 cores, 6.0-6.5 passes: 24.8 / 27.6 against
-# 23.2 / 25.1, where the threshold was 5 and the run took 0.1), else 0.1. The dev loss's lead without dropout shrank from
-# 0.10 at 4.0-4.3 passes to 0.02 at 6.0-6.5 (benchmarks/README.md, "Dropout for ten minutes of
-# tiny"), so the threshold is 8, which also covers tiny's ten minutes on the faster Zen 2 (7.4).
+# 23.2 / 25.1, where the threshold was 5 and the run took 0.1), else 0.1. The dev loss's lead
+# without dropout shrank from 0.10 at 4.0-4.3 passes to 0.02 at 6.0-6.5 (benchmarks/README.md,
+# "Dropout for ten minutes of tiny"), so the threshold is 8, which also covers tiny's ten minutes on
+# the faster Zen 2 (7.4).
 DROPOUT_FREE_PASSES = 8.0
 # ... and a budget that sees them at least HEAVY_DROPOUT_PASSES times (a small corpus: Tatoeba's
 # 2,690 English-Hindi pairs are seen ~100 times in 10 minutes, and the model learns them by heart
