@@ -483,6 +483,40 @@ def test_tied_target_embeddings_train_save_and_resume(tmp_path):
     assert model.cfg.tie_embeddings == "target" and "generator.weight" not in model.params.data
 
 
+def test_quality_compare_pairs_runs_and_times_when_ours_reached_the_reference(tmp_path, capsys):
+    """--compare pairs each of our records with each PyTorch record of the same corpus, budget, CPU,
+    threads and preset; gives step, BLEU and chrF ratios; and interpolates when our dev curve first
+    reached the reference's last dev BLEU (12 between 10 at 60 s and 14 at 120 s: 90 s, against the
+    reference's 600 s: 6.67x), None where it never did."""
+    import json
+
+    from transformer.bench import quality
+
+    def record(engine, curve, bleu, data="bible.tsv.gz", steps=1000):
+        return {"engine": engine, "data": data, "minutes": 10, "cpu": "cpu", "threads": 2, "preset": "tiny",
+                "batch_tokens": 2048, "dropout": 0.0, "steps": steps, "curve": curve,
+                "greedy": {"bleu": bleu, "chrf": 2 * bleu}, "beam4": {"bleu": bleu + 1, "chrf": 2 * bleu + 1}}
+
+    reference = record("torch", [[300.0, 500, 8.0, 0, 4.0], [600.0, 1000, 12.0, 0, 3.0]], 10.0)
+    fast = record("ours", [[60.0, 200, 10.0, 0, 4.0], [120.0, 400, 14.0, 0, 3.0], [600.0, 2000, 20.0, 0, 2.0]],
+                  15.0, steps=2000)
+    slow = record("ours", [[300.0, 1000, 5.0, 0, 4.0], [600.0, 2000, 11.0, 0, 3.0]], 9.0, steps=2000)
+    other = record("torch", [[600.0, 1000, 1.0, 0, 5.0]], 1.0, data="hindi.tsv")
+    rows = quality.compare([fast, slow, reference, other])
+    assert len(rows) == 2 and all(r["data"] == "bible.tsv.gz" for r in rows)
+    assert rows[0]["steps_ratio"] == 2.0
+    assert rows[0]["bleu_ratio"] == {"greedy": 1.5, "beam4": round(16 / 11, 3)}
+    assert rows[0]["chrf_ratio"] == {"greedy": 1.5, "beam4": round(31 / 21, 3)}
+    assert rows[0]["reference_last_dev_bleu"] == 12.0
+    assert rows[0]["ours_reached_it_at_seconds"] == 90.0 and rows[0]["time_ratio"] == round(600 / 90, 3)
+    assert rows[1]["ours_reached_it_at_seconds"] is None and rows[1]["time_ratio"] is None
+
+    records = tmp_path / "records.jsonl"
+    records.write_text("".join(json.dumps(r) + "\n" for r in (fast, reference)))
+    assert quality.main(["--compare", str(records)]) == 0
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [rows[0]]
+
+
 @pytest.mark.parametrize("free, heavy, flag, want", [(None, None, None, 0.0), (0.0, 1e9, None, 0.1),
                                                      (0.0, 0.0, None, 0.3), (0.0, 0.0, "0.2", 0.2)])
 def test_the_default_dropout_follows_how_often_the_plan_sees_the_pairs(tmp_path, monkeypatch, capsys,

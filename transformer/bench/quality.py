@@ -9,10 +9,14 @@ so BLEU and chrF compare what training reached, nothing else.
     python benchmarks/quality.py --engine ours|torch --data FILE --src-col eng --tgt-col hin \\
         --minutes 10 --threads 2 [--preset small] [--json RECORDS.jsonl]
     python benchmarks/quality.py --plot OUT.png RECORDS.jsonl...
+    python benchmarks/quality.py --compare RECORDS.jsonl...
 
 Every training flag is `transformer train`'s, with its defaults (the budget schedule, ...): what a
 user gets. The record has the final dev loss, BLEU and chrF (greedy and beam 4) on the held-out
 split, sample translations, and the curve of periodic dev BLEU against training seconds.
+--compare prints, for each pair of records (ours, PyTorch) of one corpus, budget, CPU, thread count
+and preset, the ratios of their steps and final BLEU / chrF, and the time ratio: how much sooner
+ours reached the dev BLEU the reference ended with.
 """
 import sys
 
@@ -146,6 +150,50 @@ def batches(record):
     return f", batches of {record['batch_tokens']} tokens{dropout}"
 
 
+def reached_at(points, target):
+    """The training seconds at which a curve [(seconds, step, dev BLEU, ...)] first reaches dev BLEU
+    `target`, interpolated linearly between the two evaluations around it; None if it never does."""
+    points = [p for p in points if p[2] is not None]
+    for i, (seconds, _, bleu, *_) in enumerate(points):
+        if bleu >= target:
+            if i == 0:
+                return seconds
+            t0, b0 = points[i - 1][0], points[i - 1][2]
+            return t0 + (seconds - t0) * (target - b0) / (bleu - b0)
+    return None
+
+
+def compare(records):
+    """Ours against the PyTorch reference, for every pair of runs on one corpus with one budget, CPU,
+    thread count and preset: the ratios of steps, final BLEU and chrF (greedy, beam 4; held-out
+    split), and how much sooner ours reached the reference's last dev BLEU (periodic greedy, on the
+    --eval-limit sentences): the reference's training seconds over ours, None if ours never got there."""
+    def key(r):
+        return (r["data"], r.get("minutes"), r.get("cpu"), r.get("threads"), r.get("preset"))
+
+    def ratio(a, b):
+        return round(a / b, 3) if a is not None and b else None
+
+    rows = []
+    for ours in (r for r in records if r["engine"] == "ours"):
+        for ref in (r for r in records if r["engine"] == "torch" and key(r) == key(ours)):
+            target = next((p[2] for p in reversed(ref.get("curve") or []) if p[2] is not None), None)
+            when = reached_at(ours.get("curve") or [], target) if target is not None else None
+            rows.append({
+                "data": ours["data"], "minutes": ours.get("minutes"), "cpu": ours.get("cpu"),
+                "threads": ours.get("threads"), "preset": ours.get("preset"),
+                "ours": {k: ours.get(k) for k in ("batch_tokens", "dropout", "steps")},
+                "reference": {k: ref.get(k) for k in ("batch_tokens", "dropout", "steps")},
+                "steps_ratio": ratio(ours["steps"], ref["steps"]),
+                "bleu_ratio": {s: ratio(ours[s]["bleu"], ref[s]["bleu"]) for s in ("greedy", "beam4")},
+                "chrf_ratio": {s: ratio(ours[s]["chrf"], ref[s]["chrf"]) for s in ("greedy", "beam4")},
+                "reference_last_dev_bleu": target,
+                "ours_reached_it_at_seconds": None if when is None else round(when, 1),
+                "time_ratio": None if when is None or not when else
+                ratio(next(p[0] for p in reversed(ref["curve"]) if p[2] is not None), when)})
+    return rows
+
+
 def plot(records, path):
     """Dev BLEU (periodic, greedy, --eval-limit sentences) against training wall-clock, one line per
     run: engine, corpus and budget in the legend."""
@@ -187,6 +235,12 @@ def main(argv=None):
         records = [json.loads(line) for f in files for line in open(f, encoding="utf-8") if line.strip()]
         plot([r for r in records if "curve" in r], path)
         print(f"plot written to {path}", file=sys.stderr)
+        return 0
+    if "--compare" in argv:   # --compare RECORDS.jsonl...: ours against PyTorch in committed records
+        files = [f for f in argv if f != "--compare"]
+        records = [json.loads(line) for f in files for line in open(f, encoding="utf-8") if line.strip()]
+        for row in compare(records):
+            print(json.dumps(row))
         return 0
     options = {"--engine": "ours", "--json": None}
     for flag in options:
