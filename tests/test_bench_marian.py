@@ -2,6 +2,7 @@
 that every engine generated the same number of tokens. Timings are not asserted."""
 import io
 import json
+import os
 
 import pytest
 
@@ -17,11 +18,32 @@ COMMON = {"bench", "kernel", "measured", "config", "shape", "cpu", "threads", "p
           "ours_per_s", "ours_s", "ours_spread_s", "reference", "ref_per_s", "ratio", "versions"}
 
 
+SEEN_CPUS = []       # the CPUs this process may use at each timed comparison of tiny_run
+
+
 @pytest.fixture(scope="module")
 def tiny_run():
+    original = marian._interleaved
+
+    def watching(*args, **kwargs):
+        SEEN_CPUS.append(sorted(os.sched_getaffinity(0)))
+        return original(*args, **kwargs)
+
     stream = io.StringIO()
-    records = marian.run([1], quick=True, config="tiny", stream=stream)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(marian, "_interleaved", watching)
+        records = marian.run([1], quick=True, config="tiny", stream=stream)
     return records, stream.getvalue()
+
+
+def test_every_engine_is_timed_on_the_same_first_cpu(tiny_run):
+    """One thread: every comparison (decoding and fine-tuning) runs held to the first CPU of this
+    process's set, CTranslate2's translators too (affinity is inherited); the set comes back after."""
+    records, _ = tiny_run
+    allowed = sorted(os.sched_getaffinity(0))
+    assert len(SEEN_CPUS) == 3           # greedy, beam 4 (fp32 and int8 alternate in each), fine-tuning
+    assert all(seen == allowed[:1] for seen in SEEN_CPUS)
+    assert all(r["cpus"] == allowed[:1] for r in records)
 
 
 def test_one_json_line_per_record(tiny_run):

@@ -26,7 +26,9 @@ int8 and CTranslate2 int8. The medians give one fp32 record (ours vs CTranslate2
 transformers) and one int8 record (ours vs CTranslate2) per (threads, beam). CTranslate2 runs at
 the faster of its thread layouts (intra_threads = n, or n translators of one thread each),
 chosen as the decode bench does (decode.fastest_layout). Tokens/s counts output tokens (batch x
-new_tokens), also for beam search, whose length penalty plays no part at a fixed length.
+new_tokens), also for beam search, whose length penalty plays no part at a fixed length. A
+thread count n runs every engine on the same n CPUs, the first this process may use
+(timing.pinned, as the decode bench; records: "cpus"), CTranslate2's translators included.
 transformers' beam 4 takes about 1.5-2x ours here (it has a key/value cache), so it is timed in
 full like the others. At int8, the output projection (58101 x 512, more weights than the six decoder layers) is
 quantized by both engines (ours: decoding.int8_generator's rule).
@@ -62,6 +64,7 @@ from . import decode as decode_bench
 from .decode import CT2_LAYOUTS, SETTLE_S, call_seconds, ctranslate2_compute_type, fastest_layout
 from ..marian import write_marian_vocab
 from .kernels import cpu_model
+from .timing import bench_cpus, pinned
 
 # name: MarianConfig sizes; `pieces`: the SentencePiece model's size (vocab.json is completed to
 # `vocab` with placeholder pieces, see the module docstring)
@@ -321,7 +324,7 @@ def _record(config, threads, kernel, measured, **fields):
     return {"bench": "marian", "kernel": kernel, "measured": measured, "config": config,
             "shape": (f"d_model={c['d_model']} layers={c['layers']}+{c['layers']} heads={c['heads']} "
                       f"ffn={c['ffn']} vocab={c['vocab']}"),
-            "cpu": cpu_model(), "threads": threads, **fields}
+            "cpu": cpu_model(), "threads": threads, "cpus": bench_cpus(threads), **fields}
 
 
 def _compare(record, ours, refs, times, tokens):
@@ -438,9 +441,10 @@ def _train(model, hf_model, config, threads, options, records, stream):
     for n in threads:
         T.set_num_threads(n)
         torch.set_num_threads(n)
-        warm_up = {name: step() for name, step in steps.items()}    # buffers, thread teams
-        first_loss = first_loss or warm_up
-        times = _interleaved(steps, (), options["train_repeats"], SETTLE_S if n > 1 else 0.0)
+        with pinned(bench_cpus(n)):
+            warm_up = {name: step() for name, step in steps.items()}    # buffers, thread teams
+            first_loss = first_loss or warm_up
+            times = _interleaved(steps, (), options["train_repeats"], SETTLE_S if n > 1 else 0.0)
         record = _record(config, n, "marian fine-tune fp32",
                          f"fine-tuning step (forward, backward, Adam), fp32: target tokens/s, {TRAIN_BATCH} "
                          f"pairs of ~{np.mean(TRAIN_TOKENS):.0f} tokens, label smoothing {LABEL_SMOOTHING}, "
@@ -487,7 +491,8 @@ def run(threads, quick=False, config="opus", stream=sys.stdout):
                 for n in threads:
                     T.set_num_threads(n)
                     torch.set_num_threads(n)
-                    _decode(model, hf_model, pieces, ct2_dirs, config, n, options, records, stream)
+                    with pinned(bench_cpus(n)):     # both engines on the same cores, CTranslate2 too
+                        _decode(model, hf_model, pieces, ct2_dirs, config, n, options, records, stream)
             finally:
                 model.params.unfreeze()
             _train(model, hf_model, config, threads, options, records, stream)
