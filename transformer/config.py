@@ -15,7 +15,8 @@ TIE_EMBEDDINGS = ("none", "target", "all")
 # 23.2 / 25.1, where the threshold was 5 and the run took 0.1), else 0.1. The dev loss's lead
 # without dropout shrank from 0.10 at 4.0-4.3 passes to 0.02 at 6.0-6.5 (benchmarks/README.md,
 # "Dropout for ten minutes of tiny"), so the threshold is 8, which also covers tiny's ten minutes on
-# the faster Zen 2 (7.4).
+# the faster Zen 2 (7.4). Above it, twenty minutes of tiny on Zen 3 (a 12-pass plan): without
+# dropout the dev loss rose after ~7 passes and the run ended 1.7 / 0.9 BLEU below 0.1's.
 DROPOUT_FREE_PASSES = 8.0
 # ... and a budget that sees them at least HEAVY_DROPOUT_PASSES times (a small corpus: Tatoeba's
 # 2,690 English-Hindi pairs are seen ~100 times in 10 minutes, and the model learns them by heart

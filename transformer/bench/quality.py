@@ -177,7 +177,8 @@ def compare(records):
     rows = []
     for ours in (r for r in records if r["engine"] == "ours"):
         for ref in (r for r in records if r["engine"] == "torch" and key(r) == key(ours)):
-            target = next((p[2] for p in reversed(ref.get("curve") or []) if p[2] is not None), None)
+            end, target = next(((p[0], p[2]) for p in reversed(ref.get("curve") or []) if p[2] is not None),
+                               (None, None))
             when = reached_at(ours.get("curve") or [], target) if target is not None else None
             rows.append({
                 "data": ours["data"], "minutes": ours.get("minutes"), "cpu": ours.get("cpu"),
@@ -189,8 +190,7 @@ def compare(records):
                 "chrf_ratio": {s: ratio(ours[s]["chrf"], ref[s]["chrf"]) for s in ("greedy", "beam4")},
                 "reference_last_dev_bleu": target,
                 "ours_reached_it_at_seconds": None if when is None else round(when, 1),
-                "time_ratio": None if when is None or not when else
-                ratio(next(p[0] for p in reversed(ref["curve"]) if p[2] is not None), when)})
+                "time_ratio": ratio(end, when)})
     return rows
 
 
