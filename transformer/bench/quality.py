@@ -138,6 +138,17 @@ def curve(out_dir):
     return points
 
 
+def read_records(paths):
+    """The records of JSON-lines files (the --json output of runs), in order; blank lines skipped."""
+    import json
+
+    records = []
+    for path in paths:
+        with open(path, encoding="utf-8") as f:
+            records.extend(json.loads(line) for line in f if line.strip())
+    return records
+
+
 def budget(record):
     return f"{record['minutes']:g} min" if record.get("minutes") else f"{record['steps']} steps"
 
@@ -232,14 +243,11 @@ def main(argv=None):
     if "--plot" in argv:      # --plot OUT.png RECORDS.jsonl...: draw committed records, no training
         i = argv.index("--plot")
         path, files = argv[i + 1], argv[:i] + argv[i + 2:]
-        records = [json.loads(line) for f in files for line in open(f, encoding="utf-8") if line.strip()]
-        plot([r for r in records if "curve" in r], path)
+        plot([r for r in read_records(files) if "curve" in r], path)
         print(f"plot written to {path}", file=sys.stderr)
         return 0
     if "--compare" in argv:   # --compare RECORDS.jsonl...: ours against PyTorch in committed records
-        files = [f for f in argv if f != "--compare"]
-        records = [json.loads(line) for f in files for line in open(f, encoding="utf-8") if line.strip()]
-        for row in compare(records):
+        for row in compare(read_records(f for f in argv if f != "--compare")):
             print(json.dumps(row))
         return 0
     options = {"--engine": "ours", "--json": None}
