@@ -18,6 +18,7 @@ split, sample translations, and the curve of periodic dev BLEU against training 
 and preset, the ratios of their steps and final BLEU / chrF, and the time ratio: how much sooner
 ours reached the dev BLEU the reference ended with.
 """
+import json
 import sys
 
 import numpy as np
@@ -123,7 +124,6 @@ def torch_engine(seed):
 
 def curve(out_dir):
     """[(training seconds, step, dev BLEU, chrF, dev loss)] of a run's periodic evaluations."""
-    import json
     import os
 
     from ..train import LOG_FILE
@@ -140,8 +140,6 @@ def curve(out_dir):
 
 def read_records(paths):
     """The records of JSON-lines files (the --json output of runs), in order; blank lines skipped."""
-    import json
-
     records = []
     for path in paths:
         with open(path, encoding="utf-8") as f:
@@ -233,7 +231,6 @@ def plot(records, path):
 
 
 def main(argv=None):
-    import json
     import os
 
     from .. import cli, train
