@@ -63,3 +63,13 @@ def unit_embeddings(model):
         if init == "embedding":
             model.params.data[name][...] = rng.standard_normal(shape, dtype=np.float32)
     return model
+
+
+def pytest_configure(config):
+    """Prepared corpora (`train --data FILE` caches them) go to a directory of this session, never
+    to the user's cache; subprocesses inherit it."""
+    import os
+    import tempfile
+
+    if "TRANSFORMER_CACHE" not in os.environ:
+        os.environ["TRANSFORMER_CACHE"] = tempfile.mkdtemp(prefix="transformer-test-cache-")

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 import transformer as T
-from transformer import cli, train
+from transformer import cli, config, train
+from transformer.corpus import preparation as corpus_prepare
 from transformer.checkpoint import (CHECKPOINT_FILE, TRAIN_STATE_FIELDS, _digest, load_checkpoint,
                                     load_for_inference)
 from transformer.data import read_pairs, split_pairs
@@ -195,7 +196,7 @@ def test_non_finite_loss_stops_training_and_keeps_the_last_checkpoint(tmp_path, 
     ckpt = args.checkpoint
     ckpt.model.params.data["generator.bias"][:] = np.nan   # poisoned weights: the next loss is nan
     trainer = train.Trainer(args, ckpt.model, ckpt.optimizer, ckpt.src_tokenizer, ckpt.tgt_tokenizer,
-                            None, None, [], train.TrainState(**ckpt.train_state), task=train.ReverseTask())
+                            None, [], train.TrainState(**ckpt.train_state), task=train.ReverseTask())
     assert trainer.run() == 1
     err = capsys.readouterr().err
     assert "non-finite loss" in err and "step 3" in err
@@ -556,11 +557,11 @@ def test_choose_vocab_size_gives_one_entry_per_16_words_within_its_bounds():
         sentence = " ".join(["w"] * (words_a_side // n))
         return [(sentence, sentence)] * n
 
-    assert train.choose_vocab_size(pairs(100)) == train.MIN_VOCAB == 1000
+    assert train.choose_vocab_size(pairs(100)) == config.MIN_VOCAB == 1000
     assert train.choose_vocab_size(pairs(16 * 1499)) == 1000
     assert train.choose_vocab_size(pairs(16 * 1500)) == 1500
     assert train.choose_vocab_size(pairs(16 * 3999)) == 3500
-    assert train.choose_vocab_size(pairs(16 * 100000)) == train.MAX_VOCAB == 4000
+    assert train.choose_vocab_size(pairs(16 * 100000)) == config.MAX_VOCAB == 4000
     # the mean of the two sides: 16 * 2000 words on one, none on the other
     assert train.choose_vocab_size([(" ".join(["w"] * 320), "")] * 100) == 1000
     assert train.choose_vocab_size([(" ".join(["w"] * 640), "")] * 100) == 2000
@@ -570,17 +571,17 @@ def test_the_default_vocab_size_is_printed_saved_and_kept_on_resume(tmp_path, mo
     """Without --vocab-size a run learns choose_vocab_size's vocabularies, says so, and records the
     size with its flags, so a resumed run keeps it (and refuses another) even if the rule changes."""
     data = write_corpus(tmp_path / "pairs.tsv")
-    monkeypatch.setattr(train, "VOCAB_WORDS_PER_ENTRY", 0.25)   # ~450 words a side: 1500
+    monkeypatch.setattr(corpus_prepare, "VOCAB_WORDS_PER_ENTRY", 0.25)   # ~450 words a side: 1500
     out = str(tmp_path / "run")
     argv = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL,
             "--batch-tokens", "300", "--dev-fraction", "0.1", "--max-steps", "2", "--out", out]
     pairs, _ = read_pairs(data, "eng", "fake")
     want = train.choose_vocab_size(split_pairs(pairs, dev_fraction=0.1, max_dev=500)[0])
-    assert train.MIN_VOCAB < want < train.MAX_VOCAB
+    assert config.MIN_VOCAB < want < config.MAX_VOCAB
     assert cli.main(argv) == 0
     assert f"BPE vocabulary size {want} per language" in capsys.readouterr().err
     assert load_checkpoint(out).args["vocab_size"] == want
-    monkeypatch.setattr(train, "VOCAB_WORDS_PER_ENTRY", 1000)   # the rule changes; the run does not
+    monkeypatch.setattr(corpus_prepare, "VOCAB_WORDS_PER_ENTRY", 1000)   # the rule changes; the run does not
     resumed = ["train", "--resume", out, "--data", data, "--quiet", "--threads", "1", "--max-steps", "3"]
     assert cli.main(resumed) == 0
     assert load_checkpoint(out).args["vocab_size"] == want

@@ -6,7 +6,7 @@ import math
 import os
 import sys
 
-from .config import DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES
+from .config import BPE_SAMPLE_PAIRS, DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES
 from .data import HEADER_CHOICES
 from .errors import FlagError, blame, describe
 
@@ -20,7 +20,7 @@ from .errors import FlagError, blame, describe
 TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "header": "auto", "seed": 0, "batch_size": 64,
                   "batch_tokens": 2048, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,
                   "max_sentence_tokens": 128, "dev_fraction": 0.05, "dev_max": 500,
-                  "eval_limit": 200}
+                  "eval_limit": 200, "bpe_sample": BPE_SAMPLE_PAIRS}
 HEADER_HELP = ("whether line 1 of --data names the columns: yes, no (it is a pair), or auto (default: yes "
                "when a column is given by name, or when every field of line 1 is a short identifier such "
                "as eng or spa; the summary printed at the start says when line 1 was read as the header)")
@@ -395,13 +395,13 @@ def _train(args):
             raise FileNotFoundError("no checkpoint.safetensors in it: not the --out of a training run")
         train.load_resume(args)
     train.apply_defaults(args)
-    builtin_default = args.out is None and args.resume is None and not args.data
+    builtin_default = args.out is None and args.resume is None and not train.has_data(args)
     if world is None or world[0] == 0:    # rank 0 writes --out; the others may start after it has
         _check_train_out(args, builtin_default)
     with blame("--out", args.out):
         created = train.prepare_out_dir(args)
     try:
-        if args.data:
+        if train.has_data(args):
             return train.train_on_data(args)
         return train.train_builtin(args)
     except BaseException:
@@ -412,6 +412,60 @@ def _train(args):
                 except OSError:   # not empty: what it wrote stays
                     break
         raise
+
+
+def _prepare(args):
+    """`transformer prepare`: a corpus read once into a prepared directory (transformer/corpus)."""
+    import time
+
+    from . import datasets
+    from .corpus import is_prepared, make_inputs, prepare
+    from .train import corpus_blame, data_specs
+
+    for key in ("src_col", "tgt_col", "header", "dev_fraction", "dev_max", "bpe_sample"):
+        if getattr(args, key) is None:
+            setattr(args, key, TRAIN_DEFAULTS[key])
+    with blame("--out", args.out):
+        if os.path.isdir(args.out) and os.listdir(args.out):
+            if not is_prepared(args.out):
+                raise FlagError(f"--out {args.out}: holds files that are not a prepared corpus (nothing there "
+                                "is replaced: choose another directory)")
+            if not args.overwrite:
+                raise FlagError(f"--out {args.out}: holds a prepared corpus; --overwrite replaces it")
+        elif os.path.exists(args.out) and not os.path.isdir(args.out):
+            raise NotADirectoryError(f"{args.out}: a file, not a directory")
+        elif os.path.isdir(args.out):
+            os.rmdir(args.out)           # an empty directory: the prepared one takes its place
+    tokenizers = None
+    if args.tokenizers_from:
+        from .checkpoint import load_for_inference
+
+        if args.vocab_size is not None:
+            raise FlagError("--vocab-size: the vocabularies come from --tokenizers-from (leave the flag out)")
+        with blame("--tokenizers-from", args.tokenizers_from):
+            _, src_tok, tgt_tok = load_for_inference(args.tokenizers_from)
+        tokenizers = {"src": src_tok, "tgt": tgt_tok}
+    with corpus_blame(args):
+        specs = [datasets.resolve(spec) if datasets.is_shortcut(spec) else spec for spec in data_specs(args.data)]
+        inputs = make_inputs(specs, args.src_col, args.tgt_col, HEADER_CHOICES[args.header], args.src_file,
+                             args.tgt_file)
+    started = time.monotonic()
+    with corpus_blame(args):
+        path = prepare(inputs, args.out, dev_fraction=args.dev_fraction, dev_max=args.dev_max,
+                       vocab_size=args.vocab_size, bpe_sample=args.bpe_sample, tokenizers=tokenizers,
+                       overwrite=args.overwrite, progress=not args.quiet,
+                       log=lambda message: print(message, file=sys.stderr, flush=True))
+    seconds = time.monotonic() - started
+    from .corpus import read_manifest
+
+    manifest = read_manifest(path)
+    counts = manifest["counts"]
+    print(json.dumps({"prepared": path, **counts, "seconds": round(seconds, 2),
+                      "pairs_per_s": round(counts["pairs"] / max(seconds, 1e-9), 1),
+                      "ids_dtype": manifest["arrays"]["train.src.ids"]["dtype"]}))
+    print(f"prepared {counts['train']:,} training and {counts['dev']:,} held-out pairs into {path} in "
+          f"{seconds:.1f} s; train on them with: transformer train --data {path}", file=sys.stderr)
+    return 0
 
 
 def _check_train_out(args, builtin_default):
@@ -699,6 +753,39 @@ class _Parser(argparse.ArgumentParser):
         return args
 
 
+DATA_HELP = ("the corpus: tab-separated pairs (.tsv, plain or gzip), SOURCE,TARGET for two aligned text files "
+             "(OPUS's format, one sentence a line), or tatoeba:SRC-TGT (downloaded once); several are one corpus")
+
+
+def _corpus_flags(parser, data_help):
+    parser.add_argument("--data", nargs="+", action="extend", metavar="PATH", help=data_help)
+    parser.add_argument("--src-file", metavar="FILE", help="the source side of two aligned text files")
+    parser.add_argument("--tgt-file", metavar="FILE", help="the target side of two aligned text files")
+    parser.add_argument("--src-col", help="source column of tab-separated files: header name or 0-based index "
+                        "(default 0)")
+    parser.add_argument("--tgt-col", help="target column of tab-separated files: header name or 0-based index "
+                        "(default 1)")
+    parser.add_argument("--header", choices=list(HEADER_CHOICES), help=HEADER_HELP)
+
+
+def _vocabulary_flags(parser):
+    parser.add_argument("--vocab-size", type=_vocab_size,
+                        help="with --data: BPE vocabulary size per language (default: one per 16 words of the "
+                             "training text, per language on average, rounded down to a multiple of 500, "
+                             "between 1000 and 4000)")
+    parser.add_argument("--bpe-sample", type=_positive_int, metavar="PAIRS",
+                        help="with --data: learn BPE from at most this many training pairs, those of smallest "
+                             f"hash when there are more (default {BPE_SAMPLE_PAIRS:,}: every pair of a "
+                             "smaller corpus)")
+
+
+def _split_flags(parser):
+    parser.add_argument("--dev-fraction", type=_fraction,
+                        help=f"with --data: share held out for evaluation (default {TRAIN_DEFAULTS['dev_fraction']})")
+    parser.add_argument("--dev-max", type=_positive_int,
+                        help=f"with --data: at most this many held out (default {TRAIN_DEFAULTS['dev_max']})")
+
+
 def build_parser():
     parser = _Parser(prog="transformer", description=__doc__)
     parser.usage_on_error = True
@@ -742,11 +829,8 @@ def build_parser():
     bench.set_defaults(func=_bench)
 
     train = sub.add_parser("train", help="train a translation model (no --data: the built-in task)")
-    train.add_argument("--data", help="tab-separated sentence pairs (.tsv or .tsv.gz), or tatoeba:SRC-TGT "
-                       "(e.g. tatoeba:eng-hin, downloaded once into a cache)")
-    train.add_argument("--src-col", help="source column: header name or 0-based index (default 0)")
-    train.add_argument("--tgt-col", help="target column: header name or 0-based index (default 1)")
-    train.add_argument("--header", choices=list(HEADER_CHOICES), help=HEADER_HELP)
+    _corpus_flags(train, DATA_HELP + "; or a directory of `transformer prepare`. Prepared once into a cache "
+                  "($TRANSFORMER_CACHE/prepared) and reused while the files and settings are the same")
     train.add_argument("--out", help="output directory for checkpoints and the model (one that holds another "
                        "run or model is refused without --overwrite)")
     train.add_argument("--overwrite", action="store_true",
@@ -799,17 +883,11 @@ def build_parser():
     train.add_argument("--label-smoothing", type=_fraction, help=f"default {TRAIN_DEFAULTS['label_smoothing']}")
     train.add_argument("--clip-norm", type=_non_negative_float,
                        help=f"clip gradients to this global norm (0: off; default {TRAIN_DEFAULTS['clip_norm']})")
-    train.add_argument("--vocab-size", type=_vocab_size,
-                       help="with --data: BPE vocabulary size per language (default: one per 16 words of the "
-                            "training text, per language on average, rounded down to a multiple of 500, "
-                            "between 1000 and 4000)")
+    _vocabulary_flags(train)
     train.add_argument("--max-sentence-tokens", type=_positive_int,
                        help="with --data: longer training pairs are skipped; also the model's positions "
                             f"(default {TRAIN_DEFAULTS['max_sentence_tokens']})")
-    train.add_argument("--dev-fraction", type=_fraction,
-                       help=f"with --data: share held out for evaluation (default {TRAIN_DEFAULTS['dev_fraction']})")
-    train.add_argument("--dev-max", type=_positive_int,
-                       help=f"with --data: at most this many held out (default {TRAIN_DEFAULTS['dev_max']})")
+    _split_flags(train)
     train.add_argument("--eval-every", type=_non_negative_int, default=0,
                        help="evaluate every N steps (0: only at the end)")
     train.add_argument("--eval-limit", type=_positive_int,
@@ -828,6 +906,19 @@ def build_parser():
     train.add_argument("--quiet", action="store_true", help="no progress bar")
     train.add_argument("--samples", nargs="*", metavar="TEXT", help="with --data: also translate these at the end")
     train.set_defaults(func=_train)
+
+    prepare = sub.add_parser("prepare", help="read a corpus once into memory-mapped token-id arrays for train --data")
+    _corpus_flags(prepare, DATA_HELP)
+    prepare.add_argument("--out", required=True, metavar="DIR", help="the prepared directory to write "
+                         "(one that holds a prepared corpus is refused without --overwrite)")
+    prepare.add_argument("--overwrite", action="store_true", help="replace a prepared corpus already in --out")
+    _vocabulary_flags(prepare)
+    prepare.add_argument("--tokenizers-from", metavar="MODEL_DIR",
+                         help="encode with the tokenizers of this model (to fine-tune it with --init-from) "
+                              "instead of learning BPE")
+    _split_flags(prepare)
+    prepare.add_argument("--quiet", action="store_true", help="no progress bar")
+    prepare.set_defaults(func=_prepare)
 
     translate = sub.add_parser("translate", help="translate sentences (arguments, or stdin lines)")
     translate.add_argument("--model", required=True, metavar="DIR")

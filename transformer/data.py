@@ -4,6 +4,7 @@ were batched together by approximate sequence length").
 """
 import gzip
 import hashlib
+import io
 import os
 import re
 import zlib
@@ -47,21 +48,50 @@ class ColumnError(ValueError):
         self.argument = argument
 
 
-def _open_lines(path):
-    """Raw byte lines of a plain or gzip'd file (gzip detected by its magic, not its name)."""
+class _HashingReader(io.RawIOBase):
+    """A raw file that feeds every byte read to `digest` and counts them (the corpus reader's
+    fingerprint of the file as stored, and its progress)."""
+
+    def __init__(self, f, digest=None, on_bytes=None):
+        self._f, self._digest, self._on_bytes = f, digest, on_bytes
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        n = self._f.readinto(buffer)
+        if n:
+            if self._digest is not None:
+                self._digest.update(memoryview(buffer)[:n])
+            if self._on_bytes is not None:
+                self._on_bytes(n)
+        return n
+
+
+def _open_lines(path, digest=None, on_bytes=None):
+    """Raw byte lines of a plain or gzip'd file (gzip detected by its magic, not its name).
+
+    digest: a hashlib object that receives the file's bytes as stored (compressed for gzip) as
+    they are read; on_bytes(n): called with the count of each read. A file that cannot be read to
+    its end (a truncated or corrupted gzip stream, an I/O error) is a ValueError naming the file
+    and the last line read whole."""
     if not os.path.exists(path):
         raise FileNotFoundError(f"data file not found: {path}")
     if os.path.isdir(path):
         raise ValueError(f"data path is a directory, not a file: {path}")
     with open(path, "rb") as f:
         magic = f.read(2)
-    opener = gzip.open if magic == b"\x1f\x8b" else open
+    line_number = 0
     try:
-        with opener(path, "rb") as f:
-            for raw in f:
-                yield raw
+        with open(path, "rb", buffering=0) as raw:
+            stream = io.BufferedReader(_HashingReader(raw, digest, on_bytes), 1 << 20)
+            f = gzip.GzipFile(fileobj=stream, mode="rb") if magic == b"\x1f\x8b" else stream
+            for line in f:
+                line_number += 1
+                yield line
     except (OSError, EOFError, zlib.error) as exc:   # zlib.error: a corrupted gzip stream
-        raise ValueError(f"{path}: cannot be read ({exc})") from None
+        where = f"after line {line_number}" if line_number else "at its start"
+        raise ValueError(f"{path}: cannot be read {where} ({exc})") from None
 
 
 def _check_column(spec, name):
@@ -107,23 +137,42 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None, header=None):
         path = os.fspath(path)
     except TypeError:
         raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}") from None
-    src_col = _check_column(src_col, "src_col")
-    tgt_col = _check_column(tgt_col, "tgt_col")
     if max_pairs is not None:
         if isinstance(max_pairs, bool) or not isinstance(max_pairs, (int, np.integer)):
             raise TypeError(f"max_pairs must be None or an int, got {type(max_pairs).__name__}")
         if max_pairs < 1:
             raise ValueError(f"max_pairs must be >= 1 (or None for all), got {max_pairs}")
-    if header is not None and not isinstance(header, bool):
-        raise TypeError(f"header must be True, False or None (decide), got {type(header).__name__}")
     report = ReadReport(path)
     pairs = []
+    stream = iter_pairs(path, src_col, tgt_col, header, report)
+    for pair in stream:
+        pairs.append(pair)
+        if max_pairs is not None and len(pairs) >= max_pairs:
+            stream.close()
+            break
+    report.kept = len(pairs)
+    return pairs, report
+
+
+def iter_pairs(path, src_col=0, tgt_col=1, header=None, report=None, digest=None, on_bytes=None):
+    """The pairs of read_pairs as a stream: (source, target) one at a time, in memory of one line.
+
+    `report` (a ReadReport) counts what was skipped and `kept`; digest and on_bytes see the file's
+    bytes as stored (_open_lines). The checks that need the whole file (no usable pair, a column
+    beyond every line) are made when the stream ends, before it stops."""
+    path = os.fspath(path)
+    src_col = _check_column(src_col, "src_col")
+    tgt_col = _check_column(tgt_col, "tgt_col")
+    if header is not None and not isinstance(header, bool):
+        raise TypeError(f"header must be True, False or None (decide), got {type(header).__name__}")
+    report = ReadReport(path) if report is None else report
     named = _by_name(src_col) or _by_name(tgt_col)
     is_header = True if header is None and named else header    # names can only come from a header
     columns = None       # the header's fields, once line 1 is read as the header
     src_index = tgt_index = None
     widest = 0           # the most fields of a line: a column beyond every line's is the flag's mistake
-    for line_number, raw in enumerate(_open_lines(path), start=1):
+    kept = 0
+    for line_number, raw in enumerate(_open_lines(path, digest, on_bytes), start=1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -158,18 +207,16 @@ def read_pairs(path, src_col=0, tgt_col=1, max_pairs=None, header=None):
         if not src or not tgt:
             report.skip("pairs with an empty side", line_number)
             continue
-        pairs.append((src, tgt))
-        if max_pairs is not None and len(pairs) >= max_pairs:
-            break
-    report.kept = len(pairs)
-    if not pairs and widest:
+        kept += 1
+        report.kept = kept
+        yield src, tgt
+    if not kept and widest:
         for index, argument in ((src_index, "src_col"), (tgt_index, "tgt_col")):
             if index >= widest:
                 raise ColumnError(f"{path}: no column {index} (0-based): its lines have at most {widest} "
                                   "columns", argument)
-    if not pairs:
+    if not kept:
         raise ValueError(f"{path}: no usable sentence pairs ({report.summary()})")
-    return pairs, report
 
 
 def split_pairs(pairs, dev_fraction=0.05, max_dev=1000, key=""):

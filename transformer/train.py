@@ -21,12 +21,11 @@ from .checkpoint import (BEST_DIR, CHECKPOINT_FILE, LOG_FILE, average_weights, c
                          load_checkpoint, save_checkpoint, save_inference_files, save_snapshot,
                          snapshot_path)
 from .config import DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES, PRESETS, ModelConfig
-from .data import HEADER_CHOICES, collate, length_batches, make_example, read_pairs, split_pairs
+from .data import HEADER_CHOICES, collate, length_batches, make_example
 from .errors import FlagError, blame
 from .model import Seq2SeqTransformer
 from .optim import Adam, budget_lr, clip_grad_norm, noam_lr
 from .tasks import ReverseTask
-from .tokenizer import SubwordTokenizer
 
 SIZE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout", "activation",
               "norm_first", "tie_embeddings")
@@ -41,13 +40,6 @@ WARMUP_SHARE = 0.05
 MIN_WARMUP = 10
 PEAK_LR_FACTOR = 0.032
 FINAL_LR_SHARE = 0.1
-# Without --vocab-size, the BPE vocabulary (per language) is one entry per VOCAB_WORDS_PER_ENTRY
-# words of training text (the two sides' mean), rounded down to a multiple of 500, within
-# [MIN_VOCAB, MAX_VOCAB]. 4000 is the Bible's best measured (29,024 pairs: 8000 learned less in 10
-# minutes); Tatoeba's 2,580 English-Hindi pairs (17k words a side) get 1000, which in 10 minutes of
-# `small` gave dev BLEU 13.7 / chrF 29.0 at step 1000 against 9.9 / 27.5 with 4000 (benchmarks/README.md).
-VOCAB_WORDS_PER_ENTRY = 16
-MIN_VOCAB, MAX_VOCAB = 1000, 4000
 SNAPSHOT_SHARE = 0.025   # --average-last: a snapshot every 2.5% of the planned steps
 PROBE_STEPS = 2          # forward/backward passes timed (not trained on) to estimate the step rate
 
@@ -122,15 +114,14 @@ def _log(message, stream=None):
 class Trainer:
     """Owns the model, optimizer, data stream and checkpoints of one run."""
 
-    def __init__(self, args, model, optimizer, src_tokenizer, tgt_tokenizer, batches_for_epoch,
-                 examples, dev, state=None, task=None, clip=clip_grad_norm, checkpoints=True, dp=None):
+    def __init__(self, args, model, optimizer, src_tokenizer, tgt_tokenizer, data, dev, state=None, task=None,
+                 clip=clip_grad_norm, checkpoints=True, dp=None):
         self.args = args
         self.precision = getattr(args, "precision", None) or "fp32"
         self.model = model
         self.optimizer = optimizer
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
-        self.batches_for_epoch = batches_for_epoch   # epoch -> list of index lists (real data)
-        self.examples = examples
+        self.data = data                             # a corpus.TrainingSet (real data), or None
         self.dev = dev                               # list of (src_text, tgt_text)
         self.state = state or TrainState()
         self.task = task
@@ -158,14 +149,14 @@ class Trainer:
             examples = [make_example(self.src_tokenizer.encode(s), self.tgt_tokenizer.encode(t),
                                      cfg.bos_id, cfg.eos_id) for s, t in pairs]
             return collate(examples, range(len(examples)), cfg.pad_id) if examples else (None, None, None)
-        batches = self.batches_for_epoch(self.state.epoch)
+        batches = self.data.batches(self.state.epoch)
         if self.state.batch_in_epoch >= len(batches):
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
-            batches = self.batches_for_epoch(self.state.epoch)
-        indices = self._shard(batches[self.state.batch_in_epoch])
+            batches = self.data.batches(self.state.epoch)
+        positions = self._shard(batches[self.state.batch_in_epoch])
         self.state.batch_in_epoch += 1
-        return collate(self.examples, indices, cfg.pad_id) if len(indices) else (None, None, None)
+        return self.data.collate(positions) if len(positions) else (None, None, None)
 
     def _shard(self, items):
         """Data parallel: this rank's disjoint part of a global batch (every size-th sentence from
@@ -255,7 +246,7 @@ class Trainer:
         plan = self.state.schedule
         if getattr(self.args, "dropout", 0.0) is not None or self.task is not None or "total" not in plan:
             return
-        passes = plan["total"] / max(len(self.batches_for_epoch(self.state.epoch)), 1)
+        passes = plan["total"] / max(len(self.data.batches(self.state.epoch)), 1)
         if passes < DROPOUT_FREE_PASSES:
             self.model.set_dropout(0.0)
             _log(f"dropout 0: the plan sees the training pairs {passes:.1f} times (fewer than "
@@ -636,13 +627,13 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=
 # What a run's trajectory depends on: taken from the checkpoint when resuming, so that the resumed
 # run repeats the uninterrupted one. Everything else (--max-steps, --minutes, --threads, --out,
 # evaluation and checkpoint frequency) may change between runs.
-TRAJECTORY_ARGS = ("data", "src_col", "tgt_col", "header", "seed", "batch_size", "batch_tokens", "warmup",
+TRAJECTORY_ARGS = ("data", "src_file", "tgt_file", "src_col", "tgt_col", "header", "bpe_sample", "seed", "batch_size", "batch_tokens", "warmup",
                    "schedule", "lr", "lr_scale", "label_smoothing", "clip_norm", "vocab_size", "max_sentence_tokens",
                    "dev_fraction", "dev_max", "preset") + SIZE_FLAGS
 
 
 # Flags that only the runs on --data read, and those that only the built-in task reads.
-DATA_ONLY_ARGS = ("src_col", "tgt_col", "header", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
+DATA_ONLY_ARGS = ("src_col", "tgt_col", "header", "bpe_sample", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
                   "dev_max", "samples", "init_from")
 BUILTIN_ONLY_ARGS = ("batch_size",)
 
@@ -706,9 +697,16 @@ def load_resume(args):
     trajectory flag given with another value than the interrupted run's is refused (FlagError),
     and so is any flag the run would not read (refuse_flags_that_do_not_apply)."""
     args.initial = None
+    directory = prepared_dir(args) if args.data else None
+    if directory is not None:
+        held = check_prepared_flags(args, directory)
     if not args.resume:
         args.checkpoint = None
-        refuse_flags_that_do_not_apply(args, args.data)
+        refuse_flags_that_do_not_apply(args, has_data(args))
+        if directory is not None:          # a new run takes the prepared split and vocabulary size
+            for key, value in held.items():
+                if getattr(args, key, None) is None:
+                    setattr(args, key, value)
         if getattr(args, "init_from", None):
             load_initial_model(args)
         return
@@ -718,13 +716,17 @@ def load_resume(args):
     ckpt = load_checkpoint(args.resume)
     if "schedule" not in ckpt.args:
         ckpt.args["schedule"] = "noam"     # written before the budget schedule existed
-    if args.data and "data" in ckpt.args and not ckpt.args["data"]:
-        raise FlagError(f"--data {args.data}: the run in {args.resume} trained on the built-in task; "
+    started_on_data = ckpt.args.get("data") or ckpt.args.get("src_file")
+    if has_data(args) and "data" in ckpt.args and not started_on_data:
+        raise FlagError(f"--data {describe_data(args)}: the run in {args.resume} trained on the built-in task; "
                         "start a new run (--out) to train on data")
-    refuse_flags_that_do_not_apply(args, args.data or ckpt.args.get("data"))
+    refuse_flags_that_do_not_apply(args, has_data(args) or started_on_data)
+    moved = has_data(args)
     for key in TRAJECTORY_ARGS:
-        if key == "data" and args.data:
-            continue           # the same corpus may have moved
+        if key in ("data", "src_file", "tgt_file") and moved:
+            continue           # the same corpus may have moved (or been prepared meanwhile)
+        if directory is not None and key in CORPUS_READING_FLAGS:
+            continue           # how the files were read: the prepared directory's business
         if key in ckpt.args:
             given, started = getattr(args, key, None), _started_with(ckpt, key)
             if given is not None and given != started:
@@ -743,7 +745,7 @@ def apply_defaults(args):
     if args.eval_limit is not None and not args.eval_every:
         raise FlagError("--eval-limit sets how many dev sentences periodic evaluation translates: it "
                         "needs --eval-every N")
-    if args.data and args.dev_fraction == 0:   # no dev split: what reads one would do nothing
+    if has_data(args) and args.dev_fraction == 0:   # no dev split: what reads one would do nothing
         for flag, value in (("--eval-every", args.eval_every), ("--dev-max", args.dev_max)):
             if value:
                 raise FlagError(f"{flag} {value}: --dev-fraction 0 holds no pairs out, so there is no dev "
@@ -752,8 +754,8 @@ def apply_defaults(args):
         if getattr(args, key, None) is None:
             setattr(args, key, value)
     if args.schedule is None:
-        args.schedule = "noam" if not args.data else "budget"
-    if args.norm_first is None and args.data and args.checkpoint is None:
+        args.schedule = "noam" if not has_data(args) else "budget"
+    if args.norm_first is None and has_data(args) and args.checkpoint is None:
         # Pre-LN escapes the early unigram plateau sooner: on the Bible corpus, preset small, 150
         # steps of the budget schedule, dev loss 6.00 against post-LN's 6.28 (same data and seed).
         args.norm_first = True
@@ -771,9 +773,9 @@ def apply_defaults(args):
         elif plan and "total" in plan:
             args.max_steps = plan["total"]
         else:
-            args.minutes = 2.0 if not args.data else 10.0
+            args.minutes = 2.0 if not has_data(args) else 10.0
     if args.warmup is None and args.schedule == "noam":
-        args.warmup = 300 if not args.data else 4000
+        args.warmup = 300 if not has_data(args) else 4000
     if args.checkpoint is None and getattr(args, "initial", None) is None:
         try:        # the sizes, checked before any data is read or vocabulary learned
             model_config_from_args(args, 16, 16, max_len=args.max_sentence_tokens + 1)
@@ -788,7 +790,7 @@ def apply_defaults(args):
     if args.keep_best and args.max_steps is not None and args.eval_every > args.max_steps:
         raise FlagError(f"--keep-best with --eval-every {args.eval_every}: the run stops at --max-steps "
                         f"{args.max_steps}, before the first evaluation")
-    if args.keep_best and args.data and args.dev_fraction == 0:
+    if args.keep_best and has_data(args) and args.dev_fraction == 0:
         raise FlagError("--keep-best compares the dev loss, and --dev-fraction 0 holds no pairs out")
     if args.max_steps is not None and args.checkpoint is not None:
         done = args.checkpoint.train_state.get("step", 0)
@@ -883,7 +885,7 @@ def train_builtin(args):
     dp = _data_parallel(args, model, optimizer)
     rng = np.random.default_rng([args.seed, 10**9])
     dev = task.sample(rng, 500)
-    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, None, None, dev, state, task=task, dp=dp)
+    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, None, dev, state, task=task, dp=dp)
     _log(describe(model) + _describe_world(dp))
     status = trainer.run()
     if status or not trainer.leader:
@@ -905,69 +907,171 @@ def train_builtin(args):
 
 def choose_vocab_size(train_pairs):
     """The BPE vocabulary size (per language) for training pairs when --vocab-size is left out
-    (see VOCAB_WORDS_PER_ENTRY)."""
-    words = sum(len(s.split()) + len(t.split()) for s, t in train_pairs) / 2
-    size = int(words // VOCAB_WORDS_PER_ENTRY) // 500 * 500
-    return min(MAX_VOCAB, max(MIN_VOCAB, size))
+    (config.VOCAB_WORDS_PER_ENTRY; a prepared corpus counts the words as it reads them)."""
+    from .corpus.preparation import vocab_size_for_words
+
+    return vocab_size_for_words(sum(len(s.split()) + len(t.split()) for s, t in train_pairs) / 2)
 
 
-def _learn_vocabularies(args, train_pairs):
-    """A new run's BPE tokenizers (source, target), of --vocab-size entries or, without it, of
-    choose_vocab_size's; with several ranks, rank 0 learns them and the others take them."""
-    if args.vocab_size is None:      # recorded in the checkpoint's flags: a resumed run keeps it
-        args.vocab_size = choose_vocab_size(train_pairs)
-        _log(f"BPE vocabulary size {args.vocab_size} per language: one entry per {VOCAB_WORDS_PER_ENTRY} "
-             f"words of training text, within [{MIN_VOCAB}, {MAX_VOCAB}] (--vocab-size to choose)")
-    if _world(args)[1] > 1:
-        from .distributed import import_mpi
-        from .tokenizer import tokenizer_from_json
+def data_specs(data):
+    """--data's values as a list (a run written before --data took several has one str)."""
+    if not data:
+        return []
+    return [data] if isinstance(data, str) else list(data)
 
-        texts = None
-        if _world(args)[0] == 0:
-            src_tok = SubwordTokenizer.train([s for s, _ in train_pairs], vocab_size=args.vocab_size)
-            tgt_tok = SubwordTokenizer.train([t for _, t in train_pairs], vocab_size=args.vocab_size)
-            texts = (src_tok.to_json(), tgt_tok.to_json())
-        texts = import_mpi().COMM_WORLD.bcast(texts, root=0)
-        src_tok, tgt_tok = (tokenizer_from_json(t) for t in texts)
-    else:
-        src_tok = SubwordTokenizer.train([s for s, _ in train_pairs], vocab_size=args.vocab_size)
-        tgt_tok = SubwordTokenizer.train([t for _, t in train_pairs], vocab_size=args.vocab_size)
-    _log(f"BPE vocabularies: source {src_tok.vocab_size}, target {tgt_tok.vocab_size}")
-    return src_tok, tgt_tok
+
+def describe_data(args):
+    """The corpus as the command line named it, for messages."""
+    parts = data_specs(args.data)
+    if getattr(args, "src_file", None):
+        parts.append(f"--src-file {args.src_file} --tgt-file {args.tgt_file}")
+    return " ".join(parts)
+
+
+def corpus_blame(args):
+    """blame() for the corpus's flag: --data (with its value when it is one file) or --src-file."""
+    specs = data_specs(args.data)
+    if specs:
+        return blame("--data", specs[0] if len(specs) == 1 else None)
+    return blame("--src-file")
+
+
+def prepared_dir(args):
+    """The prepared directory that --data names alone, or None."""
+    from .corpus import is_prepared
+
+    specs = data_specs(args.data)
+    if len(specs) == 1 and not getattr(args, "src_file", None) and os.path.isdir(specs[0]):
+        with blame("--data", specs[0]):
+            if not is_prepared(specs[0]):
+                raise ValueError(f"{specs[0]}: a directory, and not a prepared corpus (no manifest.json; "
+                                 "`transformer prepare --out DIR` writes one)")
+        return specs[0]
+    return None
+
+
+# Flags that decide how a corpus is read and prepared: they cannot apply to one already prepared.
+CORPUS_READING_FLAGS = ("src_col", "tgt_col", "header", "src_file", "tgt_file", "bpe_sample")
+
+
+def check_prepared_flags(args, directory):
+    """--data DIR (prepared): the flags that decide how a corpus is prepared are refused, or must
+    say what DIR was prepared with (FlagError naming the flag)."""
+    from .corpus import read_manifest
+
+    with blame("--data", directory):
+        manifest = read_manifest(directory)
+    for key in CORPUS_READING_FLAGS:
+        if getattr(args, key, None) is not None:
+            raise FlagError(f"{_flag(key)}: --data {directory} is a prepared corpus, read and encoded already "
+                            "(the flag applies to `transformer prepare`, or to --data FILE)")
+    held = {"dev_fraction": manifest["settings"]["dev_fraction"], "dev_max": manifest["settings"]["dev_max"],
+            "vocab_size": manifest.get("bpe", {}).get("vocab_size")}
+    for key, value in held.items():
+        given = getattr(args, key, None)
+        if given is not None and value is not None and given != value:
+            raise FlagError(f"{_flag(key)} {given}: --data {directory} was prepared with {_flag(key)} {value}")
+    return held
+
+
+def _one_rank_prepares(args, prepare, open_prepared):
+    """prepare() on rank 0 alone under mpirun: the other ranks wait (asleep, not spinning on a
+    core the preparation needs), then open_prepared(path) the very files rank 0 wrote, so that one
+    host holds one copy in its page cache. One process: prepare()."""
+    rank, size = _world(args)
+    if size == 1:
+        return prepare()
+    from .distributed import import_mpi
+
+    comm = import_mpi().COMM_WORLD
+    corpus = None
+    if rank == 0:
+        _log(f"rank 0 prepares the corpus (or finds it prepared); the other {size - 1} rank"
+             f"{'s' if size > 2 else ''} wait for it, then map the same files")
+        corpus = prepare()
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.05)
+    path = comm.bcast(corpus.path if rank == 0 else None, root=0)
+    if rank == 0:
+        return corpus
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"rank {rank} cannot see {path}, the corpus rank 0 prepared: give every host "
+                                "a file system they share, and pass a directory of `transformer prepare` as --data")
+    return open_prepared(path)
+
+
+def open_corpus(args, tokenizers=None):
+    """The PreparedCorpus the run trains on: --data DIR as it is, or --data FILE... (and
+    --src-file/--tgt-file) prepared into the cache or found there. tokenizers: {"src", "tgt"} the
+    run must encode with (a resumed run's, or the --init-from model's); None: BPE is learned."""
+    from .corpus import PreparedCorpus, find_or_prepare, make_inputs
+    from .corpus.preparation import tokenizers_digest
+
+    directory = prepared_dir(args)
+    if directory is not None:
+        def prepare():
+            with blame("--data", directory):
+                return PreparedCorpus(directory)
+        corpus = _one_rank_prepares(args, prepare, lambda path: PreparedCorpus(path, verify=False))
+        settings = corpus.manifest["settings"]
+        for key in ("dev_fraction", "dev_max"):
+            if getattr(args, key) != settings[key]:
+                raise FlagError(f"--data {directory}: prepared with {_flag(key)} {settings[key]}, and the run in "
+                                f"{args.resume} has {getattr(args, key)}")
+        if tokenizers is not None and corpus.manifest["tokenizers_sha256"] != tokenizers_digest(tokenizers):
+            whose = f"the run in {args.resume}" if args.checkpoint is not None else f"the model in {args.init_from}"
+            raise FlagError(f"--data {directory}: encoded with other vocabularies than {whose}'s (prepare it "
+                            f"with `transformer prepare --tokenizers-from MODEL_DIR`, or give the corpus's files)")
+        return corpus
+
+    with corpus_blame(args):
+        specs = [datasets.resolve(spec) if datasets.is_shortcut(spec) else spec for spec in data_specs(args.data)]
+        if specs != data_specs(args.data):
+            args.data = specs
+        inputs = make_inputs(specs, args.src_col, args.tgt_col, HEADER_CHOICES[args.header],
+                             getattr(args, "src_file", None), getattr(args, "tgt_file", None))
+
+    def prepare():
+        with corpus_blame(args):
+            return find_or_prepare(inputs, dev_fraction=args.dev_fraction, dev_max=args.dev_max,
+                                   vocab_size=args.vocab_size if tokenizers is None else None,
+                                   bpe_sample=args.bpe_sample, tokenizers=tokenizers,
+                                   progress=not args.quiet, log=_log)
+    return _one_rank_prepares(args, prepare, lambda path: PreparedCorpus(path, verify=False))
 
 
 def train_on_data(args, engine=None, result=None):
-    """Train a translation model on tab-separated sentence pairs.
+    """Train a translation model on a corpus (corpus.PreparedCorpus: prepared once, memory-mapped).
 
     `engine` (for comparisons) replaces our model: a callable cfg -> (model, optimizer, clip) whose
     model offers our training interface; it gets exactly the same data, batches and schedule.
     `result`, a dict, receives the final record and the trainer (for benchmarks)."""
-    with blame("--data", args.data):
-        if datasets.is_shortcut(args.data):
-            args.data = datasets.resolve(args.data)
-        pairs, report = read_pairs(args.data, args.src_col, args.tgt_col, header=HEADER_CHOICES[args.header])
-    _log(report.summary())
-    train_pairs, dev_pairs = split_pairs(pairs, dev_fraction=args.dev_fraction, max_dev=args.dev_max)
-    _log(f"split: {len(train_pairs)} training pairs, {len(dev_pairs)} held out for evaluation")
-    fingerprint = _pairs_fingerprint(pairs)
+    from .corpus import TrainingSet
+
+    initial = getattr(args, "initial", None)
+    given = None
+    if args.checkpoint is not None:
+        given = {"src": args.checkpoint.src_tokenizer, "tgt": args.checkpoint.tgt_tokenizer}
+    elif initial is not None:            # fine-tuning: the model's own tokenizers, no new BPE
+        given = {"src": initial[1], "tgt": initial[2]}
+    corpus = open_corpus(args, given)
+    fingerprint = corpus.pairs_fingerprint[:16]
     _agree(args, fingerprint)
     started = None if args.checkpoint is None else args.checkpoint.args.get("data_fingerprint")
     if started is not None and started != fingerprint:
-        raise FlagError(f"--data {args.data}: not the pairs the run in {args.resume} trained on (their fingerprint "
-                        f"{fingerprint}, the run's {started}; --src-col and --tgt-col are the run's). A resumed run "
-                        "continues on its own data; a moved or renamed copy of it is fine. Start a new run "
-                        "(--out, or --init-from) to train on other data")
+        raise FlagError(f"--data {describe_data(args)}: not the pairs the run in {args.resume} trained on (their "
+                        f"fingerprint {fingerprint}, the run's {started}; --src-col and --tgt-col are the run's). A "
+                        "resumed run continues on its own data; a moved or renamed copy of it is fine. Start a new "
+                        "run (--out, or --init-from) to train on other data")
     args.data_fingerprint = fingerprint   # kept in the checkpoint's args for that check
-
-    initial = getattr(args, "initial", None)
-    if args.checkpoint is not None:
-        src_tok, tgt_tok = args.checkpoint.src_tokenizer, args.checkpoint.tgt_tokenizer
-    elif initial is not None:            # fine-tuning: the model's own tokenizers, no new BPE
-        src_tok, tgt_tok = initial[1], initial[2]
-        _log(f"fine-tuning {args.init_from}: its vocabularies (source {src_tok.vocab_size}, "
-             f"target {tgt_tok.vocab_size})")
-    else:
-        src_tok, tgt_tok = _learn_vocabularies(args, train_pairs)
+    if args.checkpoint is None and initial is None:     # the size chosen, kept with the run's flags
+        args.vocab_size = corpus.manifest["bpe"].get("vocab_size", args.vocab_size)
+    if initial is not None:
+        _log(f"fine-tuning {args.init_from}: its vocabularies (source {initial[1].vocab_size}, "
+             f"target {initial[2].vocab_size})")
+    src_tok, tgt_tok = (given["src"], given["tgt"]) if given is not None else (corpus.src_tokenizer,
+                                                                             corpus.tgt_tokenizer)
 
     # the ids of the model the run trains: a checkpoint's, the --init-from model's or a new one's
     known = args.checkpoint.model.cfg if args.checkpoint is not None else (
@@ -975,22 +1079,13 @@ def train_on_data(args, engine=None, result=None):
     max_tokens = args.max_sentence_tokens
     if args.checkpoint is not None or initial is not None:
         max_tokens = min(max_tokens, known.max_len - 1)
-    src_ids = src_tok.encode_batch([s for s, _ in train_pairs])
-    tgt_ids = tgt_tok.encode_batch([t for _, t in train_pairs])
-    examples = []
-    dropped = 0
-    for s, t in zip(src_ids, tgt_ids):
-        if not s or not t or len(s) > max_tokens or len(t) + 1 > max_tokens:
-            dropped += 1
-            continue
-        examples.append(make_example(s, t, known.bos_id, known.eos_id))
-    if dropped:
-        _log(f"skipped {dropped} training pairs that are empty after tokenisation or longer than "
+    data = TrainingSet(corpus, max_tokens, args.batch_tokens, args.seed, known.bos_id, known.eos_id, known.pad_id)
+    if data.dropped:
+        _log(f"skipped {data.dropped} training pairs that are empty after tokenisation or longer than "
              f"{max_tokens} subwords")
-    if not examples:
-        with blame("--data", args.data):
-            raise ValueError(f"{args.data}: no training pairs left after tokenisation (--max-sentence-tokens "
-                             f"{max_tokens})")
+    if not len(data):
+        with blame("--data", describe_data(args)):
+            raise ValueError(f"no training pairs left after tokenisation (--max-sentence-tokens {max_tokens})")
 
     def make_model():
         if initial is not None:
@@ -1007,16 +1102,9 @@ def train_on_data(args, engine=None, result=None):
     else:
         cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)
         (model, optimizer, clip), state = engine(cfg), TrainState()
-    cache = {}
-
-    def batches_for_epoch(epoch):
-        if epoch not in cache:
-            cache.clear()
-            cache[epoch] = length_batches(examples, args.batch_tokens, seed=args.seed, epoch=epoch)
-        return cache[epoch]
-
-    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, batches_for_epoch, examples, dev_pairs, state,
-                      clip=clip, checkpoints=engine is None, dp=dp)
+    dev_pairs = corpus.dev
+    trainer = Trainer(args, model, optimizer, src_tok, tgt_tok, data, dev_pairs, state, clip=clip,
+                      checkpoints=engine is None, dp=dp)
     _log(describe(model) + _describe_world(dp))
     status = trainer.run()
     if status or not trainer.leader:
@@ -1038,9 +1126,22 @@ def train_on_data(args, engine=None, result=None):
     return 0
 
 
+def has_data(args):
+    """Whether the run trains on a corpus (--data, or --src-file and --tgt-file)."""
+    return bool(data_specs(getattr(args, "data", None)) or getattr(args, "src_file", None)
+                or getattr(args, "tgt_file", None))
+
+
 def default_out_dir(args):
-    """Where a run without --out (or --resume) writes: runs/builtin, or runs/<data file's name>."""
-    return "runs/builtin" if not args.data else "runs/" + os.path.splitext(os.path.basename(args.data))[0]
+    """Where a run without --out (or --resume) writes: runs/builtin, or runs/<first data file's name>."""
+    if not has_data(args):
+        return "runs/builtin"
+    first = (data_specs(args.data) or [args.src_file or args.tgt_file])[0]
+    name = os.path.basename(os.path.normpath(first.split(",")[0]))
+    for suffix in (".gz", ".tsv", ".txt"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[:-len(suffix)]
+    return "runs/" + os.path.splitext(name)[0]
 
 
 def prepare_out_dir(args):

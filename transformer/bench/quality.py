@@ -257,7 +257,7 @@ def main(argv=None):
     if engine not in ("ours", "torch"):
         raise SystemExit("--engine must be ours or torch")
     args = cli.build_parser().parse_args(["train", *argv])
-    if not args.data:
+    if not train.has_data(args):
         raise SystemExit("--data is required")
     if args.threads:
         import transformer as T
@@ -282,7 +282,7 @@ def main(argv=None):
     final = report["record"].get("final", report["record"])    # the raw weights, with --average-last too
     beam = trainer.evaluate(beam=4)
     samples = [s for s, _ in trainer.dev[:5]] + ["How are you?", "The king went to the city."]
-    record = {"engine": engine, "data": os.path.basename(args.data), "preset": args.preset, "cpu": cpu_model(),
+    record = {"engine": engine, "data": os.path.basename(train.describe_data(args)), "preset": args.preset, "cpu": cpu_model(),
               "threads": args.threads, "minutes": args.minutes, "schedule": trainer.state.schedule,
               "batch_tokens": args.batch_tokens, "vocab": args.vocab_size, "dropout": trainer.model.cfg.dropout,
               "steps": trainer.state.step, "tokens": trainer.state.tokens, "seconds": trainer.state.seconds,

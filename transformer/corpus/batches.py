@@ -1,0 +1,110 @@
+"""Batches by length from a prepared corpus's offsets, with numpy: no Python object per sentence.
+
+The same batches as data.length_batches builds from lists of examples (section 5.1 of the paper:
+"sentence pairs were batched together by approximate sequence length"), drawn the same way from
+(seed, epoch): a pair's length is max(source, 1 + target) ids, pairs are sorted by length with a
+seeded jitter to order equal lengths, cut greedily into batches of at most `batch_tokens` counted
+as rows x longest, and the batches shuffled. A resumed run, or another rank, sees the same ones.
+"""
+import numpy as np
+
+from .store import PreparedCorpus
+
+
+def _index_dtype(n):
+    return np.int32 if n < 2**31 else np.int64
+
+
+def pack_sorted(sorted_lengths, max_tokens):
+    """Batch boundaries (int64, from 0 to n) over lengths sorted ascending: a batch takes rows while
+    rows x the longest stays within max_tokens, and always takes its first row."""
+    n = sorted_lengths.size
+    bounds, start = [0], 0
+    while start < n:
+        cap = int(max_tokens // int(sorted_lengths[start]))   # a batch from here has at most cap rows
+        window = sorted_lengths[start + 1:start + max(cap, 1)]
+        fits = window * np.arange(2, window.size + 2, dtype=np.int64) <= max_tokens
+        start += 1 + (window.size if fits.all() else int(np.argmin(fits)))
+        bounds.append(start)
+    return np.asarray(bounds, dtype=np.int64)
+
+
+class EpochBatches:
+    """One epoch's batches: batch i is the positions order[bounds[k]:bounds[k + 1]], k = perm[i]."""
+
+    def __init__(self, order, bounds, perm):
+        self.order, self.bounds, self.perm = order, bounds, perm
+
+    def __len__(self):
+        return self.perm.size
+
+    def __getitem__(self, i):
+        k = int(self.perm[i])
+        return self.order[self.bounds[k]:self.bounds[k + 1]]
+
+
+def length_batches(lengths, max_tokens, seed=0, epoch=0, shuffle=True):
+    """data.length_batches on an array of lengths: the same batches, as an EpochBatches."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, float, np.integer, np.floating)):
+        raise TypeError(f"max_tokens must be a number, got {type(max_tokens).__name__}")
+    if not max_tokens >= 1:   # NaN too
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    rng = np.random.default_rng([seed, epoch])
+    n = lengths.size
+    jitter = rng.random(n) if shuffle else np.zeros(n)
+    order = np.lexsort((jitter, lengths)).astype(_index_dtype(n))
+    del jitter
+    bounds = pack_sorted(lengths[order], max_tokens)
+    perm = np.arange(bounds.size - 1)
+    if shuffle:
+        rng.shuffle(perm)          # the very permutation rng.shuffle gives a list of batches
+    return EpochBatches(order, bounds, perm)
+
+
+class TrainingSet:
+    """The training pairs of a PreparedCorpus as the trainer reads them: those that fit the model
+    (both sides non-empty, at most max_tokens source ids and max_tokens - 1 target ids, as
+    train_on_data has always kept them), batched by length per epoch, padded into arrays."""
+
+    def __init__(self, corpus, max_tokens, batch_tokens, seed, bos_id, eos_id, pad_id):
+        if not isinstance(corpus, PreparedCorpus):
+            raise TypeError(f"corpus must be a PreparedCorpus, got {type(corpus).__name__}")
+        self.corpus = corpus
+        self.batch_tokens, self.seed = batch_tokens, seed
+        self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
+        src_len, tgt_len = corpus.lengths("src"), corpus.lengths("tgt")
+        keep = (src_len > 0) & (tgt_len > 0) & (src_len <= max_tokens) & (tgt_len + 1 <= max_tokens)
+        self.rows = np.flatnonzero(keep).astype(_index_dtype(len(corpus)))   # position -> pair
+        self.lengths = np.maximum(src_len[keep], tgt_len[keep] + 1)
+        self.dropped = len(corpus) - self.rows.size
+        self._epoch = None
+
+    def __len__(self):
+        return self.rows.size
+
+    def batches(self, epoch):
+        """The batches of `epoch` (the last epoch asked for is kept)."""
+        if self._epoch is None or self._epoch[0] != epoch:
+            self._epoch = None      # one epoch's arrays in memory at a time
+            self._epoch = (epoch, length_batches(self.lengths, self.batch_tokens, seed=self.seed, epoch=epoch))
+        return self._epoch[1]
+
+    def collate(self, positions):
+        """(src, tgt_in, tgt_out) int64 arrays of the pairs at `positions`, padded with pad_id:
+        the decoder reads BOS + y and predicts y + EOS (teacher forcing, section 3.1)."""
+        rows = self.rows[np.asarray(positions, dtype=np.int64)]
+        ids, offsets = self.corpus.ids, self.corpus.offsets
+        src_spans = [(int(offsets["src"][r]), int(offsets["src"][r + 1])) for r in rows]
+        tgt_spans = [(int(offsets["tgt"][r]), int(offsets["tgt"][r + 1])) for r in rows]
+        src_width = max((b - a for a, b in src_spans), default=0)
+        tgt_width = max((b - a for a, b in tgt_spans), default=0) + 1
+        src = np.full((rows.size, src_width), self.pad_id, dtype=np.int64)
+        tgt_in = np.full((rows.size, tgt_width), self.pad_id, dtype=np.int64)
+        tgt_out = np.full((rows.size, tgt_width), self.pad_id, dtype=np.int64)
+        for b, ((s0, s1), (t0, t1)) in enumerate(zip(src_spans, tgt_spans)):
+            src[b, :s1 - s0] = ids["src"][s0:s1]
+            tgt_in[b, 0] = self.bos_id
+            tgt_in[b, 1:t1 - t0 + 1] = ids["tgt"][t0:t1]
+            tgt_out[b, :t1 - t0] = ids["tgt"][t0:t1]
+            tgt_out[b, t1 - t0] = self.eos_id
+        return src, tgt_in, tgt_out
