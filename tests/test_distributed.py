@@ -32,9 +32,9 @@ SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layer
          "--n-decoder-layers", "1", "--quiet", "--threads", "1"]
 
 
-def mpirun(n, *argv, timeout=240, **kw):
+def mpirun(n, *argv, timeout=240, env=None, **kw):
     return subprocess.run([MPIEXEC, "-n", str(n), *argv], capture_output=True, text=True, timeout=timeout,
-                          cwd=OUTSIDE, env=ENV, **kw)
+                          cwd=OUTSIDE, env=env or ENV, **kw)
 
 
 def train(n, *argv, **kw):
@@ -265,6 +265,29 @@ def test_data_parallel_on_a_corpus(tmp_path):
     assert done.stdout.count('"step": 6') == 1, done.stdout       # rank 0 alone reports
     assert sorted(losses(out)) == list(range(1, 7))
     assert T.Seq2SeqTransformer.load(out).cfg.d_model == 32
+
+
+def test_two_ranks_prepare_a_corpus_once_and_train_as_one_process(tmp_path):
+    """Rank 0 prepares (the other waits, then maps the same files): one prepared directory in the cache,
+    and two ranks repeat the losses of one process on the same prepared corpus."""
+    data = tmp_path / "pairs.tsv"
+    rng = np.random.default_rng(1)
+    words = ["red", "green", "blue", "cat", "dog", "house", "tree", "sun", "moon", "star"]
+    data.write_text("".join(f"{s}\t{s.upper()}\n" for s in (" ".join(rng.choice(words, size=rng.integers(2, 6)))
+                                                             for _ in range(200))))
+    cache = tmp_path / "cache"
+    env = {**ENV, "TRANSFORMER_CACHE": str(cache)}
+    flags = ["--data", str(data), "--vocab-size", "60", "--batch-tokens", "256", "--max-steps", "6", *SMALL]
+    done = mpirun(2, sys.executable, "-m", "transformer", "train", *flags, "--out", str(tmp_path / "two"), env=env)
+    assert done.returncode == 0, done.stderr
+    assert "rank 0 prepares the corpus (or finds it prepared); the other 1 rank wait" in done.stderr
+    assert len(os.listdir(cache / "prepared")) == 1
+    one = subprocess.run([sys.executable, "-m", "transformer", "train", *flags, "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=240, cwd=OUTSIDE, env=env)
+    assert one.returncode == 0, one.stderr
+    assert "prepared before" in one.stderr
+    expected, got = losses(str(tmp_path / "one")), losses(str(tmp_path / "two"))
+    np.testing.assert_allclose([got[s] for s in range(1, 7)], [expected[s] for s in range(1, 7)], rtol=1e-4)
 
 
 def test_info_under_mpirun_shows_ranks_threads_and_cores():

@@ -705,7 +705,7 @@ def load_resume(args):
         refuse_flags_that_do_not_apply(args, has_data(args))
         if directory is not None:          # a new run takes the prepared split and vocabulary size
             for key, value in held.items():
-                if getattr(args, key, None) is None:
+                if getattr(args, key, None) is None and not (key == "vocab_size" and getattr(args, "init_from", None)):
                     setattr(args, key, value)
         if getattr(args, "init_from", None):
             load_initial_model(args)
@@ -844,15 +844,6 @@ def _describe_world(dp):
     if dp is None:
         return ""
     return f"; data parallel over {dp.size} ranks, each on its part of every batch"
-
-
-def _pairs_fingerprint(pairs):
-    import hashlib
-
-    digest = hashlib.sha256()
-    for src, tgt in pairs:
-        digest.update(src.encode("utf-8", "surrogatepass") + b"\t" + tgt.encode("utf-8", "surrogatepass") + b"\n")
-    return digest.hexdigest()[:16]
 
 
 def _resume_or_new(args, make_model, src_tokenizer, tgt_tokenizer):
