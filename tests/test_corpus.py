@@ -129,6 +129,10 @@ def test_a_file_and_its_prepared_directory_train_alike_and_resume_exactly(tmp_pa
     assert len(losses(a)) == 12
     assert losses(b) == losses(a)
     assert losses(c) == losses(a)
+    # the run on FILE resumes on its prepared directory in the file's place
+    done = run_cli("train", "--resume", a, "--data", prepared, "--max-steps", "14", "--quiet")
+    assert done.returncode == 0, done.stderr
+    assert len(losses(a)) == 14
 
 
 # -- inputs: several files, OPUS's aligned files, gzip ---------------------------------------------

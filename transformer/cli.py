@@ -462,6 +462,7 @@ def _prepare(args):
     counts = manifest["counts"]
     print(json.dumps({"prepared": path, **counts, "seconds": round(seconds, 2),
                       "pairs_per_s": round(counts["pairs"] / max(seconds, 1e-9), 1),
+                      "phases": manifest["seconds"],
                       "ids_dtype": manifest["arrays"]["train.src.ids"]["dtype"]}))
     print(f"prepared {counts['train']:,} training and {counts['dev']:,} held-out pairs into {path} in "
           f"{seconds:.1f} s; train on them with: transformer train --data {path}", file=sys.stderr)

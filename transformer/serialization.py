@@ -18,7 +18,7 @@ import tempfile
 import numpy as np
 
 __all__ = ["save_file", "load_file", "read_metadata", "atomic_writer", "atomic_write_bytes",
-           "remove_stale_temporaries", "path_argument"]
+           "remove_stale_temporaries", "path_argument", "fsync_directory"]
 
 _DTYPES = {"F32": np.dtype("<f4"), "F64": np.dtype("<f8"), "F16": np.dtype("<f2"),
            "I64": np.dtype("<i8"), "I32": np.dtype("<i4"), "I16": np.dtype("<i2"),
@@ -64,6 +64,11 @@ def atomic_writer(path):
         except OSError:
             pass
         raise
+    fsync_directory(directory)
+
+
+def fsync_directory(directory):
+    """Make the renames into `directory` durable (best effort: some file systems refuse)."""
     try:
         dfd = os.open(directory, os.O_RDONLY)
         try:

@@ -36,12 +36,6 @@ MIN_FREQUENCY = 2          # SubwordTokenizer.train's default, recorded in the s
 CHUNK_PAIRS = 16384        # pairs encoded in one call of the batch encoder
 
 
-def _split_hash(src):
-    """data.split_pairs's hash of a source sentence (a pair is held out when it is below the
-    dev_fraction threshold)."""
-    return int.from_bytes(hashlib.blake2b(src.encode("utf-8"), digest_size=4).digest(), "little")
-
-
 def vocab_size_for_words(words):
     """The BPE vocabulary size per language for a corpus of `words` words a side (the mean of the two
     sides' words) when --vocab-size is left out: one entry per VOCAB_WORDS_PER_ENTRY words,
@@ -61,7 +55,11 @@ class _Split:
     def place(self, src):
         """(where, hash): "dev", "late" (under the threshold past dev_max: trained on, after the
         others) or "train"."""
-        h = _split_hash(src)
+        return self.place_bytes(src.encode("utf-8"))
+
+    def place_bytes(self, src_bytes):
+        """place() of a source sentence already encoded as UTF-8."""
+        h = int.from_bytes(hashlib.blake2b(src_bytes, digest_size=4).digest(), "little")
         if h >= self.threshold:
             return "train", h
         self.candidates += 1
@@ -124,9 +122,11 @@ def scan(inputs, files, dev_fraction, dev_max, bpe_sample, want_sample=True, pro
     pairs_digest = hashlib.sha256()
     heap = []                      # bottom-k: (-hash, -ordinal, source, target), the largest on top
     words = train = dev = 0
+    update = pairs_digest.update
     for ordinal, (src, tgt) in enumerate(reading.pairs(bar.update)):
-        pairs_digest.update(src.encode("utf-8") + b"\t" + tgt.encode("utf-8") + b"\n")
-        where, h = split.place(src)
+        src_bytes = src.encode("utf-8")
+        update(b"".join((src_bytes, b"\t", tgt.encode("utf-8"), b"\n")))
+        where, h = split.place_bytes(src_bytes)
         if where == "dev":
             dev += 1
             continue
@@ -135,7 +135,9 @@ def scan(inputs, files, dev_fraction, dev_max, bpe_sample, want_sample=True, pro
         if not want_sample:
             continue
         if len(heap) < bpe_sample:
-            heapq.heappush(heap, (-h, -ordinal, src, tgt))
+            heap.append((-h, -ordinal, src, tgt))
+            if len(heap) == bpe_sample:
+                heapq.heapify(heap)
         elif (-h, -ordinal) > heap[0][:2]:
             heapq.heapreplace(heap, (-h, -ordinal, src, tgt))
     bar.close()
@@ -235,11 +237,14 @@ def prepare(inputs, out, *, dev_fraction=0.05, dev_max=500, vocab_size=None, bpe
     log = log or (lambda message: None)
     started = time.monotonic()
     fp, files = known or fingerprint(inputs)
+    phases = {"fingerprint": time.monotonic() - started}      # seconds of each phase, for the manifest
     settings = settings_of(inputs, dev_fraction, dev_max, vocab_size, bpe_sample, tokenizers)
     tmp = store.temporary_dir(out)
     try:
+        mark = time.monotonic()
         scanned = scan(inputs, files, dev_fraction, dev_max, bpe_sample, want_sample=tokenizers is None,
                        progress=progress)
+        phases["scan"], mark = time.monotonic() - mark, time.monotonic()
         for report in scanned["reports"]:
             log(report.summary())
         log(f"split: {scanned['train']} training pairs, {scanned['dev']} held out for evaluation")
@@ -262,8 +267,10 @@ def prepare(inputs, out, *, dev_fraction=0.05, dev_max=500, vocab_size=None, bpe
             bpe.update(vocab_size=vocab_size, sample_pairs=len(sample))
             del sample
             log(f"BPE vocabularies: source {tokenizers['src'].vocab_size}, target {tokenizers['tgt'].vocab_size}")
+        phases["bpe"], mark = time.monotonic() - mark, time.monotonic()
         arrays, dev = encode(inputs, files, tokenizers, tmp, dev_fraction, dev_max, scanned["train"],
                              progress=progress)
+        phases["encode"] = time.monotonic() - mark
         manifest_files = {f"{side}_tokenizer.json": store.write_text_file(tmp, f"{side}_tokenizer.json",
                                                                           tokenizers[side].to_json())
                           for side in store.SIDES}
@@ -279,7 +286,8 @@ def prepare(inputs, out, *, dev_fraction=0.05, dev_max=500, vocab_size=None, bpe
             "input_files": files,
             "counts": {"pairs": scanned["pairs"], "train": scanned["train"], "dev": len(dev)},
             "bpe": bpe, "tokenizers_sha256": tokenizers_digest(tokenizers),
-            "seconds": round(time.monotonic() - started, 1),
+            "seconds": {**{name: round(value, 2) for name, value in phases.items()},
+                        "total": round(time.monotonic() - started, 2)},
             "arrays": arrays, "files": manifest_files,
         }
         path = store.commit(tmp, out, manifest, overwrite=overwrite)

@@ -16,12 +16,13 @@ grown or edited one, naming it: a damaged corpus is never trained on.
 """
 import hashlib
 import json
+import mmap
 import os
 import shutil
 
 import numpy as np
 
-from ..serialization import _TEMPORARY, _temporary_prefix, atomic_write_bytes
+from ..serialization import _TEMPORARY, _temporary_prefix, atomic_write_bytes, fsync_directory
 from ..tokenizer import tokenizer_from_json
 
 FORMAT = "transformer-prepared-corpus"
@@ -141,7 +142,7 @@ def commit(tmp, final, manifest, overwrite=False):
     already there is replaced when `overwrite`; otherwise (another process prepared the same
     corpus meanwhile) `tmp` is dropped and theirs kept. Returns the path that holds the corpus."""
     atomic_write_bytes(os.path.join(tmp, MANIFEST), (json.dumps(manifest, indent=1) + "\n").encode("utf-8"))
-    _fsync_dir(tmp)
+    fsync_directory(tmp)
     if os.path.exists(final):
         if not overwrite:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -155,19 +156,8 @@ def commit(tmp, final, manifest, overwrite=False):
             os.rename(tmp, final)
         except OSError:            # another process renamed its copy there first
             shutil.rmtree(tmp, ignore_errors=True)
-    _fsync_dir(os.path.dirname(os.path.abspath(final)))
+    fsync_directory(os.path.dirname(os.path.abspath(final)))
     return final
-
-
-def _fsync_dir(path):
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
 
 
 def is_prepared(path):
@@ -199,13 +189,12 @@ def read_manifest(path):
 
 
 def _sha256_file(path):
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while True:
-            block = f.read(COPY_CHUNK)
-            if not block:
-                return digest.hexdigest()
-            digest.update(block)
+    """SHA-256 of a file, read through a memory map: the pages it brings in are those training
+    maps, shared with every process that maps the file (and counted so in its PSS)."""
+    if os.path.getsize(path) == 0:
+        return hashlib.sha256().hexdigest()
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+        return hashlib.sha256(mapped).hexdigest()
 
 
 class PreparedCorpus:
