@@ -24,11 +24,12 @@ import numpy as np
 from .config import ModelConfig
 from .model import Seq2SeqTransformer
 from .optim import Adam
-from .serialization import load_file, read_metadata, remove_stale_temporaries, save_file
+from .serialization import atomic_write_bytes, load_file, read_metadata, remove_stale_temporaries, save_file
 from .tokenizer import SentencePieceTokenizer, load_tokenizer, tokenizer_from_json
 
 CHECKPOINT_FILE = "checkpoint.safetensors"
 SRC_TOKENIZER_FILE = "src_tokenizer.json"
+LANGUAGES_FILE = "languages.json"     # {"source": code, "target": code}: what `serve` translates
 TGT_TOKENIZER_FILE = "tgt_tokenizer.json"
 FORMAT = "transformer-cpu/checkpoint"
 VERSION = 1
@@ -157,12 +158,29 @@ def _check_train_state(state, path):
             raise bad(f"schedule is {reprlib.repr(plan)}")
 
 
-def save_inference_files(directory, model, src_tokenizer, tgt_tokenizer, precision="fp32"):
+def save_inference_files(directory, model, src_tokenizer, tgt_tokenizer, precision="fp32", languages=None):
     """config.json + model.safetensors + the tokenizers: what `translate --model DIR` loads.
-    precision "int8": the weight matrices stored quantized (Seq2SeqTransformer.save)."""
+    precision "int8": the weight matrices stored quantized (Seq2SeqTransformer.save).
+    languages: (source, target) codes, written to languages.json (what `serve` answers for)."""
     model.save(directory, precision=precision)
     src_tokenizer.save(os.path.join(directory, SRC_TOKENIZER_FILE))
     tgt_tokenizer.save(os.path.join(directory, TGT_TOKENIZER_FILE))
+    if languages is not None:
+        write_languages(directory, *languages)
+
+
+def write_languages(directory, source, target):
+    """languages.json: the model's source and target language codes."""
+    atomic_write_bytes(os.path.join(directory, LANGUAGES_FILE),
+                       (json.dumps({"source": source, "target": target}) + "\n").encode("utf-8"))
+
+
+def copy_languages(source_dir, target_dir):
+    """A derived model (quantized, averaged) translates the same languages as its input."""
+    path = os.path.join(source_dir, LANGUAGES_FILE)
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
+            atomic_write_bytes(os.path.join(target_dir, LANGUAGES_FILE), f.read())
 
 
 def load_for_inference(directory):
@@ -239,7 +257,8 @@ def clear_run(directory):
     marks = (CHECKPOINT_FILE, CONFIG_FILE, WEIGHTS_FILE)
     if not any(os.path.isfile(os.path.join(directory, name)) for name in marks):
         return      # no run or model here: whatever bears these names is someone else's
-    for name in (CHECKPOINT_FILE, CONFIG_FILE, WEIGHTS_FILE, SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE, LOG_FILE):
+    for name in (CHECKPOINT_FILE, CONFIG_FILE, WEIGHTS_FILE, SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE, LOG_FILE,
+                 LANGUAGES_FILE):
         path = os.path.join(directory, name)
         if os.path.isfile(path) or os.path.islink(path):
             os.remove(path)

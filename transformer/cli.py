@@ -299,6 +299,14 @@ def _non_negative_float(text):
     return value
 
 
+def _language_code(text):
+    from .serve.models import is_language_code
+
+    if not is_language_code(text):
+        raise argparse.ArgumentTypeError(f"must be a language code such as en, spa or pt-BR, got {text!r}")
+    return text
+
+
 def _fraction(text):
     value = _real(text)
     if not 0 <= value < 1:
@@ -568,6 +576,14 @@ def _load_model(directory, flag="--model", frozen=False):
     return model, src_tok, tgt_tok
 
 
+def _serve(args):
+    from .serve import run
+
+    _apply_threads(args)
+    with blame():
+        return run(args, load=lambda directory: _load_model(directory, frozen=True))
+
+
 def _translate(args):
     from .train import translate_texts
 
@@ -650,7 +666,7 @@ def _evaluate(args):
 
 
 def _average(args):
-    from .checkpoint import average_model_dirs, save_inference_files
+    from .checkpoint import average_model_dirs, copy_languages, save_inference_files
 
     if len(args.models) < 2:
         raise FlagError(f"one model directory ({args.models[0]}): averaging needs at least two (to copy "
@@ -661,18 +677,20 @@ def _average(args):
     with blame("--out", args.out):
         _replace(args)
         save_inference_files(args.out, model, src_tok, tgt_tok)
+        copy_languages(args.models[0], args.out)
     print(f"averaged {len(args.models)} models into {args.out}", file=sys.stderr)
     return 0
 
 
 def _quantize(args):
-    from .checkpoint import save_inference_files
+    from .checkpoint import copy_languages, save_inference_files
 
     _check_out_dir(args.out, [("--model", args.model)], args.overwrite)
     model, src_tok, tgt_tok = _load_model(args.model)
     with blame("--out", args.out):
         _replace(args)
         save_inference_files(args.out, model, src_tok, tgt_tok, precision="int8")
+        copy_languages(args.model, args.out)
     print(f"wrote the int8 model {args.out} (its weight matrices quantized per row; translate and "
           "evaluate decode it in int8 unless given another --precision)", file=sys.stderr)
     return 0
@@ -832,6 +850,10 @@ def build_parser():
     train = sub.add_parser("train", help="train a translation model (no --data: the built-in task)")
     _corpus_flags(train, DATA_HELP + "; or a directory of `transformer prepare`. Prepared once into a cache "
                   "($TRANSFORMER_CACHE/prepared) and reused while the files and settings are the same")
+    train.add_argument("--src-lang", metavar="CODE", type=_language_code,
+                       help="with --data: the source language's code, written beside the model for `serve` "
+                            "(default: the source column's header name or file extension, when it is a code)")
+    train.add_argument("--tgt-lang", metavar="CODE", type=_language_code, help="the target language's code (as --src-lang)")
     train.add_argument("--out", help="output directory for checkpoints and the model (one that holds another "
                        "run or model is refused without --overwrite)")
     train.add_argument("--overwrite", action="store_true",
@@ -920,6 +942,32 @@ def build_parser():
     _split_flags(prepare)
     prepare.add_argument("--quiet", action="store_true", help="no progress bar")
     prepare.set_defaults(func=_prepare)
+
+    serve = sub.add_parser("serve", help="a translation server: LibreTranslate's API, batching across requests")
+    serve.add_argument("--model", required=True, action="append", metavar="[NAME=]DIR",
+                       help="a model directory to serve (several: one per language pair); NAME=DIR names it, "
+                            "and SRC-TGT=DIR gives the languages of a model without languages.json")
+    serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
+                       "this machine only)")
+    serve.add_argument("--port", type=_positive_int, default=8000)
+    serve.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy); translate's default")
+    serve.add_argument("--max-len", type=_positive_int, metavar="N",
+                       help="output tokens at most (default: the model's rule, as translate)")
+    serve.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N")
+    serve.add_argument("--precision", choices=["fp32", "bf16", "int8"], help=DECODE_PRECISION_HELP)
+    serve.add_argument("--threads", type=_positive_int)
+    serve.add_argument("--batch-tokens", type=_positive_int, default=4096,
+                       help="a batch's source tokens at most, rows x longest x beam (default 4096)")
+    serve.add_argument("--max-queue", type=_positive_int, default=4096,
+                       help="sentences waiting at most; past it requests get 429 with Retry-After (default 4096)")
+    serve.add_argument("--char-limit", type=_non_negative_int, default=5000,
+                       help="characters a request at most, as LibreTranslate's (0: no limit; default 5000)")
+    serve.add_argument("--max-texts", type=_positive_int, default=64, help="texts in one request's q at most")
+    serve.add_argument("--max-body", type=_positive_int, default=1 << 20, help="request body bytes at most")
+    serve.add_argument("--api-keys", metavar="FILE", help="require LibreTranslate's api_key: one valid key a line")
+    serve.add_argument("--shutdown-timeout", type=_positive_float, default=60.0,
+                       help="seconds SIGTERM waits for accepted requests to be answered (default 60)")
+    serve.set_defaults(func=_serve)
 
     translate = sub.add_parser("translate", help="translate sentences (arguments, or stdin lines)")
     translate.add_argument("--model", required=True, metavar="DIR")

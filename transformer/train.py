@@ -133,6 +133,9 @@ class Trainer:
         self.dp = dp                        # a DataParallel under mpirun: this rank trains on its shard
         self.leader = dp is None or dp.rank == 0   # logs, evaluates and writes checkpoints
         self.model_for_inference = None     # with --average-last: the averaged model, after run()
+        # (source, target) language codes, written beside the model for `serve` (or None)
+        src_lang, tgt_lang = getattr(args, "src_lang", None), getattr(args, "tgt_lang", None)
+        self.languages = (src_lang, tgt_lang) if src_lang and tgt_lang else None
         # --overwrite: this run replaces the run or model in --out (checkpoint.clear_run as it
         # begins), unless it continues that very run (--resume into its own directory)
         resume = getattr(args, "resume", None)
@@ -342,7 +345,8 @@ class Trainer:
         args = {k: v for k, v in vars(self.args).items() if k not in ("checkpoint", "initial", "func")}
         save_checkpoint(self.args.out, self.model, self.optimizer, self.state.__dict__,
                         self.src_tokenizer, self.tgt_tokenizer, args)
-        save_inference_files(self.args.out, self.model, self.src_tokenizer, self.tgt_tokenizer)
+        save_inference_files(self.args.out, self.model, self.src_tokenizer, self.tgt_tokenizer,
+                             languages=self.languages)
 
     # -- checkpoint averaging and the best model -----------------------------------------------
     def snapshot_every(self):
@@ -359,7 +363,7 @@ class Trainer:
             save_snapshot(self.args.out, self.state.step, self.model, keep=k)
         snapshots = list_snapshots(self.args.out)[-k:]
         model = average_weights([Seq2SeqTransformer.load(path) for path in snapshots])
-        save_inference_files(self.args.out, model, self.src_tokenizer, self.tgt_tokenizer)
+        save_inference_files(self.args.out, model, self.src_tokenizer, self.tgt_tokenizer, languages=self.languages)
         _log(f"the model in {self.args.out} is the average of {len(snapshots)} snapshots (steps "
              + ", ".join(str(int(os.path.basename(p)[5:])) for p in snapshots) + ")", stream)
         if len(snapshots) < k:
@@ -375,7 +379,7 @@ class Trainer:
             self.state.best_dev_loss = loss
             if self.checkpoints:
                 save_inference_files(os.path.join(self.args.out, BEST_DIR), self.model, self.src_tokenizer,
-                                     self.tgt_tokenizer)
+                                     self.tgt_tokenizer, languages=self.languages)
             return True
         return False
 
@@ -627,13 +631,14 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=
 # What a run's trajectory depends on: taken from the checkpoint when resuming, so that the resumed
 # run repeats the uninterrupted one. Everything else (--max-steps, --minutes, --threads, --out,
 # evaluation and checkpoint frequency) may change between runs.
-TRAJECTORY_ARGS = ("data", "src_file", "tgt_file", "src_col", "tgt_col", "header", "bpe_sample", "seed", "batch_size", "batch_tokens", "warmup",
+TRAJECTORY_ARGS = ("data", "src_file", "tgt_file", "src_col", "tgt_col", "header", "bpe_sample", "src_lang",
+                   "tgt_lang", "seed", "batch_size", "batch_tokens", "warmup",
                    "schedule", "lr", "lr_scale", "label_smoothing", "clip_norm", "vocab_size", "max_sentence_tokens",
                    "dev_fraction", "dev_max", "preset") + SIZE_FLAGS
 
 
 # Flags that only the runs on --data read, and those that only the built-in task reads.
-DATA_ONLY_ARGS = ("src_col", "tgt_col", "header", "bpe_sample", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
+DATA_ONLY_ARGS = ("src_col", "tgt_col", "header", "bpe_sample", "src_lang", "tgt_lang", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
                   "dev_max", "samples", "init_from")
 BUILTIN_ONLY_ARGS = ("batch_size",)
 
@@ -992,6 +997,38 @@ def _one_rank_prepares(args, prepare, open_prepared):
     return open_prepared(path)
 
 
+def _code_of(name):
+    """A language code named by a column header or a file's extension ("eng", "corpus.es"), or None."""
+    from .serve.models import is_language_code
+
+    name = str(name)
+    if "." in name:
+        name = os.path.splitext(name[:-3] if name.endswith(".gz") else name)[1][1:]
+    return name if is_language_code(name) else None
+
+
+def choose_languages(args, manifest):
+    """--src-lang / --tgt-lang, or by default the corpus's own names for its languages: the columns'
+    header names (eng, hin) or the aligned files' extensions (corpus.en, corpus.es), when those are
+    language codes. Kept in the run's flags and written beside the model (languages.json)."""
+    if args.src_lang and args.tgt_lang:
+        return
+    first = manifest["inputs"][0]
+    guess = (None, None)
+    if first["kind"] == "tsv":
+        columns = manifest["settings"]["inputs"][0]
+        guess = (_code_of(columns["src_col"]), _code_of(columns["tgt_col"]))
+        if first.get("header") is None:
+            guess = (None, None)           # no header: the columns are numbers
+    elif first["kind"] == "aligned":
+        guess = tuple(_code_of(path) for path in first["path"].split(",", 1))
+    args.src_lang = args.src_lang or guess[0]
+    args.tgt_lang = args.tgt_lang or guess[1]
+    if args.src_lang and args.tgt_lang:
+        _log(f"languages: {args.src_lang} -> {args.tgt_lang} (written beside the model for `transformer serve`; "
+             "--src-lang / --tgt-lang to choose)")
+
+
 def open_corpus(args, tokenizers=None):
     """The PreparedCorpus the run trains on: --data DIR as it is, or --data FILE... (and
     --src-file/--tgt-file) prepared into the cache or found there. tokenizers: {"src", "tgt"} the
@@ -1056,6 +1093,7 @@ def train_on_data(args, engine=None, result=None):
                         "resumed run continues on its own data; a moved or renamed copy of it is fine. Start a new "
                         "run (--out, or --init-from) to train on other data")
     args.data_fingerprint = fingerprint   # kept in the checkpoint's args for that check
+    choose_languages(args, corpus.manifest)
     if args.checkpoint is None and initial is None:     # the size chosen, kept with the run's flags
         args.vocab_size = corpus.manifest["bpe"].get("vocab_size", args.vocab_size)
     if initial is not None:

@@ -1,0 +1,294 @@
+"""`transformer serve` (issue 38): every answer equals the offline translation of its own text, under
+concurrent load; LibreTranslate's API with its real client; errors in its form, naming the field;
+a bounded queue; a clean stop that answers what it accepted."""
+import asyncio
+import concurrent.futures
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import pytest
+
+aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
+
+from transformer.checkpoint import load_for_inference  # noqa: E402
+from transformer.serve import load_models  # noqa: E402
+from transformer.serve.scheduler import QueueFull, Scheduler  # noqa: E402
+from transformer.train import translate_texts  # noqa: E402
+
+OUTSIDE = tempfile.gettempdir()
+WORDS = ["red", "blue", "cat", "dog", "runs", "sleeps", "the", "a", "big", "small", "house", "tree"]
+SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layers", "1",
+         "--n-decoder-layers", "1", "--quiet", "--threads", "1"]
+
+
+def sentences(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=rng.integers(1, 9))) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("serve")
+    data = root / "pairs.tsv"
+    data.write_text("eng\tspa\n" + "".join(f"{s}\t{s[::-1].upper()}\n" for s in sentences(300)), encoding="utf-8")
+    out = str(root / "model")
+    done = subprocess.run([sys.executable, "-m", "transformer", "train", "--data", str(data), "--src-col", "eng",
+                           "--tgt-col", "spa", *SMALL, "--vocab-size", "60", "--max-steps", "40", "--out", out],
+                          capture_output=True, text=True, timeout=300, cwd=OUTSIDE)
+    assert done.returncode == 0, done.stderr
+    assert "languages: eng -> spa" in done.stderr
+    return out
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Running:
+    """`transformer serve` in a subprocess, as a user starts it."""
+
+    def __init__(self, *argv):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([sys.executable, "-m", "transformer", "serve", *argv, "--port",
+                                         str(self.port), "--threads", "1"], stderr=subprocess.PIPE, text=True,
+                                        cwd=OUTSIDE)
+        self.banner = []
+        for line in self.process.stderr:          # up to "listening on", or the failure
+            self.banner.append(line)
+            if line.startswith("listening on"):
+                break
+        else:
+            raise AssertionError("the server did not start: " + "".join(self.banner))
+
+    def stop(self, sig=signal.SIGTERM):
+        self.process.send_signal(sig)
+        rest = self.process.stderr.read()
+        return self.process.wait(timeout=60), rest
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    running = Running("--model", model_dir, "--api-keys", _keys_file(model_dir))
+    yield running
+    running.stop()
+
+
+def _keys_file(model_dir):
+    path = os.path.join(os.path.dirname(model_dir), "keys.txt")
+    with open(path, "w") as f:
+        f.write("# keys\nsecret-1\nsecret-2\n")
+    return path
+
+
+def post(url, path, body=None, data=None, headers=None):
+    """(status, parsed JSON body, headers) of one request."""
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url + path, json=body, data=data, headers=headers) as response:
+                return response.status, await response.json(content_type=None), response.headers
+    return asyncio.run(go())
+
+
+def offline(model_dir, texts, beam=4):
+    model, src_tok, tgt_tok = load_for_inference(model_dir)
+    return translate_texts(model, src_tok, tgt_tok, texts, beam=beam)
+
+
+# -- every answer is its own text's offline translation --------------------------------------------
+
+def test_concurrent_requests_each_get_the_offline_translation_of_their_own_text(server, model_dir):
+    texts = sentences(120, seed=3)
+    want = dict(zip(texts, offline(model_dir, texts)))
+    want_greedy = dict(zip(texts, offline(model_dir, texts, beam=1)))
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async def one(i, text):
+                if i % 3 == 2:            # ours, greedy: other options, another batch
+                    body = {"q": text, "source": "eng", "target": "spa", "beam": 1, "api_key": "secret-1"}
+                    async with session.post(server.url + "/v1/translate", json=body) as response:
+                        return i, "greedy", response.status, (await response.json())["translations"][0]["translatedText"]
+                body = {"q": text, "source": "eng", "target": "spa", "api_key": "secret-2"}
+                async with session.post(server.url + "/translate", json=body) as response:
+                    return i, "beam", response.status, (await response.json())["translatedText"]
+            return await asyncio.gather(*(one(i, t) for i, t in enumerate(texts)))
+    for i, kind, status, answer in asyncio.run(go()):
+        assert status == 200
+        expected = want_greedy[texts[i]] if kind == "greedy" else want[texts[i]]
+        assert answer == expected, (i, texts[i])
+    metrics = asyncio.run(_get(server.url + "/metrics"))[1]
+    sizes = [line for line in metrics.splitlines() if line.startswith("transformer_batch_size_count")]
+    batches = int(sizes[0].split()[-1])
+    assert batches < 120, "requests that arrived together were decoded together"
+
+
+async def _get(url):
+    async with aiohttp.ClientSession() as session:
+        async with session.get(url) as response:
+            return response.status, await response.text()
+
+
+def test_a_list_keeps_its_order_and_lines_are_sentences(server, model_dir):
+    q = ["the big cat", "", "red tree\nblue dog runs", "a"]
+    status, body, _ = post(server.url, "/translate", {"q": q, "source": "eng", "target": "spa", "api_key": "secret-1"})
+    assert status == 200
+    lines = ["the big cat", "red tree", "blue dog runs", "a"]
+    got = dict(zip(lines, offline(model_dir, lines)))
+    assert body["translatedText"] == [got["the big cat"], "", got["red tree"] + "\n" + got["blue dog runs"], got["a"]]
+
+
+def test_the_real_libretranslate_client(server, model_dir):
+    libretranslatepy = pytest.importorskip("libretranslatepy")
+    client = libretranslatepy.LibreTranslateAPI(server.url + "/", api_key="secret-1")
+    assert client.languages() == [{"code": "eng", "name": "English", "targets": ["spa"]}]
+    assert client.translate("the small dog sleeps", "eng", "spa") == offline(model_dir, ["the small dog sleeps"])[0]
+    assert client.translate("a cat", "auto", "spa") == offline(model_dir, ["a cat"])[0]
+
+
+def test_form_bodies_and_source_auto(server, model_dir):
+    status, body, _ = post(server.url, "/translate", data={"q": "blue house", "source": "auto", "target": "spa",
+                                                          "api_key": "secret-1"})
+    assert status == 200
+    assert body == {"translatedText": offline(model_dir, ["blue house"])[0],
+                    "detectedLanguage": {"language": "eng", "confidence": 100.0}}
+
+
+def test_scores_and_attention(server, model_dir):
+    status, body, _ = post(server.url, "/v1/translate", {"q": ["the cat runs"], "source": "eng", "target": "spa",
+                                                         "beam": 1, "scores": True, "attention": True,
+                                                         "api_key": "secret-1"})
+    assert status == 200
+    sentence = body["translations"][0]["sentences"][0]
+    rows, cols = len(sentence["target_tokens"]), len(sentence["source_tokens"])
+    attention = np.array(sentence["attention"])
+    assert attention.shape == (rows, cols) and rows > 0
+    np.testing.assert_allclose(attention.sum(axis=1), 1.0, atol=1e-4)      # each output token's weights
+    assert sentence["log_prob"] <= 0 and sentence["score"] == pytest.approx(sentence["log_prob"] / rows, abs=1e-5)
+
+
+# -- errors, in LibreTranslate's form, naming the field -------------------------------------------
+
+@pytest.mark.parametrize("body, status, says", [
+    ({"source": "eng", "target": "spa"}, 400, "missing field q"),
+    ({"q": 5, "source": "eng", "target": "spa"}, 400, "q must be a string, got int"),
+    ({"q": ["a", 3], "source": "eng", "target": "spa"}, 400, "q[1] must be a string"),
+    ({"q": "a", "target": "spa"}, 400, "missing field source"),
+    ({"q": "a", "source": "eng", "target": "deu"}, 400, "no model translates eng to deu"),
+    ({"q": "a", "source": "eng", "target": "spa", "format": "html"}, 400, "format 'html' is not supported"),
+    ({"q": "a" * 5001, "source": "eng", "target": "spa"}, 400, "at most 5000 a request (--char-limit)"),
+    ({"q": ["a"] * 65, "source": "eng", "target": "spa"}, 400, "at most 64 a request (--max-texts)"),
+])
+def test_bad_requests_are_400_naming_the_field(server, body, status, says):
+    got, answer, _ = post(server.url, "/translate", {**body, "api_key": "secret-1"})
+    assert got == status and says in answer["error"], answer
+
+
+def test_bad_bodies_and_keys(server):
+    status, answer, _ = post(server.url, "/translate", data=b'{"q": "\xff"}',
+                             headers={"Content-Type": "application/json"})
+    assert status == 400 and "not valid UTF-8" in answer["error"]
+    status, answer, _ = post(server.url, "/translate", data=b"{bad", headers={"Content-Type": "application/json"})
+    assert status == 400 and "not valid JSON" in answer["error"]
+    status, answer, _ = post(server.url, "/translate", {"q": "a", "source": "eng", "target": "spa"})
+    assert status == 403 and "api_key" in answer["error"]
+    status, answer, _ = post(server.url, "/translate", {"q": "a", "source": "eng", "target": "spa", "api_key": "x"})
+    assert status == 403 and answer["error"] == "Invalid API key"
+    status, answer, _ = post(server.url, "/translate", data=b"x" * (2 << 20), headers={"Content-Type": "application/json"})
+    assert status == 413 and "--max-body" in answer["error"]
+    status, answer, _ = post(server.url, "/v1/translate", {"q": "a", "source": "eng", "target": "spa", "beam": 0,
+                                                           "api_key": "secret-1"})
+    assert status == 400 and "beam must be an integer >= 1" in answer["error"]
+
+
+def test_health_languages_and_metrics(server):
+    status, text = asyncio.run(_get(server.url + "/health"))
+    health = json.loads(text)
+    assert status == 200 and health["status"] == "ok" and health["models"][0]["source"] == "eng"
+    status, text = asyncio.run(_get(server.url + "/metrics"))
+    assert status == 200 and "# TYPE transformer_requests_total counter" in text
+    assert 'transformer_requests_total{endpoint="/translate",status="200"}' in text
+
+
+# -- the queue, cancellation and stopping ------------------------------------------------------------
+
+class Held:
+    """A stand-in ServedModel whose decode waits until released (the scheduler thread is busy)."""
+
+    def __init__(self, served):
+        self.inner, self.release, self.decoded = served, threading.Event(), []
+        self.model, self.src_tokenizer = served.model, served.src_tokenizer
+
+    def decode(self, pieces, **options):
+        self.release.wait(30)
+        self.decoded.append(len(pieces))
+        return self.inner.decode(pieces, **options)
+
+
+def test_the_queue_is_bounded_and_a_cancelled_request_is_dropped(model_dir):
+    served = load_models([model_dir], load=load_for_inference)
+    held = Held(served["eng-spa"])
+    scheduler = Scheduler({"eng-spa": held}, max_queue=5)
+    options = served["eng-spa"].options()
+    try:
+        first = scheduler.submit("eng-spa", ["the cat"], options)          # taken at once: the thread waits
+        time.sleep(0.2)
+        dropped = scheduler.submit("eng-spa", ["a dog", "red tree"], options)
+        kept = scheduler.submit("eng-spa", ["blue house", "a", "big"], options)
+        with pytest.raises(QueueFull, match="at most 5"):
+            scheduler.submit("eng-spa", ["one too many"], options)
+        scheduler.cancel(dropped)
+        held.release.set()
+        assert first.result(30) == offline(model_dir, ["the cat"])
+        assert kept.result(30) == offline(model_dir, ["blue house", "a", "big"])
+        assert sum(held.decoded) == 4            # the cancelled request's two sentences were never decoded
+    finally:
+        held.release.set()
+        scheduler.stop()
+
+
+def test_sigterm_answers_what_was_accepted_then_exits_0(model_dir):
+    running = Running("--model", model_dir)
+    texts = sentences(30, seed=9)
+    want = offline(model_dir, texts)
+    results = []
+
+    def send(text):
+        return post(running.url, "/translate", {"q": text, "source": "eng", "target": "spa"})
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(send, text) for text in texts]
+        time.sleep(0.3)
+        code, rest = running.stop()
+        results = [f.result() for f in futures]
+    assert code == 0, rest
+    answered = [(status, body) for status, body, _ in results]
+    for text, expected, (status, body) in zip(texts, want, answered):
+        if status == 200:
+            assert body["translatedText"] == expected
+    assert sum(status == 200 for status, _ in answered) >= 1
+    with pytest.raises(aiohttp.ClientConnectorError):
+        send("after")
+
+
+def test_a_model_without_languages_is_refused_naming_the_fix(model_dir, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in os.listdir(model_dir):
+        if name.endswith(".json") and name != "languages.json" or name.endswith(".safetensors"):
+            os.link(os.path.join(model_dir, name), bare / name)
+    done = subprocess.run([sys.executable, "-m", "transformer", "serve", "--model", str(bare)],
+                          capture_output=True, text=True, timeout=60, cwd=OUTSIDE)
+    assert done.returncode == 1 and "languages are unknown" in done.stderr and "SRC-TGT=DIR" in done.stderr
+    named = load_models([f"en-es={bare}"], load=load_for_inference)
+    assert (named["en-es"].source, named["en-es"].target) == ("en", "es")

@@ -1,0 +1,116 @@
+"""`transformer serve`: a translation server that batches across requests and speaks the
+LibreTranslate API (aiohttp, the [serve] extra).
+
+    models.py     the models served: loaded once, frozen, with their languages and defaults
+    scheduler.py  the one thread that owns them: every waiting request's sentences in shared batches
+    app.py        the HTTP side: LibreTranslate's endpoints, ours, health, metrics, errors
+    metrics.py    counters in Prometheus' text format
+"""
+import os
+import re
+import sys
+
+from .models import ServedModel, is_language_code, read_languages
+
+__all__ = ["ServedModel", "build", "load_models", "parse_model_spec", "run"]
+
+
+def _aiohttp():
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError:
+        raise ImportError("transformer serve needs aiohttp: pip install \"transformer-cpu[serve]\"") from None
+
+
+def parse_model_spec(spec):
+    """--model's value: DIR, or NAME=DIR (NAME: any name; SRC-TGT language codes name the pair)."""
+    name, sep, directory = spec.partition("=")
+    if not sep:
+        return None, spec
+    if not re.match(r"^[A-Za-z0-9_.-]+$", name):
+        raise ValueError(f"--model {spec}: the name before = takes letters, digits, _ . and - only")
+    return name, directory
+
+
+def _pair_of_name(name):
+    """(source, target) when a --model name is SRC-TGT language codes ("en-de", "eng-spa")."""
+    if name is None:
+        return None
+    parts = name.split("-")
+    if len(parts) == 2 and all(is_language_code(part) for part in parts):
+        return tuple(parts)
+    return None
+
+
+def load_models(specs, beam=4, precision=None, max_len=None, no_repeat_ngram=0, load=None):
+    """{name: ServedModel} of --model values. load(directory) -> (model, src_tok, tgt_tok) frozen."""
+    models = {}
+    for spec in specs:
+        name, directory = parse_model_spec(spec)
+        model, src_tok, tgt_tok = load(directory)
+        pair = read_languages(directory) or _pair_of_name(name)
+        if pair is None:
+            raise ValueError(f"--model {spec}: the model's languages are unknown (no languages.json in it): give "
+                             "them as --model SRC-TGT=DIR (e.g. en-de=DIR), or train with --src-lang / --tgt-lang")
+        name = name or f"{pair[0]}-{pair[1]}"
+        if name in models:
+            raise ValueError(f"--model {spec}: a second model named {name!r} (name them: --model NAME=DIR)")
+        if any((m.source, m.target) == pair for m in models.values()):
+            raise ValueError(f"--model {spec}: another model already translates {pair[0]} to {pair[1]}")
+        if max_len is not None and max_len > model.cfg.max_len:
+            raise ValueError(f"--max-len {max_len}: the model in {directory} has {model.cfg.max_len} positions")
+        models[name] = ServedModel(name, os.path.abspath(directory), model, src_tok, tgt_tok, *pair, beam=beam,
+                                   precision=precision, max_len=max_len, no_repeat_ngram=no_repeat_ngram)
+    return models
+
+
+def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5000, max_texts=64,
+          max_body=1 << 20, api_keys=None):
+    """(aiohttp application, scheduler) serving `models`."""
+    _aiohttp()
+    from .app import Limits, Server
+    from .metrics import Metrics
+    from .scheduler import Scheduler
+
+    metrics = Metrics()
+    scheduler = Scheduler(models, batch_tokens=batch_tokens, batch_size=batch_size, max_queue=max_queue,
+                          metrics=metrics)
+    server = Server(scheduler, Limits(char_limit, max_texts, max_body), metrics, api_keys)
+    return server.app(), scheduler
+
+
+def read_api_keys(path):
+    """The keys of --api-keys FILE: one a line; blank lines and # comments skipped."""
+    with open(path, encoding="utf-8") as f:
+        keys = {line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")}
+    if not keys:
+        raise ValueError(f"{path}: no API key in it (one a line)")
+    return keys
+
+
+def run(args, load):
+    """The command line's serve: load, listen, answer until SIGINT/SIGTERM, then drain and exit 0."""
+    _aiohttp()
+    from aiohttp import web
+
+    models = load_models(args.model, beam=args.beam, precision=args.precision, max_len=args.max_len,
+                         no_repeat_ngram=args.no_repeat_ngram, load=load)
+    api_keys = read_api_keys(args.api_keys) if args.api_keys else None
+    app, scheduler = build(models, batch_tokens=args.batch_tokens, max_queue=args.max_queue,
+                           char_limit=args.char_limit, max_texts=args.max_texts, max_body=args.max_body,
+                           api_keys=api_keys)
+
+    async def drain(app):       # after the in-flight requests were answered: the scheduler stops
+        scheduler.stop()
+    app.on_cleanup.append(drain)
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    for name, served in models.items():
+        d = served.defaults
+        print(f"serving {name}: {served.source} -> {served.target} from {served.directory} (beam {d['beam']}, "
+              f"precision {d['precision']}, max_len {d['max_len'] or 'the model rule'})", file=sys.stderr)
+    print(f"listening on http://{host}:{args.port}  (LibreTranslate API: POST /translate, GET /languages; "
+          f"POST /v1/translate, GET /health, GET /metrics; Ctrl-C stops)", file=sys.stderr, flush=True)
+    web.run_app(app, host=args.host, port=args.port, print=None, handler_cancellation=True,
+                shutdown_timeout=args.shutdown_timeout, access_log=None)
+    print("stopped: every accepted request was answered", file=sys.stderr, flush=True)
+    return 0

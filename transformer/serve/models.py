@@ -1,0 +1,103 @@
+"""The models a server holds: each loaded once, frozen, with its languages and decoding defaults."""
+import json
+import os
+import re
+
+import numpy as np
+
+from ..data import collate
+
+LANGUAGES_FILE = "languages.json"
+_CODE = re.compile(r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$")
+# Names for /languages (LibreTranslate's `name`); a code not here is its own name.
+LANGUAGE_NAMES = {"en": "English", "eng": "English", "es": "Spanish", "spa": "Spanish", "hi": "Hindi",
+                  "hin": "Hindi", "de": "German", "deu": "German", "fr": "French", "fra": "French",
+                  "it": "Italian", "ita": "Italian", "pt": "Portuguese", "por": "Portuguese", "ru": "Russian",
+                  "rus": "Russian", "zh": "Chinese", "zho": "Chinese", "ja": "Japanese", "jpn": "Japanese",
+                  "ar": "Arabic", "ara": "Arabic", "nl": "Dutch", "nld": "Dutch"}
+
+
+# Two- and three-letter names that columns and files take and that name no language here.
+NOT_LANGUAGES = {"src", "tgt", "ref", "id", "idx", "key", "url", "txt", "tsv", "raw", "out", "inp", "gz"}
+
+
+def is_language_code(text):
+    """An ISO 639-1/639-3 code, optionally with a region or script ("en", "spa", "pt-BR")."""
+    return isinstance(text, str) and bool(_CODE.match(text)) and text.split("-")[0] not in NOT_LANGUAGES
+
+
+def read_languages(directory):
+    """(source, target) codes recorded in a model directory's languages.json, or None."""
+    path = os.path.join(directory, LANGUAGES_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        pair = (data["source"], data["target"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: damaged ({exc})") from None
+    for code in pair:
+        if not is_language_code(code):
+            raise ValueError(f"{path}: {code!r} is not a language code")
+    return pair
+
+
+class ServedModel:
+    """One model directory as the server decodes it: its defaults are translate's (beam 4, the
+    model's own precision, the model's length rule), each settable when the server starts."""
+
+    def __init__(self, name, directory, model, src_tokenizer, tgt_tokenizer, source, target, beam=4,
+                 precision=None, max_len=None, no_repeat_ngram=0):
+        self.name, self.directory = name, directory
+        self.model, self.src_tokenizer, self.tgt_tokenizer = model, src_tokenizer, tgt_tokenizer
+        self.source, self.target = source, target
+        self.defaults = {"beam": beam, "max_len": max_len, "no_repeat_ngram": no_repeat_ngram,
+                         "precision": precision or model.stored_precision}
+
+    def options(self, **overrides):
+        """The decoding options of a request: the defaults with the request's overrides, as a
+        hashable tuple (requests with equal options can share a batch)."""
+        chosen = dict(self.defaults)
+        chosen.update({key: value for key, value in overrides.items() if value is not None})
+        return tuple(sorted(chosen.items()))
+
+    def decode(self, pieces, beam, max_len, no_repeat_ngram, precision, scores=False, attention=False):
+        """Translations of source id lists decoded together, as translate_texts decodes a batch;
+        with scores or attention, a dict per piece (text, tokens, score, attention) instead."""
+        cfg = self.model.cfg
+        src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), cfg.pad_id)[0]
+        if beam > 1:
+            hyps = self.model.beam_search(src, beam_size=beam, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
+                                          precision=precision)
+        else:
+            hyps = self.model.greedy_decode(src, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
+                                            precision=precision)
+        texts = [self.tgt_tokenizer.decode(hyp) for hyp in hyps]
+        if not (scores or attention):
+            return texts
+        return self._details(src, pieces, hyps, texts, scores, attention, precision)
+
+    def _details(self, src, pieces, hyps, texts, scores, attention, precision):
+        """The output scored by one teacher-forced pass over it: the log-probability of each output
+        token (EOS included when the hypothesis ended with it) and the last decoder layer's
+        cross-attention, averaged over heads: [output tokens, source tokens]."""
+        cfg = self.model.cfg
+        tgt_in = collate([([], [cfg.bos_id] + list(h), []) for h in hyps], range(len(hyps)), cfg.pad_id)[1]
+        logits, maps = self.model.forward(src, tgt_in, return_attention=True, precision=precision)
+        out = []
+        for row, (ids, hyp, text) in enumerate(zip(pieces, hyps, texts)):
+            item = {"text": text, "source_tokens": self.src_tokenizer.tokens(ids),
+                    "target_tokens": self.tgt_tokenizer.tokens(hyp)}
+            if scores:
+                row_logits = logits[row, :len(hyp)].astype(np.float64)
+                shifted = row_logits - row_logits.max(axis=1, keepdims=True)
+                log_probs = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True))
+                token_log_probs = log_probs[np.arange(len(hyp)), hyp] if hyp else np.zeros(0)
+                item["log_prob"] = round(float(token_log_probs.sum()), 6)
+                item["score"] = round(float(token_log_probs.mean()), 6) if hyp else 0.0
+            if attention:
+                cross = maps["cross"][-1][row].mean(axis=0)          # [T, S]
+                item["attention"] = np.round(cross[:len(hyp), :len(ids)].astype(np.float64), 5).tolist()
+            out.append(item)
+        return out
