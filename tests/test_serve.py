@@ -5,6 +5,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -292,3 +293,86 @@ def test_a_model_without_languages_is_refused_naming_the_fix(model_dir, tmp_path
     assert done.returncode == 1 and "languages are unknown" in done.stderr and "SRC-TGT=DIR" in done.stderr
     named = load_models([f"en-es={bare}"], load=load_for_inference)
     assert (named["en-es"].source, named["en-es"].target) == ("en", "es")
+
+
+# -- the languages a model translates ------------------------------------------------------------------
+
+def _train(tmp_path, *argv):
+    out = str(tmp_path / "run")
+    done = subprocess.run([sys.executable, "-m", "transformer", "train", *argv, *SMALL, "--vocab-size", "40",
+                           "--max-steps", "1", "--out", out], capture_output=True, text=True, timeout=300, cwd=OUTSIDE)
+    assert done.returncode == 0, done.stderr
+    path = os.path.join(out, "languages.json")
+    return json.load(open(path)) if os.path.exists(path) else None, out
+
+
+def test_training_records_the_languages_from_the_columns_the_files_or_the_flags(tmp_path):
+    src, tgt = tmp_path / "corpus.en", tmp_path / "corpus.es"
+    texts = sentences(60)
+    src.write_text("".join(t + "\n" for t in texts))
+    tgt.write_text("".join(t.upper() + "\n" for t in texts))
+    assert _train(tmp_path / "a", "--data", f"{src},{tgt}")[0] == {"source": "en", "target": "es"}
+    data = tmp_path / "pairs.tsv"
+    data.write_text("src\ttgt\n" + "".join(f"{t}\t{t.upper()}\n" for t in texts))
+    assert _train(tmp_path / "b", "--data", str(data), "--src-col", "src", "--tgt-col", "tgt")[0] is None
+    languages, out = _train(tmp_path / "c", "--data", str(data), "--src-col", "src", "--tgt-col", "tgt",
+                            "--src-lang", "en", "--tgt-lang", "pt-BR")
+    assert languages == {"source": "en", "target": "pt-BR"}
+    quantized = str(tmp_path / "q")
+    done = subprocess.run([sys.executable, "-m", "transformer", "quantize", "--model", out, "--out", quantized],
+                          capture_output=True, text=True, timeout=120, cwd=OUTSIDE)
+    assert done.returncode == 0, done.stderr
+    assert json.load(open(os.path.join(quantized, "languages.json"))) == languages
+    done = subprocess.run([sys.executable, "-m", "transformer", "train", "--data", str(data), "--src-lang", "English"],
+                          capture_output=True, text=True, timeout=60, cwd=OUTSIDE)
+    assert done.returncode == 2 and "--src-lang: must be a language code" in done.stderr
+
+
+# -- the page, in a real browser ------------------------------------------------------------------------
+
+def _browser():
+    """Headless Chromium driven by selenium (Debian's chromium and chromium-driver; .ci/run installs
+    them), or a skip saying what is missing."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="needs selenium (the [test] extra)")
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if binary is None or driver is None:
+        pytest.skip("needs Chromium: apt-get install chromium chromium-driver (.ci/run installs them)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for flag in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,1400"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+def test_the_page_translates_and_draws_one_heatmap_row_per_output_token(server, model_dir, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    candidates = sentences(30, seed=4)         # the first whose translation has two tokens or more
+    status, api, _ = post(server.url, "/v1/translate", {"q": candidates, "source": "eng", "target": "spa",
+                                                        "attention": True, "api_key": "secret-1"})
+    text, want = next((t, r["sentences"][0]) for t, r in zip(candidates, api["translations"])
+                      if len(r["sentences"][0]["target_tokens"]) >= 2)
+    browser = _browser()
+    try:
+        browser.get(server.url + "/")
+        WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#model option"))
+        assert browser.find_element(By.ID, "key-label").is_displayed()
+        browser.find_element(By.ID, "key").send_keys("secret-1")
+        browser.find_element(By.ID, "text").send_keys(text)
+        browser.find_element(By.ID, "go").click()
+        WebDriverWait(browser, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, ".sentence"))
+        assert browser.find_element(By.CSS_SELECTOR, ".translation").text == offline(model_dir, [text])[0]
+        rows = browser.find_elements(By.CSS_SELECTOR, "table.heatmap tbody tr")
+        assert len(rows) == len(want["target_tokens"]) > 0
+        assert all(len(row.find_elements(By.TAG_NAME, "td")) == len(want["source_tokens"]) for row in rows)
+        browser.find_elements(By.CSS_SELECTOR, ".target-tokens .token")[0].click()   # pins the first word
+        shaded = [span.value_of_css_property("background-color")
+                  for span in browser.find_elements(By.CSS_SELECTOR, ".source-tokens .token")]
+        assert all(color not in ("", "rgba(0, 0, 0, 0)") for color in shaded)
+        browser.save_screenshot(str(tmp_path / "page.png"))
+    finally:
+        browser.quit()
+    assert status == 200

@@ -9,8 +9,10 @@ Handlers parse, validate and wait; the Scheduler owns the models. Endpoints:
     GET  /languages      [{"code", "name", "targets"}]
     POST /v1/translate   ours: q, source/target or model, beam, max_len, no_repeat_ngram, scores
                          (log-probabilities), attention (each sentence's cross-attention matrix)
-    GET  /health         {"status": "ok", "models": [...], "queue": n}
+    GET  /health         {"status": "ok", "models": [...], "queue": n, "api_keys": bool}
     GET  /metrics        Prometheus' text format
+    GET  /               a page: translate, and see each output word's cross-attention over the
+                         source (static/: no CDN, it works offline)
 
 Errors take LibreTranslate's form, {"error": "..."}, naming the field: 400 for a bad request, 403
 for a missing or wrong API key, 413 for a body over the limit, 429 (with Retry-After) when the
@@ -18,6 +20,7 @@ queue is full, 503 while the server stops, 500 for a failure of ours.
 """
 import asyncio
 import json
+import os
 import time
 
 from aiohttp import web
@@ -26,6 +29,7 @@ from .models import LANGUAGE_NAMES
 from .scheduler import QueueFull, ShuttingDown
 
 RETRY_AFTER_S = 1
+STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")   # the page and its assets
 
 
 class BadRequest(ValueError):
@@ -64,7 +68,8 @@ class Server:
         app = web.Application(client_max_size=self.limits.max_body, middlewares=[self._errors])
         app.add_routes([web.post("/translate", self.translate), web.get("/languages", self.languages),
                         web.post("/v1/translate", self.native), web.get("/health", self.health),
-                        web.get("/metrics", self.metrics_text)])
+                        web.get("/metrics", self.metrics_text), web.get("/", self.page)])
+        app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)
         return app
 
     @web.middleware
@@ -256,8 +261,12 @@ class Server:
         return web.json_response([{"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(t)}
                                   for code, t in sorted(targets.items())])
 
+    async def page(self, request):
+        return web.FileResponse(os.path.join(STATIC, "index.html"))
+
     async def health(self, request):
         return web.json_response({"status": "ok", "queue": self.scheduler.queue_length(),
+                                  "api_keys": self.api_keys is not None,
                                   "models": [{"name": name, "source": m.source, "target": m.target,
                                               "directory": m.directory, **m.defaults}
                                              for name, m in self.models.items()]})
