@@ -184,7 +184,8 @@ void beam_topk_reference(const float *logp, const double *scores, long n, long K
 void beam_select(const float *logp, const double *scores, int64_t *n_finished,
                  long n, long K, long V, int64_t banned, int64_t eos, const uint8_t *last_step,
                  int64_t *parents, int64_t *tokens, double *new_scores, uint8_t *done,
-                 int64_t *fin_rows, int64_t *fin_tokens, double *fin_scores, int64_t *fin_count)
+                 int64_t *fin_rows, int64_t *fin_tokens, double *fin_scores, int64_t *fin_count,
+                 int early_stopping)
 {
     scan_fn scan = pick_scan();
     long width = 2 * K < K * V ? 2 * K : K * V;
@@ -206,6 +207,9 @@ void beam_select(const float *logp, const double *scores, int64_t *n_finished,
                 if (!isfinite(score)) break;
                 long beam = (long)(top[i].index / V), token = (long)(top[i].index % V);
                 long row = slot * K + beam;
+                /* At the last step every candidate would finish: the K best do. (With
+                 * early_stopping the count below stops the walk there already.) */
+                if (last_step[slot] && i >= K) break;
                 if (token == eos && !last_step[slot] && i >= K)
                     continue;                           /* EOS below the K best: not final */
                 if (token == eos || last_step[slot]) { /* a finished hypothesis */
@@ -213,7 +217,7 @@ void beam_select(const float *logp, const double *scores, int64_t *n_finished,
                     fin_tokens[slot * 2 * K + finished] = token;
                     fin_scores[slot * 2 * K + finished] = score;
                     finished++;
-                    if (++n_finished[slot] >= K) break;
+                    if (++n_finished[slot] >= K && early_stopping) break;
                     continue;
                 }
                 parents[slot * K + kept] = row;
@@ -222,7 +226,7 @@ void beam_select(const float *logp, const double *scores, int64_t *n_finished,
                 if (++kept == K) break;
             }
             fin_count[slot] = finished;
-            done[slot] = n_finished[slot] >= K || last_step[slot] || kept == 0;
+            done[slot] = (early_stopping && n_finished[slot] >= K) || last_step[slot] || kept == 0;
         }
         free(top);
     }

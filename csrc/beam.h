@@ -32,11 +32,18 @@
  *              when no beam could be filled
  * fin_rows, fin_tokens: (n, 2K) out: the hypotheses finished at this step, in order
  * fin_scores:  (n, 2K) out: their (unnormalised) scores
- * fin_count:   (n) out: how many of each slot's fin_* entries are set */
+ * fin_count:   (n) out: how many of each slot's fin_* entries are set
+ * early_stopping: 1: a slot is done once it has K finished hypotheses, and the walk stops there
+ *              (the rule of beam search here, and generate's early_stopping=True); 0: finished
+ *              hypotheses are counted but end nothing, every EOS among the K best finishes one,
+ *              and the caller decides when a slot is done (generate's early_stopping False and
+ *              "never", decoder.h). Either way, at a slot's last step only its K best candidates
+ *              finish hypotheses (as in generate: only the top K can be final). */
 void beam_select(const float *logp, const double *scores, int64_t *n_finished,
                  long n, long K, long V, int64_t banned, int64_t eos, const uint8_t *last_step,
                  int64_t *parents, int64_t *tokens, double *new_scores, uint8_t *done,
-                 int64_t *fin_rows, int64_t *fin_tokens, double *fin_scores, int64_t *fin_count);
+                 int64_t *fin_rows, int64_t *fin_tokens, double *fin_scores, int64_t *fin_count,
+                 int early_stopping);
 
 /* The top-`width` part of beam_select on its own (for tests): each slot's best `width`
  * candidates with a score above -inf, best first, ties by lower index.

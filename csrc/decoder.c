@@ -304,11 +304,13 @@ static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long 
         g->sentence[b] = s;
         if (g->limits[s] > steps) steps = g->limits[s];
     }
+    /* pad, bos, the settings' bans, then EOS (last: banned before min_len) */
+    const int64_t *banned = g->banned;
+    const int n_ban = 2 + g->n_banned;
     long next_poll = now_ms() + TF_POLL_MS;
     for (long t = 0; t < steps && n > 0; t++) {
         if (stop_asked(g->poll, &next_poll)) return;
-        const int64_t banned[3] = {g->pad, g->bos, g->eos};   /* EOS last: banned before min_len */
-        const step_tail tail = {0, t < g->min_len && !g->ngram ? 3 : 2, banned,
+        const step_tail tail = {0, t < g->min_len && !g->ngram ? n_ban + 1 : n_ban, banned,
                                 g->ngram ? NULL : g->argmax};
         step_rows(d, g->ids, n, t, g->slot, g->origin, Tmax, g->sentence, &tail, b0);
         if (g->ngram) {
@@ -323,7 +325,9 @@ static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long 
         long kept = 0;
         for (long r = 0; r < n; r++) {
             const long i = b0 + r;
-            const int64_t s = g->sentence[i], token = g->argmax[i];
+            const int64_t s = g->sentence[i];
+            /* the forced EOS at the last step: generate's row of -inf but EOS, whose argmax it is */
+            const int64_t token = g->forced_eos && g->limits[s] == t + 1 ? g->eos : g->argmax[i];
             g->out[s * g->ld_out + t] = token;
             if (token == g->eos) {
                 g->lengths[s] = t;
@@ -383,6 +387,27 @@ void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups)
     run_blocks(d, g, greedy_block_of, g->poll, groups);
 }
 
+/* A finished hypothesis's score is divided by this at its length (EOS counted). */
+static double length_norm(const tf_beam *g, double length)
+{
+    return g->length_form ? pow(length, g->length_penalty) : pow((5.0 + length) / 6.0, g->length_penalty);
+}
+
+/* A sentence's K best finished scores, best first (kept[0 .. *count)): `score` takes its place
+ * when fewer than K are kept or it beats the worst (generate keeps its K best the same way). */
+static void keep_finished(double *kept, int64_t *count, long K, double score)
+{
+    long i;
+    if (*count < K) i = (long)(*count)++;
+    else if (score > kept[K - 1]) i = K - 1;
+    else return;
+    while (i > 0 && kept[i - 1] < score) {
+        kept[i] = kept[i - 1];
+        i--;
+    }
+    kept[i] = score;
+}
+
 /* Beam search of the sentences first, first + stride, ... in slots b0 .. b1 - 1 (rows b0 * K ..
  * b1 * K - 1 of every buffer), to their last step. Arrays per slot or row are offset to the
  * block's first; parents and fin_rows from beam_select count rows from it too. */
@@ -402,6 +427,7 @@ static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, 
         const long s = first + j * stride;
         live[j] = s;                               /* live slot -> sentence */
         n_finished[j] = 0;
+        g->n_kept[s] = 0;
         g->best_len[s] = -1;
         if (g->limits[s] > steps) steps = g->limits[s];
         for (long i = 0; i < K; i++) {
@@ -412,8 +438,8 @@ static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, 
             sentence[r] = s;
         }
     }
-    const int64_t banned_step[2] = {g->pad, g->bos};
-    const step_tail tail = {1, 2, banned_step, NULL};
+    /* pad, bos and the settings' bans (decoder.h), after the log_softmax */
+    const step_tail tail = {1, 2 + g->n_banned, g->banned, NULL};
     long next_poll = now_ms() + TF_POLL_MS;
     for (long t = 0; t < steps && nb > 0; t++) {
         if (stop_asked(g->poll, &next_poll)) return;
@@ -430,14 +456,29 @@ static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, 
             }
         }
         for (long j = 0; j < nb; j++) last_step[j] = g->limits[live[j]] == t + 1;
+        if (g->renormalize && banned >= 0) {       /* generate bans EOS before it renormalises */
+            for (long r = 0; r < n; r++) forbid_eos(logp + r * V, V, g->eos);
+            banned = -1;
+        }
+        if (g->forced_eos)
+            for (long j = 0; j < nb; j++) {
+                if (!last_step[j]) continue;
+                for (long r = j * K; r < (j + 1) * K; r++) {
+                    float *row = logp + r * V;
+                    for (long v = 0; v < V; v++) row[v] = -INFINITY;
+                    row[g->eos] = 0.0f;
+                }
+            }
+        if (g->renormalize) log_softmax_forward(logp, logp, n, V);
         beam_select(logp, scores, n_finished, nb, K, V, banned, g->eos, last_step, parents, tokens,
-                    new_scores, done, fin_rows, fin_tokens, fin_scores, fin_count);
-        const double penalty = pow((5.0 + (double)(t + 1)) / 6.0, g->length_penalty);
+                    new_scores, done, fin_rows, fin_tokens, fin_scores, fin_count, g->early_stopping == 1);
+        const double penalty = length_norm(g, (double)(t + 1));
         long all_done = 1;
         for (long j = 0; j < nb; j++) {
             const long s = live[j];
             for (long f = 0; f < fin_count[j]; f++) {
                 const double score = fin_scores[j * 2 * K + f] / penalty;
+                if (g->early_stopping != 1) keep_finished(g->kept + s * K, g->n_kept + s, K, score);
                 if (g->best_len[s] >= 0 && !(score > g->best_score[s])) continue;
                 const int64_t row = fin_rows[j * 2 * K + f], token = fin_tokens[j * 2 * K + f];
                 int64_t *out = g->best + s * ld;
@@ -445,6 +486,14 @@ static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, 
                 g->best_len[s] = t;
                 if (token != g->eos) out[g->best_len[s]++] = token;
                 g->best_score[s] = score;
+            }
+            /* generate's early-stopping heuristic: done once K are finished and the best live
+             * beam, normalised at its current length (or, "never" with a positive penalty, at
+             * the sentence's limit), cannot beat the worst of them */
+            if (g->early_stopping != 1 && !done[j] && g->n_kept[s] >= K) {
+                const double length = g->early_stopping == 2 && g->length_penalty > 0
+                    ? (double)g->limits[s] : (double)(t + 1);
+                if (!(new_scores[j * K] / length_norm(g, length) > g->kept[s * K + K - 1])) done[j] = 1;
             }
             all_done &= done[j] != 0;
         }

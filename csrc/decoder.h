@@ -98,11 +98,18 @@ typedef struct {
  * steps. 1: one block, every kernel with the process's team. Rows are computed apart, so the
  * tokens do not depend on the grouping. ids, slot, sentence and argmax ([N]) and origin
  * ([N, Tmax]) are scratch; limits[b] in [1, Tmax], ld_out >= max(limits). The caller checks.
- * poll: see tf_poll. */
+ * poll: see tf_poll.
+ *
+ * The rules a model's generation settings add (transformer/generation.py; all off for the models
+ * trained here): banned holds pad, bos, the settings' n_banned bans (generate's bad_words_ids of
+ * one token), then eos (n_banned + 3 ids; the caller lays them out); forced_eos: at a sentence's last step its token is EOS (generate's
+ * forced_eos_token_id at max_length - 1). */
 typedef struct {
     const int64_t *limits;
     long min_len, ngram;
     int64_t bos, eos, pad;
+    int forced_eos, n_banned;
+    const int64_t *banned;
     int64_t *out, *lengths;
     long ld_out;
     int64_t *ids, *slot, *sentence, *argmax, *origin;
@@ -125,12 +132,32 @@ void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups);
  * ([B * 2K]), best_score ([B]), ids, slot, sentence, parents, tokens ([N]), fin_rows, fin_tokens
  * ([B * 2K]), n_finished, fin_count, live ([B]), done, last_step ([B]), origin, origin_spare
  * ([N, Tmax]), hyps, hyps_spare ([N, ld_best]) are scratch; limits[b] in [1, Tmax], ld_best >=
- * max(limits). The caller checks. */
+ * max(limits). The caller checks.
+ *
+ * The rules a model's generation settings add (generate's beam search; all off, 0 and 1 below,
+ * for the models trained here, whose results stay as described above):
+ * - banned: laid out as decoder_greedy's; its n_banned + 2 first (pad, bos, the settings' bans)
+ *   are banned after the log_softmax;
+ * - forced_eos: at a sentence's last step each beam's row is -inf but EOS, 0 (generate's
+ *   ForcedEOSTokenLogitsProcessor after the log_softmax, so the hypothesis keeps its score);
+ * - renormalize: after every ban (and EOS banned before min_len, the forced EOS) each row is
+ *   normalised again (log_softmax of the row: generate's renormalize_logits), which moves the
+ *   scores of the hypotheses and so the search;
+ * - length_form: 0 GNMT's ((5 + len) / 6) ** length_penalty, 1 generate's len ** length_penalty;
+ * - early_stopping: 1 a sentence is done at K finished hypotheses (as above); 0 generate's
+ *   early_stopping=False: it keeps its K best finished (normalised scores in kept[b * K ..],
+ *   n_kept[b]), and is done once it has K of them and its best live beam, normalised at its
+ *   current length, does not beat the worst (or at its limit); 2 generate's "never": the same,
+ *   normalised at the sentence's limit when length_penalty > 0. */
 typedef struct {
     const int64_t *limits;
     long K, min_len, ngram;
     double length_penalty;
     int64_t bos, eos, pad;
+    int forced_eos, renormalize, length_form, early_stopping, n_banned;
+    const int64_t *banned;
+    double *kept;
+    int64_t *n_kept;
     int64_t *best, *best_len;
     long ld_best;
     double *scores, *new_scores, *fin_scores, *best_score;

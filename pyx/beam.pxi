@@ -5,7 +5,8 @@ cdef extern from "beam.h" nogil:
                                      long n, long K, long V, int64_t banned, int64_t eos,
                                      const uint8_t *last_step, int64_t *parents, int64_t *tokens,
                                      double *new_scores, uint8_t *done, int64_t *fin_rows,
-                                     int64_t *fin_tokens, double *fin_scores, int64_t *fin_count)
+                                     int64_t *fin_tokens, double *fin_scores, int64_t *fin_count,
+                                     int early_stopping)
     void c_beam_topk "beam_topk"(const float *logp, const double *scores, long n, long K, long V,
                                  int64_t banned, long width, int64_t *top_index, double *top_score)
     void c_beam_topk_reference "beam_topk_reference"(const float *logp, const double *scores,
@@ -67,7 +68,7 @@ cdef int64_t _beam_token(object value, str name, Py_ssize_t V, bint allow_none) 
 
 
 def beam_select(logp, scores, n_finished, banned, eos, last_step, parents, tokens, new_scores,
-                done, fin_rows, fin_tokens, fin_scores, fin_count):
+                done, fin_rows, fin_tokens, fin_scores, fin_count, bint early_stopping=True):
     """One beam-search step's selection for n sentence slots of K beams (csrc/beam.h).
 
     logp: float32 C-contiguous [n*K, V] log-probabilities (row slot*K + beam); scores: float64
@@ -81,7 +82,9 @@ def beam_select(logp, scores, n_finished, banned, eos, last_step, parents, token
     slot), until the slot has K finished; the others fill the next step's beams: parents [n*K]
     (the row extended; slot*K when unfilled), tokens [n*K] (eos when unfilled), new_scores [n, K]
     (-inf when unfilled). done [n] uint8: K finished, its last step, or no beam filled. The walk
-    stops at a non-finite score. Outputs: int64/float64/uint8 C-contiguous, writeable, exact
+    stops at a non-finite score; at a slot's last step only its K best finish hypotheses.
+    early_stopping=False: K finished hypotheses neither stop the walk nor make the slot done (the
+    caller decides, as generate's early_stopping=False does). Outputs: int64/float64/uint8 C-contiguous, writeable, exact
     shapes, not overlapping the inputs or each other.
     """
     cdef Py_ssize_t n, K, V
@@ -122,7 +125,7 @@ def beam_select(logp, scores, n_finished, banned, eos, last_step, parents, token
     cdef int64_t[:, ::1] frv = fin_rows, ftv = fin_tokens
     with nogil:
         c_beam_select(&lv[0, 0], &sv[0, 0], &nf[0], n, K, V, ban, end, &lsv[0], &pv[0], &tv[0],
-                      &nsv[0, 0], &dv[0], &frv[0, 0], &ftv[0, 0], &fsv[0, 0], &cv[0])
+                      &nsv[0, 0], &dv[0], &frv[0, 0], &ftv[0, 0], &fsv[0, 0], &cv[0], early_stopping)
 
 
 def beam_topk(logp, scores, banned, Py_ssize_t width, top_index, top_score, reference=False):

@@ -55,6 +55,8 @@ cdef extern from "decoder.h" nogil:
         const int64_t *limits
         long min_len, ngram
         int64_t bos, eos, pad
+        int forced_eos, n_banned
+        const int64_t *banned
         int64_t *out
         int64_t *lengths
         long ld_out
@@ -70,6 +72,10 @@ cdef extern from "decoder.h" nogil:
         long K, min_len, ngram
         double length_penalty
         int64_t bos, eos, pad
+        int forced_eos, renormalize, length_form, early_stopping, n_banned
+        const int64_t *banned
+        double *kept
+        int64_t *n_kept
         int64_t *best
         int64_t *best_len
         long ld_best
@@ -438,18 +444,31 @@ cdef class DecoderStep:
             raise ValueError(f"groups must be >= 1, got {groups}")
         return int(limits.max()) if limits.size else 0
 
-    def greedy(self, limits, min_len=0, ngram=0, bos=1, eos=2, pad=0, int groups=1):
+    cdef object _ban_layout(self, banned, bos, eos, pad):
+        """int64 [pad, bos, *banned, eos]: the layout decoder_greedy and decoder_beam read."""
+        if not isinstance(banned, tuple):
+            raise TypeError(f"banned must be a tuple of token ids, got {type(banned).__name__}")
+        for b in banned:
+            if isinstance(b, bool) or not isinstance(b, (int, np.integer)) or not 0 <= b < self.d.V:
+                raise ValueError(f"banned must hold token ids in [0, {self.d.V}), got {b!r}")
+        return np.array((pad, bos) + tuple(int(b) for b in banned) + (eos,), np.int64)
+
+    def greedy(self, limits, min_len=0, ngram=0, bos=1, eos=2, pad=0, int groups=1, banned=(),
+               bint forced_eos=False):
         """Greedy decoding's whole loop in C (csrc/decoder.h: decoder_greedy), one row per sentence
         (N = B). limits: int64 [B], each sentence's most tokens, in [1, Tmax]; min_len: EOS banned
         before it; ngram: the no-repeat-n-gram size (0: off); bos, eos, pad: token ids in [0, V);
         groups: blocks of sentences, each decoded to its end by one thread (1: every kernel with
-        the process's team). Returns (out, lengths): int64 [B, max(limits)] holding each
-        sentence's tokens (pad past its last step) and int64 [B], the tokens before its EOS, or
-        its limit. Writes the caches and the step buffers."""
+        the process's team). banned: a tuple of token ids also banned at every step (a model's
+        generation settings); forced_eos: EOS at each sentence's last step. Returns (out,
+        lengths): int64 [B, max(limits)] holding each sentence's tokens (pad past its last step)
+        and int64 [B], the tokens before its EOS, or its limit. Writes the caches and the step
+        buffers."""
         cdef tf_decoder *d = &self.d
         if d.N != d.B:
             raise ValueError(f"greedy decoding takes one row per sentence: N = {d.N} rows for B = {d.B}")
         cdef long steps = self._loop_args(limits, min_len, ngram, bos, eos, pad, groups)
+        bans = self._ban_layout(banned, bos, eos, pad)
         out = np.full((d.B, max(steps, 1)), pad, np.int64)
         lengths = np.zeros(d.B, np.int64)
         scratch = np.zeros((4, d.N), np.int64)
@@ -457,6 +476,8 @@ cdef class DecoderStep:
         cdef tf_greedy g
         g.limits = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>limits)
         g.min_len, g.ngram, g.bos, g.eos, g.pad = min_len, ngram, bos, eos, pad
+        g.forced_eos, g.n_banned = forced_eos, len(banned)
+        g.banned = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>bans)
         g.out = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>out)
         g.lengths = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>lengths)
         g.ld_out = out.shape[1]
@@ -474,19 +495,34 @@ cdef class DecoderStep:
         return out[:, :steps], lengths
 
     def beam(self, limits, long K, double length_penalty=0.6, min_len=0, ngram=0, bos=1, eos=2, pad=0,
-             int groups=1):
+             int groups=1, banned=(), bint forced_eos=False, bint renormalize=False, length_form="gnmt",
+             early_stopping=True):
         """Beam search's whole loop in C (csrc/decoder.h: decoder_beam), K rows a sentence
         (N = B * K). limits, min_len, ngram, bos, eos, pad, groups as in greedy; length_penalty:
-        GNMT's alpha, finite and >= 0. Returns (best, best_len): int64 [B, max(limits)] holding
+        the exponent, finite (and >= 0 for GNMT's form). banned, forced_eos as in greedy; renormalize: every row
+        normalised again after the bans; length_form: "gnmt" ((5 + len) / 6) ** alpha or
+        "generate" len ** alpha; early_stopping: True (done at K finished), False or "never"
+        (generate's rules, csrc/decoder.h). Returns (best, best_len): int64 [B, max(limits)] holding
         each sentence's best-scored finished hypothesis (EOS dropped) and int64 [B], its length
         (-1: none finished). Writes the caches and the step buffers."""
         cdef tf_decoder *d = &self.d
         if K < 1 or d.N != d.B * K:
             raise ValueError(f"K must be the rows a sentence: N = {d.N} rows for B = {d.B}, got K = {K}")
-        if not (length_penalty >= 0 and length_penalty < float("inf")):
+        if length_form == "generate" and not abs(length_penalty) < float("inf"):   # len ** a: any a
+            raise ValueError(f"length_penalty must be finite, got {length_penalty}")
+        if length_form != "generate" and not (length_penalty >= 0 and length_penalty < float("inf")):
             raise ValueError(f"length_penalty must be finite and >= 0, got {length_penalty}")
+        forms = {"gnmt": 0, "generate": 1}
+        if length_form not in forms:
+            raise ValueError(f"length_form must be 'gnmt' or 'generate', got {length_form!r}")
+        stopping = {True: 1, False: 0, "never": 2}
+        if not isinstance(early_stopping, (bool, str)) or early_stopping not in stopping:
+            raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
         cdef long steps = self._loop_args(limits, min_len, ngram, bos, eos, pad, groups)
+        bans = self._ban_layout(banned, bos, eos, pad)
         cdef long B = d.B, N = d.N, ld = max(steps, 1)
+        kept = np.zeros(N, np.float64)            # K per sentence
+        n_kept = np.zeros(B, np.int64)
         best = np.full((B, ld), pad, np.int64)
         best_len = np.full(B, -1, np.int64)
         f64 = np.zeros(4 * N + B, np.float64)     # scores, new_scores (N each), fin_scores (2N), best_score (B)
@@ -503,6 +539,11 @@ cdef class DecoderStep:
         g.limits = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>limits)
         g.K, g.min_len, g.ngram, g.length_penalty = K, min_len, ngram, length_penalty
         g.bos, g.eos, g.pad = bos, eos, pad
+        g.forced_eos, g.renormalize, g.n_banned = forced_eos, renormalize, len(banned)
+        g.length_form, g.early_stopping = forms[length_form], stopping[early_stopping]
+        g.banned = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>bans)
+        g.kept = <double *>cnp.PyArray_DATA(<cnp.ndarray>kept)
+        g.n_kept = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>n_kept)
         g.best = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>best)
         g.best_len = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>best_len)
         g.ld_best = ld

@@ -177,7 +177,7 @@ def test_beam_search_equals_generate(trained, eos_bias):
     try:
         want = _generate(trained, src, mask, num_beams=4, max_new_tokens=12, length_penalty=0.0,
                          early_stopping=True)
-        got = ours.beam_search(src, beam_size=4, max_len=12, length_penalty=0.0)
+        got = ours.beam_search(src, beam_size=4, max_len=12, length_penalty=0.0, early_stopping=True)
         greedy = _generate(trained, src, mask, num_beams=1, max_new_tokens=12)
         assert ours.greedy_decode(src, max_len=12) == greedy
     finally:
@@ -345,9 +345,9 @@ def test_command_line_convert_translate_fine_tune_and_export(marian, tmp_path):
     r = _cli("translate", "--model", out, "--beam", "1", *texts)
     assert r.returncode == 0, r.stderr
     want = []
-    for text in texts:       # our default limit: 2 * the sentence's source tokens + 10
+    for text in texts:       # the model's own limit: generate's default max_length 20 (it sets none)
         src, mask = _batch(marian, [text])
-        hyp = _generate(marian, src, mask, num_beams=1, max_new_tokens=min(64, 2 * src.shape[1] + 10))[0]
+        hyp = _generate(marian, src, mask, num_beams=1)[0]
         want.append(marian["tok"].decode(hyp, skip_special_tokens=True))
     assert r.stdout.splitlines() == want
     src, mask = _batch(marian, texts)

@@ -257,8 +257,10 @@ def clear_run(directory):
     marks = (CHECKPOINT_FILE, CONFIG_FILE, WEIGHTS_FILE)
     if not any(os.path.isfile(os.path.join(directory, name)) for name in marks):
         return      # no run or model here: whatever bears these names is someone else's
+    from .generation import GENERATION_FILE
+
     for name in (CHECKPOINT_FILE, CONFIG_FILE, WEIGHTS_FILE, SRC_TOKENIZER_FILE, TGT_TOKENIZER_FILE, LOG_FILE,
-                 LANGUAGES_FILE):
+                 LANGUAGES_FILE, GENERATION_FILE):
         path = os.path.join(directory, name)
         if os.path.isfile(path) or os.path.islink(path):
             os.remove(path)

@@ -584,12 +584,30 @@ def _serve(args):
         return run(args, load=lambda directory: _load_model(directory, frozen=True))
 
 
+def _model_beam(args, model, command):
+    """--beam as given, else the model's own num_beams (an imported model's generation settings,
+    generation.py), else 4; for translate, says on stderr which settings decode and whence."""
+    settings = model.generation
+    given = args.beam is not None
+    if not given:
+        args.beam = settings.num_beams if settings is not None else 4
+    if settings is None or command != "translate":
+        return
+    overrides = [f"{flag} {value}" for flag, value, on in (("--beam", args.beam, given),
+                                                            ("--max-len", args.max_len, args.max_len is not None))
+                 if on]
+    print(f"transformer translate: the model's generation settings (imported with it, as transformers' "
+          f"generate reads them): {'; '.join(settings.describe(model.cfg.max_len))}"
+          + (f"; given: {', '.join(overrides)}" if overrides else ""), file=sys.stderr)
+
+
 def _translate(args):
     from .train import translate_texts
 
     _apply_threads(args)
     _check_output("--attention", args.attention, needs="matplotlib")
     model, src_tok, tgt_tok = _load_model(args.model, frozen=True)
+    _model_beam(args, model, "translate")
     if args.max_len is not None and args.max_len > model.cfg.max_len:
         raise FlagError(f"--max-len {args.max_len}: the model in --model {args.model} has {model.cfg.max_len} "
                         f"positions, so translations of at most {model.cfg.max_len} tokens")
@@ -640,6 +658,7 @@ def _evaluate(args):
     from . import datasets
 
     model, src_tok, tgt_tok = _load_model(args.model, frozen=True)
+    _model_beam(args, model, "evaluate")
     with blame("--data", args.data):
         if datasets.is_shortcut(args.data):
             args.data = datasets.resolve(args.data)
@@ -736,6 +755,13 @@ def _info(args):
     import transformer as T
 
     info = T.build_info()
+    if args.model is not None:
+        model = _load_model(args.model)[0]
+        settings = model.generation
+        info["model"] = {"dir": args.model, "generation_settings": None if settings is None else
+                         settings.describe(model.cfg.max_len),
+                         "note": "imported with the model: the defaults of translate, evaluate and decoding calls"
+                         if settings is not None else "a model trained here: this engine's decoding defaults"}
     world = _mpi_world()
     if world is not None:           # under mpirun: every rank reports, rank order
         from .distributed import import_mpi
@@ -971,7 +997,8 @@ def build_parser():
 
     translate = sub.add_parser("translate", help="translate sentences (arguments, or stdin lines)")
     translate.add_argument("--model", required=True, metavar="DIR")
-    translate.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy)")
+    translate.add_argument("--beam", type=_positive_int,
+                           help="beam size (1: greedy; default: an imported model's own num_beams, else 4)")
     translate.add_argument("--max-len", type=_positive_int, metavar="N",
                            help="at most N subwords per translation, up to the model's positions (default: "
                                 "twice the source's subwords + 10, within the model's positions)")
@@ -990,7 +1017,8 @@ def build_parser():
     evaluate.add_argument("--src-col", default="0")
     evaluate.add_argument("--tgt-col", default="1")
     evaluate.add_argument("--header", choices=list(HEADER_CHOICES), default="auto", help=HEADER_HELP)
-    evaluate.add_argument("--beam", type=_positive_int, default=4)
+    evaluate.add_argument("--beam", type=_positive_int,
+                          help="beam size (1: greedy; default: an imported model's own num_beams, else 4)")
     evaluate.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N",
                           help="never repeat an n-gram of N tokens in an output (0: off)")
     evaluate.add_argument("--limit", type=_positive_int, help="use only the first N pairs")
@@ -1022,6 +1050,8 @@ def build_parser():
     convert.add_argument("--overwrite", action="store_true", help="replace a model already in --out")
     convert.set_defaults(func=_convert)
     info = sub.add_parser("info", help="print build_info(): compiler, OpenMP, SIMD level, threads")
+    info.add_argument("--model", metavar="DIR", help="also the decoding settings of the model in DIR "
+                                                     "(an imported model's generation settings)")
     info.set_defaults(func=_info)
     for command in sub.choices.values():         # --debug before or after the command
         command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,

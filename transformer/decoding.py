@@ -522,7 +522,7 @@ def _strip(tokens, eos_id):
 
 
 def greedy_decode(model, src, max_len=None, min_len=0, return_attention=False, no_repeat_ngram=0,
-                  precision="fp32"):
+                  precision="fp32", *, forced_eos=False, banned=()):
     """Batched greedy decoding. Returns a list of token-id lists (BOS dropped, cut before EOS).
 
     Each sentence stops at its length limit: min(max_len, the model's max_len) for an int max_len,
@@ -534,18 +534,45 @@ def greedy_decode(model, src, max_len=None, min_len=0, return_attention=False, n
     hypothesis is the generated tokens: Hugging Face counts the start token too, which bans the
     same tokens, since BOS is never generated again.
     With return_attention, also each sentence's last-layer cross-attention [steps, H, S].
-    precision: "fp32", "bf16" or "int8" (module docstring)."""
+    precision: "fp32", "bf16" or "int8" (module docstring).
+    The rules of a model's generation settings (generation.py; off by default): forced_eos: a
+    sentence's token at its length limit is EOS (generate's forced_eos_token_id); banned: a
+    tuple of token ids never chosen (generate's bad_words_ids of one token)."""
     precision = check_precision(precision)
     src, limits, min_len, no_repeat_ngram = _check_decode_args(model, src, max_len, min_len, no_repeat_ngram)
+    rules = _check_rules(model, forced_eos, banned)
     workspace = _lend_workspace(model)
     try:
         return _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace,
-                              precision)
+                              precision, rules)
     finally:
         _return_workspace(model, workspace)
 
 
-def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace, precision):
+def _check_bool(value, name):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def _check_rules(model, forced_eos, banned, **flags):
+    """The generation settings' rules of a decoding call, checked: {"forced_eos": bool,
+    "banned": tuple of token ids, and each of `flags` as a bool}."""
+    rules = {"forced_eos": _check_bool(forced_eos, "forced_eos")}
+    if not isinstance(banned, (tuple, list)):
+        raise TypeError(f"banned must be a tuple of token ids, got {type(banned).__name__}")
+    V = model.cfg.tgt_vocab_size
+    for token in banned:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)) or not 0 <= token < V:
+            raise ValueError(f"banned must hold token ids in [0, {V}), got {token!r}")
+    rules["banned"] = tuple(int(t) for t in banned)
+    for name, value in flags.items():
+        rules[name] = _check_bool(value, name)
+    return rules
+
+
+def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace, precision,
+                   rules):
     cfg = model.cfg
     shared, src_pad = _encode_once(model, src, precision, workspace)
     B = src.shape[0]
@@ -553,7 +580,8 @@ def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attentio
     cache = DecoderCache(model, shared, src_pad, 1, steps, keep_attention=return_attention, workspace=workspace)
     if cache._native is not None and not _PYTHON_LOOPS:   # the whole loop in C (decoder_greedy)
         out, lengths = cache._native.greedy(limits, min_len, no_repeat_ngram, cfg.bos_id, cfg.eos_id,
-                                            cfg.pad_id, cache._groups(B))
+                                            cfg.pad_id, cache._groups(B), banned=rules["banned"],
+                                            forced_eos=rules["forced_eos"])
         return [out[b, :lengths[b]].tolist() for b in range(B)]
     out = np.full((B, steps), cfg.pad_id, dtype=np.int64)     # sentence -> its tokens so far
     lengths = limits.copy()                      # a sentence that never ends stops at its limit
@@ -562,7 +590,7 @@ def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attentio
     attention = [[] for _ in range(B)]
     chosen = np.empty(B, np.int64)
     for t in range(steps):
-        banned = (cfg.pad_id, cfg.bos_id)        # never "nothing" or a second start
+        banned = (cfg.pad_id, cfg.bos_id) + rules["banned"]   # never "nothing" or a second start
         if no_repeat_ngram:
             logits = cache.step(ids, t, banned=banned)
             _C.no_repeat_ngram_ban(logits, out, t, no_repeat_ngram, cfg.eos_id, rows=alive)
@@ -572,6 +600,8 @@ def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attentio
         else:                                    # the choice made in the step
             cache.step(ids, t, banned=banned + ((cfg.eos_id,) if t < min_len else ()), argmax_out=chosen)
             ids = chosen[:len(ids)].copy()
+        if rules["forced_eos"]:                  # generate's row of -inf but EOS at the limit
+            ids[limits[alive] == t + 1] = cfg.eos_id
         out[alive, t] = ids
         if return_attention:
             for row, sentence in enumerate(alive):
@@ -593,13 +623,15 @@ def _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attentio
                   for a, h in zip(attention, hyps)]
 
 
-def _length_penalty(length, alpha):
-    """GNMT's length normalisation ((5 + |Y|) / 6) ** alpha (Wu et al. 2016)."""
-    return ((5.0 + length) / 6.0) ** alpha
+def _length_penalty(length, alpha, form="gnmt"):
+    """GNMT's length normalisation ((5 + |Y|) / 6) ** alpha (Wu et al. 2016), or generate's
+    |Y| ** alpha (form "generate")."""
+    return float(length) ** alpha if form == "generate" else ((5.0 + length) / 6.0) ** alpha
 
 
 def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0,
-                precision="fp32"):
+                precision="fp32", *, forced_eos=False, banned=(), renormalize=False, length_form="gnmt",
+                early_stopping=True):
     """Batched beam search. Returns the best hypothesis per sentence (token-id lists, BOS dropped,
     cut before EOS), ranked by log-probability / ((5 + length) / 6) ** length_penalty.
 
@@ -612,25 +644,40 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
     greedy_decode, applied to each beam's own hypothesis after the log-softmax (the banned tokens'
     probability is not given to the others, as in Hugging Face's beam search). precision as in
     greedy_decode.
+
+    The rules of a model's generation settings (generation.py, csrc/decoder.h; the defaults
+    are the rules above): forced_eos and banned as in greedy_decode (the forced EOS adds 0 to
+    its hypothesis's score); renormalize: each row normalised again after the bans (generate's
+    renormalize_logits); length_form "generate": scores divided by length ** length_penalty
+    instead of GNMT's; early_stopping False or "never": generate's stopping rules instead of
+    stopping at beam_size finished hypotheses.
     """
     precision = check_precision(precision)
     if isinstance(beam_size, bool) or not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
         raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
+    # generate's len ** a may take a < 0 (shorter preferred); GNMT's alpha is >= 0
     if isinstance(length_penalty, bool) or not isinstance(length_penalty, (int, float)) \
-            or not math.isfinite(length_penalty) or length_penalty < 0:
+            or not math.isfinite(length_penalty) or (length_penalty < 0 and length_form != "generate"):
         raise ValueError(f"length_penalty must be a finite number >= 0, got {length_penalty!r}")
     src, limits, min_len, no_repeat_ngram = _check_decode_args(model, src, max_len, min_len, no_repeat_ngram)
+    rules = _check_rules(model, forced_eos, banned, renormalize=renormalize)
+    if length_form not in ("gnmt", "generate"):
+        raise ValueError(f"length_form must be 'gnmt' or 'generate', got {length_form!r}")
+    if not isinstance(early_stopping, (bool, np.bool_, str)) or early_stopping not in (True, False, "never"):
+        raise ValueError(f"early_stopping must be True, False or 'never', got {early_stopping!r}")
+    rules.update(length_form=length_form,
+                 early_stopping=early_stopping if isinstance(early_stopping, str) else bool(early_stopping))
     _check_memory(model.cfg, src.shape[0] * int(beam_size), int(limits.max()),
                   f"beam_size {beam_size} for {src.shape[0]} sentence{'' if src.shape[0] == 1 else 's'}", precision)
     workspace = _lend_workspace(model)
     try:
         return _beam_search(model, src, int(beam_size), limits, float(length_penalty), min_len, no_repeat_ngram,
-                            workspace, precision)
+                            workspace, precision, rules)
     finally:
         _return_workspace(model, workspace)
 
 
-def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace, precision):
+def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace, precision, rules):
     cfg = model.cfg
     shared, src_pad = _encode_once(model, src, precision, workspace)
     eos = cfg.eos_id
@@ -639,7 +686,7 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
     cache = DecoderCache(model, shared, src_pad, K, max_len, workspace=workspace)
     if cache._native is not None and not _PYTHON_LOOPS:   # the whole loop in C (decoder_beam)
         best, best_len = cache._native.beam(limits, K, length_penalty, min_len, no_repeat_ngram, cfg.bos_id, eos,
-                                            cfg.pad_id, min(cache._groups(B * K), B))
+                                            cfg.pad_id, min(cache._groups(B * K), B), **rules)
         return [best[b, :best_len[b]].tolist() if best_len[b] >= 0 else [] for b in range(B)]   # -1: none finished
 
     sentences = np.arange(B)                      # live sentence slots -> sentence index
@@ -647,6 +694,11 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
     scores[:, 0] = 0.0                            # one live beam at first: the others are copies
     n_finished = np.zeros(B, dtype=np.int64)      # len(finished[sentences[slot]]) per slot
     finished = [[] for _ in range(B)]             # (normalised score, tokens)
+    early = rules["early_stopping"]
+    kept = [[] for _ in range(B)]                 # early_stopping False / "never": the K best scores
+
+    def norm(length):
+        return _length_penalty(length, length_penalty, rules["length_form"])
     hyps = np.full((B * K, max_len), cfg.pad_id, dtype=np.int64)   # live row -> its tokens so far
     spare = np.empty_like(hyps)
     ids = np.full(B * K, cfg.bos_id, dtype=np.int64)
@@ -661,7 +713,7 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
         n = nb * K
         # never "nothing" or a second start; banned after the normalisation, as Hugging Face's
         # generate does, so a hypothesis's score is the model's log-probability of its tokens
-        logp = cache.step(ids, t, log_softmax=True, banned=(cfg.pad_id, cfg.bos_id))
+        logp = cache.step(ids, t, log_softmax=True, banned=(cfg.pad_id, cfg.bos_id) + rules["banned"])
         banned = eos if t < min_len else -1
         if no_repeat_ngram:
             _C.no_repeat_ngram_ban(logp, hyps, t, no_repeat_ngram, eos)
@@ -669,16 +721,36 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
                 _forbid_eos(logp, eos)
                 banned = -1
         last_step[:nb] = limits[sentences] == t + 1
+        if rules["renormalize"] and banned >= 0:  # generate bans EOS before it renormalises
+            _forbid_eos(logp, eos)
+            banned = -1
+        if rules["forced_eos"]:                   # generate's ForcedEOS after the log_softmax
+            forced = np.repeat(last_step[:nb].astype(bool), K)
+            logp[forced] = -np.inf
+            logp[forced, eos] = 0.0
+        if rules["renormalize"]:
+            _C.log_softmax(logp, logp)
         _C.beam_select(logp, scores[:nb], n_finished[:nb], banned, eos,
                        last_step[:nb], parents[:n], tokens[:n], new_scores[:nb], done[:nb],
-                       fin_rows[:nb], fin_tokens[:nb], fin_scores[:nb], fin_count[:nb])
+                       fin_rows[:nb], fin_tokens[:nb], fin_scores[:nb], fin_count[:nb],
+                       early_stopping=early is True)
         for slot in np.flatnonzero(fin_count[:nb]).tolist():
             hypotheses = finished[sentences[slot]]
             for row, token, score in zip(fin_rows[slot, :fin_count[slot]].tolist(),
                                          fin_tokens[slot, :fin_count[slot]].tolist(),
                                          fin_scores[slot, :fin_count[slot]]):
                 hypothesis = hyps[row, :t].tolist() + ([] if token == eos else [token])
-                hypotheses.append((score / _length_penalty(t + 1, length_penalty), hypothesis))
+                hypotheses.append((score / norm(t + 1), hypothesis))
+                if early is not True:
+                    kept[sentences[slot]] = sorted(kept[sentences[slot]] + [score / norm(t + 1)], reverse=True)[:K]
+        if early is not True:                     # generate's early-stopping heuristic (decoder.h)
+            for slot in range(nb):
+                best_kept = kept[sentences[slot]]
+                if done[slot] or len(best_kept) < K:
+                    continue
+                length = limits[sentences[slot]] if early == "never" and length_penalty > 0 else t + 1
+                if not new_scores[slot, 0] / norm(length) > best_kept[-1]:
+                    done[slot] = 1
         if done[:nb].all():
             break
         if done[:nb].any():                       # drop the finished sentences' rows

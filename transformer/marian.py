@@ -270,9 +270,11 @@ def state_dict_to_marian(model):
 
 def import_marian(hf_dir, out_dir=None):
     """Read a local MarianMT directory (config.json, model.safetensors or pytorch_model.bin,
-    source.spm, target.spm, vocab.json); returns (model, src_tokenizer, tgt_tokenizer) and, when
-    out_dir is given, writes an ordinary model directory there (Seq2SeqTransformer.load,
-    `transformer translate --model`)."""
+    source.spm, target.spm, vocab.json, generation_config.json when present); returns (model,
+    src_tokenizer, tgt_tokenizer) and, when out_dir is given, writes an ordinary model directory
+    there (Seq2SeqTransformer.load, `transformer translate --model`). The model carries the
+    directory's generation settings (model.generation, generation.py: its decoding defaults, as
+    generate's); a setting this engine does not implement is a ValueError naming it."""
     from .hf_weights import read_hf_weights
     from .model import Seq2SeqTransformer
     from .tokenizer import marian_tokenizers
@@ -293,9 +295,12 @@ def import_marian(hf_dir, out_dir=None):
     for side, tok, size in (("source", src_tok, cfg.src_vocab_size), ("target", tgt_tok, cfg.tgt_vocab_size)):
         if tok.vocab_size > size:
             raise _marian_error(hf_dir, f"the {side} vocabulary has {tok.vocab_size} ids, the model {size}")
+    from .generation import read_marian_generation
+    settings = read_marian_generation(hf_dir, hf, cfg)    # refused before the weights are read
     tensors = read_hf_weights(hf_dir)
     model = Seq2SeqTransformer(cfg)
     model.load_state_dict(state_dict_from_marian(tensors, cfg, hf_dir))
+    model.generation = settings
     if out_dir is not None:
         from .checkpoint import save_inference_files
         save_inference_files(os.fspath(out_dir), model, src_tok, tgt_tok)
@@ -333,11 +338,18 @@ def export_marian(model, src_tokenizer, tgt_tokenizer, out_dir):
         atomic_write_bytes(os.path.join(out_dir, name), (json.dumps(obj, indent=2, ensure_ascii=False)
                                                          + "\n").encode("utf-8"))
 
+    if model.generation is not None:
+        # the settings it was imported with, in both files, so that transformers reads the same
+        # ones whichever it reads (generation_config.json, when present, alone)
+        generation = model.generation.to_generation_config(cfg)
+        hf = {**{k: v for k, v in hf.items() if k != "forced_eos_token_id"}, **generation}
+    else:       # a model trained here: OPUS-MT's settings
+        generation = {
+            "decoder_start_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id,
+            "forced_eos_token_id": cfg.eos_id, "bad_words_ids": [[cfg.pad_id]], "max_length": cfg.max_len,
+            "num_beams": 4}
     write_json("config.json", hf)
-    write_json("generation_config.json", {
-        "decoder_start_token_id": cfg.bos_id, "eos_token_id": cfg.eos_id, "pad_token_id": cfg.pad_id,
-        "forced_eos_token_id": cfg.eos_id, "bad_words_ids": [[cfg.pad_id]], "max_length": cfg.max_len,
-        "num_beams": 4})
+    write_json("generation_config.json", generation)
     write_json("vocab.json", vocab)
     write_json("tokenizer_config.json", {
         **names, "model_max_length": cfg.max_len, "separate_vocabs": False,

@@ -120,6 +120,9 @@ class Seq2SeqTransformer:
         self.ws = Workspace()
         self._int8_seed = {}      # {name: (q, scale)} from an int8 file (prepared.py)
         self.stored_precision = "fp32"   # "int8" for a model loaded from an int8 file
+        # An imported model's own decoding settings (generation.py: GenerationSettings, the
+        # defaults of its decoding calls), saved beside it; None for the models trained here.
+        self.generation = None
         self.stream = DropoutStream(self.seed)
         self._lock = threading.Lock()
         P, G, p = self.params.data, self.params.grad, cfg.dropout
@@ -188,29 +191,63 @@ class Seq2SeqTransformer:
                 self.ws.bf16, self.ws.int8 = False, None
             return memory.reshape(B, S, -1).copy()
 
+    def _generation_rules(self, max_len, forced_eos, banned):
+        """max_len and the greedy rules of a decoding call: what the caller passed, else the
+        model's generation settings (self.generation), else this engine's defaults."""
+        settings = self.generation
+        if settings is None:
+            return max_len, {"forced_eos": bool(forced_eos) if forced_eos is not None else False,
+                             "banned": () if banned is None else banned}
+        if max_len is None:
+            max_len = settings.max_new_tokens(self.cfg.max_len)
+        return max_len, {"forced_eos": settings.forced_eos if forced_eos is None else forced_eos,
+                         "banned": settings.banned if banned is None else banned}
+
     def greedy_decode(self, src, max_len=None, min_len=0, return_attention=False, no_repeat_ngram=0,
-                      precision="fp32"):
+                      precision="fp32", forced_eos=None, banned=None):
         """Greedy decoding with a key/value cache: list of token-id lists (BOS dropped, cut at EOS).
-        max_len None: each sentence's limit is min(2 * its source length + 10, cfg.max_len);
+        max_len counts new tokens, EOS included (generate's max_new_tokens); None: the model's
+        own limit (an imported model's generation settings, generation.py), else each
+        sentence's min(2 * its source length + 10, cfg.max_len);
         no_repeat_ngram N > 0: no n-gram of N tokens twice (decoding.py: greedy_decode).
         precision: "fp32", "bf16" or "int8" (decoding.py). With return_attention, also each
-        sentence's last-layer cross-attention [steps, H, S]."""
+        sentence's last-layer cross-attention [steps, H, S]. forced_eos (EOS at the limit) and
+        banned (token ids never chosen): None takes the model's generation settings (off for
+        the models trained here)."""
         from .decoding import greedy_decode
         _check_bool(return_attention, "return_attention")
+        max_len, rules = self._generation_rules(max_len, forced_eos, banned)
         return greedy_decode(self, src, max_len=max_len, min_len=min_len,
                              return_attention=bool(return_attention), no_repeat_ngram=no_repeat_ngram,
-                             precision=precision)
+                             precision=precision, **rules)
 
-    def beam_search(self, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0,
-                    precision="fp32"):
+    def beam_search(self, src, beam_size=None, max_len=None, length_penalty=None, min_len=0, no_repeat_ngram=0,
+                    precision="fp32", forced_eos=None, banned=None, renormalize=None, early_stopping=None):
         """Beam search with a key/value cache: the best hypothesis per sentence (max_len,
-        no_repeat_ngram and precision as in greedy_decode)."""
+        no_repeat_ngram, precision, forced_eos and banned as in greedy_decode).
+
+        An argument left None takes the model's generation settings when it has them (an
+        imported MarianMT model, generation.py: num_beams, length_penalty, renormalize_logits,
+        early_stopping, ranked as generate ranks: score / length ** length_penalty), else this
+        engine's defaults: beam_size 4, GNMT's length_penalty 0.6, no renormalisation,
+        early_stopping True (done at beam_size finished hypotheses)."""
         from .decoding import beam_search
         if isinstance(length_penalty, np.floating):     # np.float32(0.6) is a number too
             length_penalty = float(length_penalty)
-        return beam_search(self, src, beam_size=beam_size, max_len=max_len,
-                           length_penalty=length_penalty, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
-                           precision=precision)
+        max_len, rules = self._generation_rules(max_len, forced_eos, banned)
+        settings = self.generation
+        if settings is None:
+            defaults = dict(beam_size=4, length_penalty=0.6, renormalize=False, early_stopping=True,
+                            length_form="gnmt")
+        else:
+            defaults = dict(beam_size=settings.num_beams, length_penalty=settings.length_penalty,
+                            renormalize=settings.renormalize, early_stopping=settings.early_stopping,
+                            length_form="generate")
+        given = dict(beam_size=beam_size, length_penalty=length_penalty, renormalize=renormalize,
+                     early_stopping=early_stopping)
+        options = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}
+        return beam_search(self, src, max_len=max_len, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+                           precision=precision, **rules, **options)
 
     def forward(self, src, tgt_in, return_attention=False, precision="fp32"):
         """Logits float32 [B, T, tgt_vocab] for src [B, S] and the shifted target tgt_in [B, T]
@@ -438,6 +475,12 @@ class Seq2SeqTransformer:
                     tensors[name], tensors[f"{name}.scale"] = q, scale
             save_file(tensors, os.path.join(path, WEIGHTS_FILE),
                       metadata={"format": "transformer.Seq2SeqTransformer", "precision": precision})
+        from .generation import GENERATION_FILE
+        settings_path = os.path.join(path, GENERATION_FILE)
+        if self.generation is not None:
+            atomic_write_bytes(settings_path, (json.dumps(self.generation.to_json(), indent=2) + "\n").encode())
+        elif os.path.isfile(settings_path):      # an older model's settings are not this one's
+            os.remove(settings_path)
 
     @classmethod
     def load(cls, path):
@@ -465,6 +508,15 @@ class Seq2SeqTransformer:
             raise ValueError(f"{weights}: {exc}") from None
         model._int8_seed.update(seeds)
         model.stored_precision = "int8" if seeds else "fp32"
+        from .generation import GENERATION_FILE, GenerationSettings
+        settings_path = os.path.join(path, GENERATION_FILE)
+        if os.path.exists(settings_path):
+            try:
+                with open(settings_path, encoding="utf-8") as f:
+                    raw = json.load(f)
+            except (OSError, ValueError, UnicodeDecodeError) as exc:
+                raise ValueError(f"{settings_path}: not a valid settings file ({exc})") from None
+            model.generation = GenerationSettings.from_json(raw, cfg, settings_path)
         return model
 
     # ------------------------------------------------------------------ input checks
