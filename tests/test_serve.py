@@ -376,3 +376,22 @@ def test_the_page_translates_and_draws_one_heatmap_row_per_output_token(server, 
     finally:
         browser.quit()
     assert status == 200
+
+
+# -- the load bench runs (its figures are benchmarks, not tests) -------------------------------------
+
+def test_bench_serve_runs_every_engine_and_summarises(tmp_path):
+    from transformer.bench import serve as bench
+
+    if not os.path.exists(bench.BIBLE):
+        pytest.skip(f"needs the Bible pairs at {bench.BIBLE} (../shared/data)")
+    records = bench.run(configs=("tiny",), threads=1, clients=(1, 4), requests=8,
+                        engines=("offline", "batched", "unbatched", "ctranslate2"))
+    served = [r for r in records if r["bench"] == "serve" and "skipped" not in r]
+    assert {(r["engine"], r["clients"]) for r in served} >= {("offline", None), ("batched", 1), ("batched", 4),
+                                                              ("unbatched", 1), ("unbatched", 4)}
+    assert all(r["sentences_per_s"] > 0 and r["tokens_per_s"] > 0 for r in served)
+    assert all(r["p99_s"] >= r["p50_s"] > 0 for r in served if r["engine"] != "offline")
+    summary = records[-1]
+    assert summary["bench"] == "serve_summary" and summary["cpu"]
+    assert "| tiny | batched | 4 |" in bench.table(records)

@@ -33,7 +33,7 @@ BENCH_FLAGS = {"kernels": ("families", "against", "precision"),
                "train": ("config", "against", "precision", "repeats"), "profile": ("config",),
                "decode": ("config", "against", "precision", "repeats"), "masking": (),
                "all": ("config", "against", "plot"), "distributed": ("config", "against"),
-               "marian": ("config",)}
+               "marian": ("config",), "serve": ("config", "precision")}
 
 
 def _threads(text):
@@ -118,6 +118,26 @@ def _bench_marian(args):
     return 0
 
 
+def _bench_serve(args):
+    """`transformer serve` under concurrent clients (transformer/bench/serve.py)."""
+    from .bench import serve
+
+    if importlib.util.find_spec("aiohttp") is None:
+        raise FlagError('--what serve needs aiohttp: pip install "transformer-cpu[serve]"')
+    names = [n.strip() for n in args.config.split(",") if n.strip()]
+    unknown = [n for n in names if n not in serve.CONFIGS]
+    if not names or unknown:
+        raise FlagError(f"--config {args.config}: --what serve takes {', '.join(serve.CONFIGS)}")
+    records = []
+    for threads in args.threads:
+        records += serve.run(configs=tuple(names), threads=threads, precision=args.precision, stream=sys.stdout)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+    print(serve.table(records), file=sys.stderr)
+    return 0
+
+
 def _check_bench_flags(args):
     """A flag the chosen --what would not read is refused, not silently ignored."""
     for key in ("config", "against", "families", "plot", "precision", "repeats"):
@@ -128,6 +148,8 @@ def _check_bench_flags(args):
         args.config = "base"            # the issue's figure: the base training step
     if args.what == "marian" and args.config is None:
         args.config = "opus"            # OPUS-MT's size
+    if args.what == "serve" and args.precision is None:
+        args.precision = "int8"         # the issue's figure: int8 serving
     for key, value in BENCH_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -172,6 +194,8 @@ def _bench(args):
         args.threads = _default_threads()
     if args.what == "marian":
         return _bench_marian(args)
+    if args.what == "serve":
+        return _bench_serve(args)
     configs = _configs(args)
     against = _against(args)
     if args.what == "kernels" and against is None:
@@ -841,7 +865,8 @@ def build_parser():
 
     bench = sub.add_parser("bench", help="benchmark our kernels against numpy/PyTorch")
     bench.add_argument("--what", default="kernels",
-                       choices=["kernels", "train", "profile", "decode", "masking", "all", "distributed", "marian"],
+                       choices=["kernels", "train", "profile", "decode", "masking", "all", "distributed", "marian",
+                                "serve"],
                        help="kernels: every kernel vs PyTorch/numpy; train: a training step (and its "
                             "profile); profile: where a training step's time goes; decode: greedy and "
                             "beam search; masking: parallel masked training vs an autoregressive loop, "
@@ -849,7 +874,9 @@ def build_parser():
                             "and decoding; distributed: the training step data-parallel over MPI ranks x "
                             "threads (every pair of --threads values that fits the cores) against PyTorch DDP; "
                             "marian: a MarianMT model of OPUS-MT's size, decoding against CTranslate2 and "
-                            "transformers, fine-tuning against transformers (--config opus or tiny)")
+                            "transformers, fine-tuning against transformers (--config opus or tiny); serve: "
+                            "`transformer serve` under 1, 8, 64 and 256 concurrent clients against offline "
+                            "translate, itself one sentence at a time, and CTranslate2 behind the same front")
     bench.add_argument("--threads", type=_threads, default=None,
                        help="e.g. 1,2,4 (default: 1, 2, 4, ... up to the cores present)")
     bench.add_argument("--config",
@@ -976,7 +1003,8 @@ def build_parser():
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
                        "this machine only)")
     serve.add_argument("--port", type=_positive_int, default=8000)
-    serve.add_argument("--beam", type=_positive_int, default=4, help="beam size (1: greedy); translate's default")
+    serve.add_argument("--beam", type=_positive_int,
+                       help="beam size (1: greedy; default, as translate's: an imported model's own num_beams, else 4)")
     serve.add_argument("--max-len", type=_positive_int, metavar="N",
                        help="output tokens at most (default: the model's rule, as translate)")
     serve.add_argument("--no-repeat-ngram", type=_non_negative_int, default=0, metavar="N")
@@ -984,6 +1012,9 @@ def build_parser():
     serve.add_argument("--threads", type=_positive_int)
     serve.add_argument("--batch-tokens", type=_positive_int, default=4096,
                        help="a batch's source tokens at most, rows x longest x beam (default 4096)")
+    serve.add_argument("--batch-size", type=_positive_int, default=64,
+                       help="sentences a batch at most (1: one sentence at a time, no batching across "
+                            "requests; default 64)")
     serve.add_argument("--max-queue", type=_positive_int, default=4096,
                        help="sentences waiting at most; past it requests get 429 with Retry-After (default 4096)")
     serve.add_argument("--char-limit", type=_non_negative_int, default=5000,

@@ -12,7 +12,7 @@ import sys
 
 from .models import ServedModel, is_language_code, read_languages
 
-__all__ = ["ServedModel", "build", "load_models", "parse_model_spec", "run"]
+__all__ = ["ServedModel", "build", "listen", "load_models", "parse_model_spec", "run"]
 
 
 def _aiohttp():
@@ -42,7 +42,7 @@ def _pair_of_name(name):
     return None
 
 
-def load_models(specs, beam=4, precision=None, max_len=None, no_repeat_ngram=0, load=None):
+def load_models(specs, beam=None, precision=None, max_len=None, no_repeat_ngram=0, load=None):
     """{name: ServedModel} of --model values. load(directory) -> (model, src_tok, tgt_tok) frozen."""
     models = {}
     for spec in specs:
@@ -88,29 +88,58 @@ def read_api_keys(path):
     return keys
 
 
+def listen(app, host, port, shutdown_timeout=60.0, banner=()):
+    """Serve `app` until SIGINT or SIGTERM: prints `banner` and "listening on ..." once the port is
+    bound (not before: a client that waits for the line may connect at once), then on a signal stops
+    accepting, answers the requests in flight (for up to shutdown_timeout seconds), runs the app's
+    cleanup and returns."""
+    import asyncio
+    import signal
+
+    from aiohttp import web
+
+    async def main():
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        for line in banner:
+            print(line, file=sys.stderr)
+        shown = f"[{host}]" if ":" in host else host
+        print(f"listening on http://{shown}:{port}  (LibreTranslate API: POST /translate, GET /languages; "
+              "POST /v1/translate, GET /health, GET /metrics, the page at /; Ctrl-C stops)", file=sys.stderr, flush=True)
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+    asyncio.run(main())
+
+
 def run(args, load):
     """The command line's serve: load, listen, answer until SIGINT/SIGTERM, then drain and exit 0."""
     _aiohttp()
-    from aiohttp import web
-
     models = load_models(args.model, beam=args.beam, precision=args.precision, max_len=args.max_len,
                          no_repeat_ngram=args.no_repeat_ngram, load=load)
     api_keys = read_api_keys(args.api_keys) if args.api_keys else None
-    app, scheduler = build(models, batch_tokens=args.batch_tokens, max_queue=args.max_queue,
-                           char_limit=args.char_limit, max_texts=args.max_texts, max_body=args.max_body,
+    app, scheduler = build(models, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
+                           max_queue=args.max_queue, char_limit=args.char_limit, max_texts=args.max_texts, max_body=args.max_body,
                            api_keys=api_keys)
 
     async def drain(app):       # after the in-flight requests were answered: the scheduler stops
         scheduler.stop()
     app.on_cleanup.append(drain)
-    host = f"[{args.host}]" if ":" in args.host else args.host
+    banner = [f"serving {name}: {served.source} -> {served.target} from {served.directory} (beam "
+              f"{served.defaults['beam']}, precision {served.defaults['precision']}, max_len "
+              f"{served.defaults['max_len'] or 'the model rule'})" for name, served in models.items()]
     for name, served in models.items():
-        d = served.defaults
-        print(f"serving {name}: {served.source} -> {served.target} from {served.directory} (beam {d['beam']}, "
-              f"precision {d['precision']}, max_len {d['max_len'] or 'the model rule'})", file=sys.stderr)
-    print(f"listening on http://{host}:{args.port}  (LibreTranslate API: POST /translate, GET /languages; "
-          f"POST /v1/translate, GET /health, GET /metrics; Ctrl-C stops)", file=sys.stderr, flush=True)
-    web.run_app(app, host=args.host, port=args.port, print=None, handler_cancellation=True,
-                shutdown_timeout=args.shutdown_timeout, access_log=None)
+        settings = getattr(served.model, "generation", None)
+        if settings is not None:
+            banner.append(f"  {name}'s generation settings (imported with it): "
+                          + "; ".join(settings.describe(served.model.cfg.max_len)))
+    listen(app, args.host, args.port, args.shutdown_timeout, banner)
     print("stopped: every accepted request was answered", file=sys.stderr, flush=True)
     return 0

@@ -44,14 +44,19 @@ def read_languages(directory):
 
 
 class ServedModel:
-    """One model directory as the server decodes it: its defaults are translate's (beam 4, the
-    model's own precision, the model's length rule), each settable when the server starts."""
+    """One model directory as the server decodes it: its defaults are translate's (an imported
+    model's generation settings, else beam 4; the model's own precision and length rule), each
+    settable when the server starts."""
 
-    def __init__(self, name, directory, model, src_tokenizer, tgt_tokenizer, source, target, beam=4,
+    def __init__(self, name, directory, model, src_tokenizer, tgt_tokenizer, source, target, beam=None,
                  precision=None, max_len=None, no_repeat_ngram=0):
         self.name, self.directory = name, directory
         self.model, self.src_tokenizer, self.tgt_tokenizer = model, src_tokenizer, tgt_tokenizer
         self.source, self.target = source, target
+        if beam is None:        # translate's default: an imported model's own num_beams (generation.py), else 4
+            settings = getattr(model, "generation", None)
+            beam = settings.num_beams if settings is not None else 4
+        # max_len None: the model's own rule (its imported generation settings, or 2 x source + 10)
         self.defaults = {"beam": beam, "max_len": max_len, "no_repeat_ngram": no_repeat_ngram,
                          "precision": precision or model.stored_precision}
 

@@ -1,0 +1,287 @@
+"""Serving under load: `transformer serve` driven by N concurrent clients, against the limit and
+against the usual ways of serving.
+
+For each model size (random weights, BPE vocabularies learned on the Bible pairs' training split,
+the sentences of its dev split as requests, every output at most MAX_LEN tokens so that every
+engine does the same work: random weights seldom stop earlier) and each count of concurrent
+clients, each client sending one sentence a request, one after the other:
+
+    offline      the same sentences through translate_texts, batched: the limit, no HTTP
+    batched      our server as it ships: the sentences of concurrent requests decoded together
+    unbatched    our server one sentence at a time (--batch-size 1): what the peers' servers do
+    ctranslate2  CTranslate2 behind the same HTTP front (our aiohttp app and scheduler), its
+                 Translator given every batch the scheduler collects: translate_batch of what is
+                 waiting, max_batch_size, at its int8 (or the asked) compute type, in a process of
+                 its own (its OpenMP runtime is not ours)
+
+Each record: sentences/s and output tokens/s (the answers' tokens, counted by encoding them again
+with the target tokenizer), and the p50 / p99 latency of a request. Servers run in processes of
+their own; the clients, asyncio with aiohttp, in this one. Nothing here is timed in tests.
+"""
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+CONFIGS = {
+    "tiny": dict(sizes=dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2), vocab=4000),
+    "base": dict(sizes=dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6), vocab=8000),
+}
+CLIENTS = (1, 8, 64, 256)
+MAX_LEN = 64                 # output tokens a sentence at most, for every engine
+MAX_SOURCE = 120             # source tokens a sentence at most (longer dev sentences are left out)
+BIBLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data",
+                     "bible-eng-spa.tsv.gz")
+
+
+def _pairs(path):
+    from ..data import read_pairs, split_pairs
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: the Bible pairs (../shared/data/bible-eng-spa.tsv.gz) are needed")
+    pairs, _ = read_pairs(path, "eng", "spa")
+    return split_pairs(pairs, dev_fraction=0.05, max_dev=500)
+
+
+def build_model(name, directory, pairs, seed=0):
+    """A model directory of size `name` with random weights and BPE vocabularies learned on the
+    training pairs; returns the dev sentences it takes whole (at most MAX_SOURCE tokens)."""
+    import transformer as T
+    from ..checkpoint import save_inference_files
+    from ..tokenizer import SubwordTokenizer
+
+    train, dev = pairs
+    c = CONFIGS[name]
+    src_tok = SubwordTokenizer.train([s for s, _ in train], vocab_size=c["vocab"])
+    tgt_tok = SubwordTokenizer.train([t for _, t in train], vocab_size=c["vocab"])
+    cfg = T.ModelConfig(src_vocab_size=src_tok.vocab_size, tgt_vocab_size=tgt_tok.vocab_size, dropout=0.0,
+                        max_len=MAX_SOURCE + 8, **c["sizes"])
+    model = T.Seq2SeqTransformer(cfg, seed=seed)
+    save_inference_files(directory, model, src_tok, tgt_tok, languages=("en", "es"))
+    return [s for s, _ in dev if 0 < len(src_tok.encode(s)) <= MAX_SOURCE]
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """A server in a process of its own, up once it says "listening on"."""
+
+    def __init__(self, argv):
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = subprocess.Popen([*argv, "--port", str(self.port)], stderr=subprocess.PIPE, text=True,
+                                        cwd=tempfile.gettempdir())
+        lines = []
+        for line in self.process.stderr:
+            lines.append(line)
+            if line.startswith("listening on"):
+                return
+        raise RuntimeError("the server did not start: " + "".join(lines))
+
+    def stop(self):
+        self.process.terminate()
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def ours(directory, threads, precision, beam, batch_size):
+    return ServerProcess([sys.executable, "-m", "transformer", "serve", "--model", directory, "--threads",
+                          str(threads), "--precision", precision, "--beam", str(beam), "--max-len", str(MAX_LEN),
+                          "--batch-size", str(batch_size), "--max-queue", "100000"])
+
+
+def ctranslate2_server(directory, threads, compute_type, beam):
+    code = ("from transformer.bench.serve import serve_ctranslate2; "
+            f"serve_ctranslate2({directory!r}, {threads}, {compute_type!r}, {beam})")
+    return ServerProcess([sys.executable, "-c", code])
+
+
+class CTranslate2Served:
+    """A ServedModel whose decode is CTranslate2's translate_batch of our weights (bench/decode.py
+    writes them), behind our scheduler and HTTP front."""
+
+    def __init__(self, directory, threads, compute_type, beam):
+        import ctranslate2
+
+        from ..checkpoint import load_for_inference
+        from .decode import write_ctranslate2_model
+
+        self.model, self.src_tokenizer, self.tgt_tokenizer = load_for_inference(directory)
+        self.name, self.directory, self.source, self.target = "en-es", directory, "en", "es"
+        ct2_dir = os.path.join(directory, "ctranslate2")
+        os.makedirs(ct2_dir, exist_ok=True)
+        self.vocab = write_ctranslate2_model(self.model, ct2_dir)
+        self.translator = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=compute_type,
+                                                 intra_threads=threads, inter_threads=1)
+        self.defaults = {"beam": beam, "max_len": MAX_LEN, "no_repeat_ngram": 0, "precision": compute_type}
+
+    def options(self, **overrides):
+        chosen = dict(self.defaults)
+        chosen.update({k: v for k, v in overrides.items() if v is not None})
+        return tuple(sorted(chosen.items()))
+
+    def decode(self, pieces, beam, max_len, no_repeat_ngram, precision, **_):
+        tokens = [[self.vocab[i] for i in ids] for ids in pieces]
+        results = self.translator.translate_batch(tokens, beam_size=beam, max_decoding_length=max_len,
+                                                  max_batch_size=len(tokens))
+        ids = [[int(token[1:]) for token in r.hypotheses[0] if token[:1] == "t"] for r in results]
+        return [self.tgt_tokenizer.decode(hyp) for hyp in ids]
+
+
+def serve_ctranslate2(directory, threads, compute_type, beam):
+    """The CTranslate2 server's process (python -c ...): our app and scheduler, its Translator."""
+    from ..serve import build, listen
+
+    port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 8000
+    models = {"en-es": CTranslate2Served(directory, threads, compute_type, beam)}
+    app, scheduler = build(models, max_queue=100000)
+
+    async def drain(app):
+        scheduler.stop()
+    app.on_cleanup.append(drain)
+    listen(app, "127.0.0.1", port)
+
+
+async def _drive(url, texts, clients):
+    """`clients` concurrent clients, each sending the next text alone until none is left: (wall
+    seconds, latencies, answers in text order)."""
+    import aiohttp
+
+    queue = list(enumerate(texts))
+    answers, latencies = [None] * len(texts), []
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def client():
+            while queue:
+                index, text = queue.pop(0)
+                started = time.perf_counter()
+                async with session.post(url + "/translate", json={"q": text, "source": "en", "target": "es"}) as r:
+                    body = await r.json()
+                    if r.status != 200:
+                        raise RuntimeError(f"{url}: {r.status} {body}")
+                latencies.append(time.perf_counter() - started)
+                answers[index] = body["translatedText"]
+        started = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(clients)))
+        return time.perf_counter() - started, latencies, answers
+
+
+def _percentile(values, q):
+    return float(np.percentile(np.asarray(values), q))
+
+
+def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", beam=4, requests=None,
+        engines=("offline", "batched", "unbatched", "ctranslate2"), data=BIBLE, stream=None):
+    """The records (one JSON-able dict per config, engine and client count) and a summary per config."""
+    from ..checkpoint import load_for_inference
+    from ..train import translate_texts
+    from .decode import ctranslate2_compute_type
+    from .kernels import cpu_model
+
+    import transformer as T
+
+    pairs = _pairs(data)
+    records = []
+    for name in configs:
+        directory = tempfile.mkdtemp(prefix=f"serve-bench-{name}-")
+        texts = build_model(name, directory, pairs)
+        model, src_tok, tgt_tok = load_for_inference(directory)
+        model.params.freeze()
+        base = {"bench": "serve", "config": name, "threads": threads, "precision": precision, "beam": beam,
+                "max_len": MAX_LEN, "cpu": cpu_model()}
+
+        def emit(record):
+            records.append(record)
+            if stream is not None:
+                print(json.dumps(record), file=stream, flush=True)
+
+        def tokens(answers):
+            return sum(len(tgt_tok.encode(a)) for a in answers)
+        if "offline" in engines:
+            T.set_num_threads(threads)
+            count = requests or 256
+            sample = texts[:count]
+            translate_texts(model, src_tok, tgt_tok, sample[:8], beam=beam, max_len=MAX_LEN, precision=precision)
+            started = time.perf_counter()
+            answers = translate_texts(model, src_tok, tgt_tok, sample, beam=beam, max_len=MAX_LEN, precision=precision)
+            seconds = time.perf_counter() - started
+            emit({**base, "engine": "offline", "clients": None, "sentences": len(sample),
+                  "sentences_per_s": round(len(sample) / seconds, 2), "tokens_per_s": round(tokens(answers) / seconds, 1)})
+        servers = []
+        if "batched" in engines:
+            servers.append(("batched", lambda: ours(directory, threads, precision, beam, 64)))
+        if "unbatched" in engines:
+            servers.append(("unbatched", lambda: ours(directory, threads, precision, beam, 1)))
+        if "ctranslate2" in engines:
+            compute_type, why = ctranslate2_compute_type(precision)
+            if compute_type is None:
+                emit({**base, "engine": "ctranslate2", "skipped": why})
+            else:
+                servers.append(("ctranslate2", lambda: ctranslate2_server(directory, threads, compute_type, beam)))
+        for engine, start in servers:
+            try:
+                server = start()
+            except (RuntimeError, ImportError) as exc:
+                emit({**base, "engine": engine, "skipped": str(exc)[:300]})
+                continue
+            try:
+                asyncio.run(_drive(server.url, texts[:8], 2))          # warm-up
+                for n in clients:
+                    count = requests or max(4 * n, 64)
+                    sample = (texts * (count // len(texts) + 1))[:count]
+                    seconds, latencies, answers = asyncio.run(_drive(server.url, sample, n))
+                    emit({**base, "engine": engine, "clients": n, "sentences": count,
+                          "sentences_per_s": round(count / seconds, 2),
+                          "tokens_per_s": round(tokens(answers) / seconds, 1),
+                          "p50_s": round(_percentile(latencies, 50), 4), "p99_s": round(_percentile(latencies, 99), 4)})
+            finally:
+                server.stop()
+        emit(summary([r for r in records if r.get("config") == name and r["bench"] == "serve"], base))
+        shutil.rmtree(directory, ignore_errors=True)
+    return records
+
+
+def summary(records, base):
+    """The issue's targets read off one config's records: batched at 64 clients against offline
+    and against unbatched, p99 at 64 clients against the latency alone (1 client), and against
+    CTranslate2 at the same client count."""
+    def at(engine, n):
+        return next((r for r in records if r["engine"] == engine and r.get("clients") == n
+                     and "skipped" not in r), None)
+    out = {**base, "bench": "serve_summary"}
+    offline, batched, unbatched, ct2 = at("offline", None), at("batched", 64), at("unbatched", 64), at("ctranslate2", 64)
+    alone = at("batched", 1)
+    if batched and offline:
+        out["batched_vs_offline_at_64"] = round(batched["sentences_per_s"] / offline["sentences_per_s"], 3)
+    if batched and unbatched:
+        out["batched_vs_unbatched_at_64"] = round(batched["sentences_per_s"] / unbatched["sentences_per_s"], 3)
+    if batched and alone:
+        out["p99_at_64_vs_alone"] = round(batched["p99_s"] / alone["p50_s"], 3)
+    if batched and ct2:
+        out["batched_vs_ctranslate2_at_64"] = round(batched["sentences_per_s"] / ct2["sentences_per_s"], 3)
+        out["p99_batched_vs_ctranslate2_at_64"] = round(batched["p99_s"] / ct2["p99_s"], 3)
+    return out
+
+
+def table(records):
+    rows = ["| config | engine | clients | sentences/s | tokens/s | p50 s | p99 s |", "|---|---|---|---|---|---|---|"]
+    for r in records:
+        if r["bench"] != "serve" or "skipped" in r:
+            continue
+        rows.append(f"| {r['config']} | {r['engine']} | {r['clients'] or '-'} | {r['sentences_per_s']} | "
+                    f"{r['tokens_per_s']} | {r.get('p50_s', '-')} | {r.get('p99_s', '-')} |")
+    return "\n".join(rows)
