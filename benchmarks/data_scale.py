@@ -502,7 +502,7 @@ def measure(label, corpus, json_path, python, pairs, argv, cwd=None, keep_out=Fa
 # the tokenizer's own rate, the suite, the table
 # ----------------------------------------------------------------------------------------------
 
-def encode_rate(corpus, prepared, json_path, limit, src_col="eng", tgt_col="spa"):
+def encode_rate(corpus, prepared, json_path, limit, src_col="eng", tgt_col="spa", corpus_pairs=None):
     """The rate of the tokenizers of `prepared` encoding the first `limit` pairs of `corpus` with
     their own batch encoder, both sides, the lines already in memory: the limit for preparation's
     encoding pass (which also reads, splits, flattens and writes). Timed as one call a side and in
@@ -525,7 +525,8 @@ def encode_rate(corpus, prepared, json_path, limit, src_col="eng", tgt_col="spa"
                 tokenizers[side].encode_batch(texts[start:start + chunk])
         rates[chunk] = len(src) / (time.perf_counter() - started)
     best = max(rates, key=rates.get)           # the reference at its fastest setting
-    record = {"bench": BENCH, "label": "tokenizer-encode-batch", "corpus": corpus, "pairs": len(src),
+    record = {"bench": BENCH, "label": "tokenizer-encode-batch", "corpus": corpus,
+              "pairs": corpus_pairs if corpus_pairs is not None else len(src), "encoded_pairs": len(src),
               "seconds": round(len(src) / rates[best], 2), "pairs_per_s": round(rates[best], 1),
               "chunk": best, "pairs_per_s_by_chunk": {str(k): round(v, 1) for k, v in rates.items()},
               "cpu": cpu_model(),
@@ -560,7 +561,7 @@ def suite(sizes, corpora, json_path, python, steps, ranks, encode_limit):
                   "cpu": cpu_model(), "cores": os.cpu_count()}
         with open(json_path, "a", encoding="utf-8") as f:
             f.write(json.dumps(phases) + "\n")
-        encode_rate(corpus, prepared, json_path, min(pairs, encode_limit))
+        encode_rate(corpus, prepared, json_path, min(pairs, encode_limit), corpus_pairs=pairs)
         train = ["train", "--data", "{corpus}", "--max-steps", str(steps), "--out", "{out}", "--quiet"]
         measure("after-train", prepared, json_path, python, pairs, train)
         if ranks > 1:
@@ -636,6 +637,7 @@ def main(argv=None):
     rate.add_argument("--prepared", required=True, help="the prepared directory whose tokenizers encode")
     rate.add_argument("--json", required=True)
     rate.add_argument("--limit", type=int, default=1_000_000, help="pairs encoded (default 1,000,000)")
+    rate.add_argument("--pairs", type=int, help="the corpus's pairs, which the record is filed under (default: those encoded)")
 
     run = commands.add_parser("suite", help="generate, prepare, the tokenizer's rate, train: every size")
     run.add_argument("--sizes", default="30k,300k,1m,3m,10m", help=f"of {', '.join(SIZES)}")
@@ -659,7 +661,7 @@ def main(argv=None):
                           "seed": args.seed}))
         return 0
     if args.command == "encode-rate":
-        encode_rate(args.corpus, args.prepared, args.json, args.limit)
+        encode_rate(args.corpus, args.prepared, args.json, args.limit, corpus_pairs=args.pairs)
         return 0
     if args.command == "suite":
         unknown = [size for size in args.sizes.split(",") if size not in SIZES]
