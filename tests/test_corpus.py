@@ -186,7 +186,7 @@ def test_aligned_files_of_different_lengths_are_an_error_naming_both(tmp_path):
     assert done.stderr.strip().endswith("(line i of one must be the translation of line i of the other)")
     assert f"{src} has 5 lines, {tgt} has 7" in done.stderr
     done = run_cli("prepare", "--src-file", src, "--out", str(tmp_path / "p"))
-    assert "--src-file needs --tgt-file" in done.stderr and done.returncode == 1
+    assert "error: --src-file: needs --tgt-file too" in done.stderr and done.returncode == 1
 
 
 # -- bad input and faults --------------------------------------------------------------------------

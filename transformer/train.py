@@ -927,9 +927,10 @@ def describe_data(args):
 def corpus_blame(args):
     """blame() for the corpus's flag: --data (with its value when it is one file) or --src-file."""
     specs = data_specs(args.data)
-    if specs:
-        return blame("--data", specs[0] if len(specs) == 1 else None)
-    return blame("--src-file")
+    for flag, given in (("--src-file", getattr(args, "src_file", None)), ("--tgt-file", getattr(args, "tgt_file", None))):
+        if given and not specs:
+            return blame(flag)
+    return blame("--data", specs[0] if len(specs) == 1 else None)
 
 
 def prepared_dir(args):

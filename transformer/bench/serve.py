@@ -11,8 +11,10 @@ clients, each client sending one sentence a request, one after the other:
     unbatched    our server one sentence at a time (--batch-size 1): what the peers' servers do
     ctranslate2  CTranslate2 behind the same HTTP front (our aiohttp app and scheduler), its
                  Translator given every batch the scheduler collects: translate_batch of what is
-                 waiting, max_batch_size, at its int8 (or the asked) compute type, in a process of
-                 its own (its OpenMP runtime is not ours)
+                 waiting, at its int8 (or the asked) compute type, in a process of its own (its
+                 OpenMP runtime is not ours), at its best thread layout for the count, tried at
+                 start: one translator of N threads, or N translators of one (the batch split
+                 among them by max_batch_size); records name it (ctranslate2_layout)
 
 Each record: sentences/s and output tokens/s (the answers' tokens, counted by encoding them again
 with the target tokenizer), and the p50 / p99 latency of a request. Servers run in processes of
@@ -82,7 +84,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen([*argv, "--port", str(self.port)], stderr=subprocess.PIPE, text=True,
                                         cwd=tempfile.gettempdir())
-        lines = []
+        self.banner = lines = []
         for line in self.process.stderr:
             lines.append(line)
             if line.startswith("listening on"):
@@ -125,9 +127,28 @@ class CTranslate2Served:
         ct2_dir = os.path.join(directory, "ctranslate2")
         os.makedirs(ct2_dir, exist_ok=True)
         self.vocab = write_ctranslate2_model(self.model, ct2_dir)
-        self.translator = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=compute_type,
-                                                 intra_threads=threads, inter_threads=1)
         self.defaults = {"beam": beam, "max_len": MAX_LEN, "no_repeat_ngram": 0, "precision": compute_type}
+        # Its best setting for the threads, as the decode bench finds it: one translator of `threads`
+        # OpenMP threads, or `threads` translators of one thread each (a batch split among them by
+        # max_batch_size). On this 2-core VM the second decodes one sentence 19x faster (tiny, beam 4).
+        trials = {}
+        for layout, (intra, inter) in (("intra", (threads, 1)), ("inter", (1, threads))):
+            self.translator = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=compute_type,
+                                                     intra_threads=intra, inter_threads=inter)
+            self.inter = inter
+            sample = [[4 + i % (len(self.vocab) - 4) for i in range(k, k + 24)] for k in range(16)]
+            self.decode(sample[:1], beam, MAX_LEN, 0, compute_type)
+            started = time.perf_counter()
+            self.decode(sample[:1], beam, MAX_LEN, 0, compute_type)
+            self.decode(sample, beam, MAX_LEN, 0, compute_type)
+            trials[layout] = (time.perf_counter() - started, intra, inter)
+            del self.translator
+        self.layout = min(trials, key=lambda k: trials[k][0])
+        _, intra, inter = trials[self.layout]
+        self.inter = inter
+        self.translator = ctranslate2.Translator(ct2_dir, device="cpu", compute_type=compute_type,
+                                                 intra_threads=intra, inter_threads=inter)
+        self.trials = {k: round(v[0], 3) for k, v in trials.items()}
 
     def options(self, **overrides):
         chosen = dict(self.defaults)
@@ -137,7 +158,7 @@ class CTranslate2Served:
     def decode(self, pieces, beam, max_len, no_repeat_ngram, precision, **_):
         tokens = [[self.vocab[i] for i in ids] for ids in pieces]
         results = self.translator.translate_batch(tokens, beam_size=beam, max_decoding_length=max_len,
-                                                  max_batch_size=len(tokens))
+                                                  max_batch_size=-(-len(tokens) // self.inter))
         ids = [[int(token[1:]) for token in r.hypotheses[0] if token[:1] == "t"] for r in results]
         return [self.tgt_tokenizer.decode(hyp) for hyp in ids]
 
@@ -147,13 +168,13 @@ def serve_ctranslate2(directory, threads, compute_type, beam):
     from ..serve import build, listen
 
     port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 8000
-    models = {"en-es": CTranslate2Served(directory, threads, compute_type, beam)}
-    app, scheduler = build(models, max_queue=100000)
+    served = CTranslate2Served(directory, threads, compute_type, beam)
+    app, scheduler = build({"en-es": served}, max_queue=100000)
 
     async def drain(app):
         scheduler.stop()
     app.on_cleanup.append(drain)
-    listen(app, "127.0.0.1", port)
+    listen(app, "127.0.0.1", port, banner=[f"ctranslate2 layout {served.layout} (trial seconds {served.trials})"])
 
 
 async def _drive(url, texts, clients):
@@ -238,13 +259,16 @@ def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", 
             except (RuntimeError, ImportError) as exc:
                 emit({**base, "engine": engine, "skipped": str(exc)[:300]})
                 continue
+            said = next((line.split(" ", 2)[2].strip() for line in server.banner
+                         if line.startswith("ctranslate2 layout")), None)
+            extra = {"ctranslate2_layout": said} if said else {}
             try:
                 asyncio.run(_drive(server.url, texts[:8], 2))          # warm-up
                 for n in clients:
                     count = requests or max(4 * n, 64)
                     sample = (texts * (count // len(texts) + 1))[:count]
                     seconds, latencies, answers = asyncio.run(_drive(server.url, sample, n))
-                    emit({**base, "engine": engine, "clients": n, "sentences": count,
+                    emit({**base, **extra, "engine": engine, "clients": n, "sentences": count,
                           "sentences_per_s": round(count / seconds, 2),
                           "tokens_per_s": round(tokens(answers) / seconds, 1),
                           "p50_s": round(_percentile(latencies, 50), 4), "p99_s": round(_percentile(latencies, 99), 4)})

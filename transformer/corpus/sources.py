@@ -141,7 +141,7 @@ def make_inputs(specs, src_col="0", tgt_col="1", header=None, src_file=None, tgt
         inputs.append(TsvInput(parts[0], src_col, tgt_col, header) if len(parts) == 1 else AlignedInput(*parts))
     if (src_file is None) != (tgt_file is None):
         given, missing = ("--src-file", "--tgt-file") if src_file is not None else ("--tgt-file", "--src-file")
-        raise ValueError(f"{given} needs {missing}: aligned files come in pairs")
+        raise ValueError(f"needs {missing} too: {given} is one side of two aligned files")
     if src_file is not None:
         inputs.append(AlignedInput(src_file, tgt_file))
     if not inputs:
