@@ -383,9 +383,10 @@ def test_the_page_translates_and_draws_one_heatmap_row_per_output_token(server, 
 def test_bench_serve_runs_every_engine_and_summarises(tmp_path):
     from transformer.bench import serve as bench
 
-    if not os.path.exists(bench.BIBLE):
-        pytest.skip(f"needs the Bible pairs at {bench.BIBLE} (../shared/data)")
-    records = bench.run(configs=("tiny",), threads=1, clients=(1, 4), requests=8,
+    bible = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "bible-eng-spa.tsv.gz")
+    if not os.path.exists(bible):
+        pytest.skip("needs the Bible pairs in ../shared/data")
+    records = bench.run(configs=("tiny",), threads=1, clients=(1, 4), requests=8, data=bible,
                         engines=("offline", "batched", "unbatched", "ctranslate2"))
     served = [r for r in records if r["bench"] == "serve" and "skipped" not in r]
     assert {(r["engine"], r["clients"]) for r in served} >= {("offline", None), ("batched", 1), ("batched", 4),
@@ -395,3 +396,14 @@ def test_bench_serve_runs_every_engine_and_summarises(tmp_path):
     summary = records[-1]
     assert summary["bench"] == "serve_summary" and summary["cpu"]
     assert "| tiny | batched | 4 |" in bench.table(records)
+
+
+def test_a_request_past_the_queue_bound_gets_429_with_retry_after(model_dir):
+    running = Running("--model", model_dir, "--max-queue", "2")
+    try:
+        status, body, headers = post(running.url, "/translate", {"q": ["a", "b", "c"], "source": "eng", "target": "spa"})
+        assert status == 429 and headers["Retry-After"] == "1" and "takes at most 2" in body["error"]
+        status, body, _ = post(running.url, "/translate", {"q": ["a", "b"], "source": "eng", "target": "spa"})
+        assert status == 200 and len(body["translatedText"]) == 2
+    finally:
+        assert running.stop()[0] == 0

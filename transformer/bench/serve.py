@@ -39,15 +39,20 @@ CONFIGS = {
 CLIENTS = (1, 8, 64, 256)
 MAX_LEN = 64                 # output tokens a sentence at most, for every engine
 MAX_SOURCE = 120             # source tokens a sentence at most (longer dev sentences are left out)
-BIBLE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data",
-                     "bible-eng-spa.tsv.gz")
+# The Bible pairs as a checkout has them (../shared/data beside it): from the checkout's root, or
+# beside the package when it is installed in place (pip install -e).
+BIBLE_CANDIDATES = (os.path.join("..", "shared", "data", "bible-eng-spa.tsv.gz"),
+                    os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "shared", "data",
+                                 "bible-eng-spa.tsv.gz"))
+BIBLE = next((path for path in BIBLE_CANDIDATES if os.path.exists(path)), BIBLE_CANDIDATES[0])
 
 
 def _pairs(path):
     from ..data import read_pairs, split_pairs
 
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: the Bible pairs (../shared/data/bible-eng-spa.tsv.gz) are needed")
+        raise FileNotFoundError(f"{os.path.abspath(path)}: the Bible pairs are needed (../shared/data beside "
+                                "the checkout: run the bench from the checkout's root)")
     pairs, _ = read_pairs(path, "eng", "spa")
     return split_pairs(pairs, dev_fraction=0.05, max_dev=500)
 
