@@ -280,7 +280,7 @@ def test_two_ranks_prepare_a_corpus_once_and_train_as_one_process(tmp_path):
     flags = ["--data", str(data), "--vocab-size", "60", "--batch-tokens", "256", "--max-steps", "6", *SMALL]
     done = mpirun(2, sys.executable, "-m", "transformer", "train", *flags, "--out", str(tmp_path / "two"), env=env)
     assert done.returncode == 0, done.stderr
-    assert "rank 0 prepares the corpus (or finds it prepared); the other 1 rank wait" in done.stderr
+    assert "rank 0 prepares the corpus (or finds it prepared); the other rank waits for it" in done.stderr
     assert len(os.listdir(cache / "prepared")) == 1
     one = subprocess.run([sys.executable, "-m", "transformer", "train", *flags, "--out", str(tmp_path / "one")],
                          capture_output=True, text=True, timeout=240, cwd=OUTSIDE, env=env)

@@ -983,8 +983,9 @@ def _one_rank_prepares(args, prepare, open_prepared):
     comm = import_mpi().COMM_WORLD
     corpus = None
     if rank == 0:
-        _log(f"rank 0 prepares the corpus (or finds it prepared); the other {size - 1} rank"
-             f"{'s' if size > 2 else ''} wait for it, then map the same files")
+        others = f"the other {size - 1} ranks wait" if size > 2 else "the other rank waits"
+        _log(f"rank 0 prepares the corpus (or finds it prepared); {others} for it, then every rank maps "
+             "the same files")
         corpus = prepare()
     request = comm.Ibarrier()
     while not request.Test():
