@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import reprlib
 import shutil
 from dataclasses import dataclass
@@ -173,6 +174,33 @@ def write_languages(directory, source, target):
     """languages.json: the model's source and target language codes."""
     atomic_write_bytes(os.path.join(directory, LANGUAGES_FILE),
                        (json.dumps({"source": source, "target": target}) + "\n").encode("utf-8"))
+
+
+_CODE = re.compile(r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$")
+# Two- and three-letter names that columns and files take and that name no language here.
+NOT_LANGUAGES = {"src", "tgt", "ref", "id", "idx", "key", "url", "txt", "tsv", "raw", "out", "inp", "gz"}
+
+
+def is_language_code(text):
+    """An ISO 639-1/639-3 code, optionally with a region or script ("en", "spa", "pt-BR")."""
+    return isinstance(text, str) and bool(_CODE.match(text)) and text.split("-")[0] not in NOT_LANGUAGES
+
+
+def read_languages(directory):
+    """(source, target) codes recorded in a model directory's languages.json, or None."""
+    path = os.path.join(directory, LANGUAGES_FILE)
+    if not os.path.isfile(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        pair = (data["source"], data["target"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{path}: damaged ({exc})") from None
+    for code in pair:
+        if not is_language_code(code):
+            raise ValueError(f"{path}: {code!r} is not a language code")
+    return pair
 
 
 def copy_languages(source_dir, target_dir):

@@ -324,7 +324,7 @@ def _non_negative_float(text):
 
 
 def _language_code(text):
-    from .serve.models import is_language_code
+    from .checkpoint import is_language_code
 
     if not is_language_code(text):
         raise argparse.ArgumentTypeError(f"must be a language code such as en, spa or pt-BR, got {text!r}")

@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import tempfile
 
@@ -90,9 +91,10 @@ _TEMPORARY = re.compile(r"^\.tmp-(?P<host>[A-Za-z0-9_.]+)-(?P<pid>[0-9]+)-")
 
 
 def remove_stale_temporaries(directory):
-    """Delete the temporary files that writers on this host left in `directory` when they were
-    killed mid-write (SIGKILL, power loss): those whose process no longer exists. Files of live
-    processes and of other hosts are left alone. Returns the paths removed."""
+    """Delete the temporary files (and directories: a prepared corpus is written as one) that
+    writers on this host left in `directory` when they were killed mid-write (SIGKILL, power loss):
+    those whose process no longer exists. Those of live processes and of other hosts are left
+    alone. Returns the paths removed."""
     removed = []
     try:
         names = os.listdir(directory)
@@ -113,9 +115,13 @@ def remove_stale_temporaries(directory):
             pass
         except (PermissionError, OverflowError, OSError):
             continue
+        path = os.path.join(directory, name)
         try:
-            os.unlink(os.path.join(directory, name))
-            removed.append(os.path.join(directory, name))
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
+            removed.append(path)
         except OSError:
             pass
     return removed

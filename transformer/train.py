@@ -586,6 +586,23 @@ def split_to_fit(ids, limit, tokenizer=None):
     return pieces
 
 
+def text_pieces(model, src_tokenizer, text):
+    """A text's source ids in the pieces that fit the model's positions (split_to_fit); none for a
+    blank text. What translate_texts and the server (serve/scheduler.py) decode."""
+    ids = src_tokenizer.encode(text) if text.strip() else []
+    return split_to_fit(ids, model.cfg.max_len, src_tokenizer)
+
+
+def decode_pieces(model, pieces, beam, max_len, no_repeat_ngram, precision):
+    """(padded src, hypotheses) of source id lists decoded together: beam search for beam > 1,
+    else greedy; max_len None: the model's own limit per sentence, relative to its source length."""
+    src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), model.cfg.pad_id)[0]
+    if beam > 1:
+        return src, model.beam_search(src, beam_size=beam, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
+                                      precision=precision)
+    return src, model.greedy_decode(src, max_len=max_len, no_repeat_ngram=no_repeat_ngram, precision=precision)
+
+
 def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=None, batch_size=64,
                     on_split=None, no_repeat_ngram=0, precision="fp32"):
     """Translate a list of strings, batching sentences of similar length; results in input order.
@@ -595,29 +612,20 @@ def translate_texts(model, src_tokenizer, tgt_tokenizer, texts, beam=1, max_len=
     on_split(index, subwords, pieces) is called for it. A batch holds batch_size sentences, fewer
     with more than 4 beams: at most batch_size * 4 decoder rows (sentences x beams), so that a
     wide beam does not multiply the caches' memory."""
-    cfg = model.cfg
     if beam > 4:
         batch_size = max(1, batch_size * 4 // beam)
     encoded, owner = [], []         # the pieces to translate, and the index of the text of each
     for index, text in enumerate(texts):
-        ids = src_tokenizer.encode(text) if text.strip() else []
-        pieces = split_to_fit(ids, cfg.max_len, src_tokenizer)
+        pieces = text_pieces(model, src_tokenizer, text)
         if len(pieces) > 1 and on_split is not None:
-            on_split(index, len(ids), len(pieces))
+            on_split(index, sum(map(len, pieces)), len(pieces))
         encoded += pieces
         owner += [index] * len(pieces)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     results = [None] * len(encoded)
     for start in range(0, len(order), batch_size):
         chunk = order[start:start + batch_size]
-        src = collate([(encoded[i], [], []) for i in chunk], range(len(chunk)), cfg.pad_id)[0]
-        # max_len None: the model's own limit per sentence, relative to its source length
-        if beam > 1:
-            hyps = model.beam_search(src, beam_size=beam, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
-                                     precision=precision)
-        else:
-            hyps = model.greedy_decode(src, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
-                                       precision=precision)
+        _, hyps = decode_pieces(model, [encoded[i] for i in chunk], beam, max_len, no_repeat_ngram, precision)
         for i, hyp in zip(chunk, hyps):
             results[i] = tgt_tokenizer.decode(hyp)
     joined = [[] for _ in texts]
@@ -1001,7 +1009,7 @@ def _one_rank_prepares(args, prepare, open_prepared):
 
 def _code_of(name):
     """A language code named by a column header or a file's extension ("eng", "corpus.es"), or None."""
-    from .serve.models import is_language_code
+    from .checkpoint import is_language_code
 
     name = str(name)
     if "." in name:

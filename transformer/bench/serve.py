@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from ..serve.models import ServedModel
+
 CONFIGS = {
     "tiny": dict(sizes=dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2), vocab=4000),
     "base": dict(sizes=dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6), vocab=8000),
@@ -155,10 +157,7 @@ class CTranslate2Served:
                                                  intra_threads=intra, inter_threads=inter)
         self.trials = {k: round(v[0], 3) for k, v in trials.items()}
 
-    def options(self, **overrides):
-        chosen = dict(self.defaults)
-        chosen.update({k: v for k, v in overrides.items() if v is not None})
-        return tuple(sorted(chosen.items()))
+    options = ServedModel.options       # the same requests share a batch
 
     def decode(self, pieces, beam, max_len, no_repeat_ngram, precision, **_):
         tokens = [[self.vocab[i] for i in ids] for ids in pieces]

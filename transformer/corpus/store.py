@@ -22,7 +22,7 @@ import shutil
 
 import numpy as np
 
-from ..serialization import _TEMPORARY, _temporary_prefix, atomic_write_bytes, fsync_directory
+from ..serialization import _temporary_prefix, atomic_write_bytes, fsync_directory, remove_stale_temporaries
 from ..tokenizer import tokenizer_from_json
 
 FORMAT = "transformer-prepared-corpus"
@@ -100,10 +100,10 @@ def write_text_file(directory, name, text):
 
 
 def temporary_dir(final):
-    """A new empty directory beside `final`, named so that remove_stale_dirs knows whose it is."""
+    """A new empty directory beside `final`, named so that remove_stale_temporaries knows whose it is."""
     parent = os.path.dirname(os.path.abspath(final)) or "."
     os.makedirs(parent, exist_ok=True)
-    remove_stale_dirs(parent)
+    remove_stale_temporaries(parent)
     base = _temporary_prefix() + os.path.basename(os.path.abspath(final))
     for attempt in range(1000):
         path = os.path.join(parent, f"{base}-{attempt}")
@@ -113,28 +113,6 @@ def temporary_dir(final):
         except FileExistsError:
             continue
     raise OSError(f"cannot create a temporary directory beside {final}")
-
-
-def remove_stale_dirs(parent):
-    """Remove the temporary directories that preparations on this host, killed half-way, left in
-    `parent` (their process is gone); those of live processes and other hosts stay."""
-    host = _temporary_prefix(0).split("-")[1]
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return
-    for name in names:
-        match = _TEMPORARY.match(name)
-        path = os.path.join(parent, name)
-        if not match or match["host"] != host or not os.path.isdir(path) or int(match["pid"]) == os.getpid():
-            continue
-        try:
-            os.kill(int(match["pid"]), 0)
-            continue
-        except ProcessLookupError:
-            shutil.rmtree(path, ignore_errors=True)
-        except OSError:
-            continue
 
 
 def commit(tmp, final, manifest, overwrite=False):

@@ -10,7 +10,8 @@ import os
 import re
 import sys
 
-from .models import ServedModel, is_language_code, read_languages
+from ..checkpoint import is_language_code, read_languages
+from .models import ServedModel
 
 __all__ = ["ServedModel", "build", "listen", "load_models", "parse_model_spec", "run"]
 

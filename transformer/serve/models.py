@@ -1,46 +1,15 @@
 """The models a server holds: each loaded once, frozen, with its languages and decoding defaults."""
-import json
-import os
-import re
-
 import numpy as np
 
 from ..data import collate
+from ..train import decode_pieces
 
-LANGUAGES_FILE = "languages.json"
-_CODE = re.compile(r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$")
 # Names for /languages (LibreTranslate's `name`); a code not here is its own name.
 LANGUAGE_NAMES = {"en": "English", "eng": "English", "es": "Spanish", "spa": "Spanish", "hi": "Hindi",
                   "hin": "Hindi", "de": "German", "deu": "German", "fr": "French", "fra": "French",
                   "it": "Italian", "ita": "Italian", "pt": "Portuguese", "por": "Portuguese", "ru": "Russian",
                   "rus": "Russian", "zh": "Chinese", "zho": "Chinese", "ja": "Japanese", "jpn": "Japanese",
                   "ar": "Arabic", "ara": "Arabic", "nl": "Dutch", "nld": "Dutch"}
-
-
-# Two- and three-letter names that columns and files take and that name no language here.
-NOT_LANGUAGES = {"src", "tgt", "ref", "id", "idx", "key", "url", "txt", "tsv", "raw", "out", "inp", "gz"}
-
-
-def is_language_code(text):
-    """An ISO 639-1/639-3 code, optionally with a region or script ("en", "spa", "pt-BR")."""
-    return isinstance(text, str) and bool(_CODE.match(text)) and text.split("-")[0] not in NOT_LANGUAGES
-
-
-def read_languages(directory):
-    """(source, target) codes recorded in a model directory's languages.json, or None."""
-    path = os.path.join(directory, LANGUAGES_FILE)
-    if not os.path.isfile(path):
-        return None
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-        pair = (data["source"], data["target"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"{path}: damaged ({exc})") from None
-    for code in pair:
-        if not is_language_code(code):
-            raise ValueError(f"{path}: {code!r} is not a language code")
-    return pair
 
 
 class ServedModel:
@@ -70,14 +39,7 @@ class ServedModel:
     def decode(self, pieces, beam, max_len, no_repeat_ngram, precision, scores=False, attention=False):
         """Translations of source id lists decoded together, as translate_texts decodes a batch;
         with scores or attention, a dict per piece (text, tokens, score, attention) instead."""
-        cfg = self.model.cfg
-        src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), cfg.pad_id)[0]
-        if beam > 1:
-            hyps = self.model.beam_search(src, beam_size=beam, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
-                                          precision=precision)
-        else:
-            hyps = self.model.greedy_decode(src, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
-                                            precision=precision)
+        src, hyps = decode_pieces(self.model, pieces, beam, max_len, no_repeat_ngram, precision)
         texts = [self.tgt_tokenizer.decode(hyp) for hyp in hyps]
         if not (scores or attention):
             return texts

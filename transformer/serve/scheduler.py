@@ -26,7 +26,7 @@ import itertools
 import threading
 import time
 
-from ..train import split_to_fit
+from ..train import text_pieces
 
 
 class QueueFull(RuntimeError):
@@ -86,8 +86,7 @@ class Scheduler:
         future = concurrent.futures.Future()
         pieces, owners = [], []
         for index, text in enumerate(texts):
-            ids = served.src_tokenizer.encode(text) if text.strip() else []
-            for part in split_to_fit(ids, served.model.cfg.max_len, served.src_tokenizer):
+            for part in text_pieces(served.model, served.src_tokenizer, text):
                 pieces.append(part)
                 owners.append(index)
         request = _Request(owners, len(texts), future, join)
