@@ -1,6 +1,7 @@
 /* The decoder's step in C (see decoder.h). Each call below is the kernel that
  * transformer/decoding.py's DecoderCache._step_python makes, with the same arguments. */
 #include "decoder.h"
+#include "decoder_loop.h"
 
 #include <math.h>
 #include <string.h>
@@ -157,42 +158,48 @@ void argmax_rows(const float *x, long n, long V, int64_t *out, int reference)
         out[r] = reference ? argmax_row_generic(x + r * V, V) : argmax_row(x + r * V, V);
 }
 
-typedef struct {
-    int log_softmax, n_banned;
-    const int64_t *banned;
-    int64_t *argmax;
-} step_tail;
-
-static void step_rows(const tf_decoder *d, const int64_t *ids, long n, long t, const int64_t *slot,
-                      int64_t *origin, long ld_origin, const int64_t *sentence, const step_tail *tail,
-                      long r0)
+void step_segments(const tf_decoder *d, const step_segment *seg, int n_seg)
 {
+    const long r0 = seg[0].row, D = d->D, H = d->H, dh = d->dh;
+    long n = 0;
+    for (int i = 0; i < n_seg; i++) n += seg[i].n;
     if (n <= 0) return;
-    const long D = d->D;
     rows_view v = rows_at(d, r0);
-    ids += r0;
-    slot += r0;
-    origin += r0 * ld_origin;
-    sentence += r0;
-    for (long r = 0; r < n; r++) origin[r * ld_origin + t] = slot[r];
-    embedding_forward(ids, d->embed, d->pe + t * D, v.x, (size_t)n, 1, (size_t)D, d->embed_scale);
+    for (int i = 0; i < n_seg; i++) {
+        const step_segment *s = seg + i;
+        for (long r = 0; r < s->n; r++) s->origin[r * s->ld_origin + s->t] = s->slot[r];
+        embedding_forward(s->ids, d->embed, s->d->pe + s->t * D, d->x + s->row * D, (size_t)s->n, 1,
+                          (size_t)D, d->embed_scale);
+    }
     for (long layer = 0; layer < d->n_layers; layer++) {
         const tf_decoder_layer *w = d->layers + layer;
-        /* Masked self-attention over the cache (only keys <= t exist). */
+        /* Masked self-attention over each segment's cache (only keys <= its t exist). */
         const float *src = sublayer_input(d, &v, 0, w, n);
         linear(&w->qkv, src, n, v.qkv, 1);
-        attention_cache_store(v.qkv + D, 3 * D, w->self_k, slot, n, d->H, d->Tmax, d->dh, t, d->kv16);
-        attention_cache_store(v.qkv + 2 * D, 3 * D, w->self_v, slot, n, d->H, d->Tmax, d->dh, t, d->kv16);
-        attention_decode_rows_forward(v.qkv, 3 * D, w->self_k, w->self_v, NULL, origin, ld_origin, NULL,
-                                      v.ctx, D, NULL, n, d->H, d->Tmax, t + 1, d->dh, d->scale, 0, d->kv16);
+        for (int i = 0; i < n_seg; i++) {
+            const step_segment *s = seg + i;
+            const tf_decoder_layer *c = s->d->layers + layer;
+            const float *qkv = d->qkv + s->row * 3 * D;
+            const long Tmax = s->d->Tmax;
+            attention_cache_store(qkv + D, 3 * D, c->self_k, s->slot, s->n, H, Tmax, dh, s->t, d->kv16);
+            attention_cache_store(qkv + 2 * D, 3 * D, c->self_v, s->slot, s->n, H, Tmax, dh, s->t, d->kv16);
+            attention_decode_rows_forward(qkv, 3 * D, c->self_k, c->self_v, NULL, s->origin, s->ld_origin, NULL,
+                                          d->ctx + s->row * D, D, NULL, s->n, H, Tmax, s->t + 1, dh, d->scale, 0,
+                                          d->kv16);
+        }
         linear(&w->self_out, v.ctx, n, v.tmp, 0);
         residual(d, &v, 0, w, w->self_out.bias, n);
 
-        /* Cross-attention over the encoder output. */
+        /* Cross-attention over each segment's encoder output. */
         src = sublayer_input(d, &v, 1, w, n);
         linear(&w->cross_q, src, n, v.query, 1);
-        attention_decode_rows_forward(v.query, D, w->memory_k, w->memory_v, sentence, NULL, 0, d->src_pad,
-                                      v.ctx, D, NULL, n, d->H, d->S, d->S, d->dh, d->scale, 0, d->kv16);
+        for (int i = 0; i < n_seg; i++) {
+            const step_segment *s = seg + i;
+            const tf_decoder_layer *c = s->d->layers + layer;
+            attention_decode_rows_forward(d->query + s->row * D, D, c->memory_k, c->memory_v, s->sentence, NULL, 0,
+                                          s->d->src_pad, d->ctx + s->row * D, D, NULL, s->n, H, s->d->S, s->d->S,
+                                          dh, d->scale, 0, d->kv16);
+        }
         linear(&w->cross_out, v.ctx, n, v.tmp, 0);
         residual(d, &v, 1, w, w->cross_out.bias, n);
 
@@ -209,31 +216,43 @@ static void step_rows(const tf_decoder *d, const int64_t *ids, long n, long t, c
         top = v.h;
     }
     linear(&d->generator, top, n, v.logits, 1);
-    if (tail->log_softmax) log_softmax_forward(v.logits, v.logits, n, d->V);
-    /* One block (groups == 1) with a big vocabulary: the bans and argmax over rows in parallel. */
-#pragma omp parallel for num_threads(tf_team(n * d->V, 1L << 18)) schedule(static)
-    for (long r = 0; r < n; r++) {
-        float *row = v.logits + r * d->V;
-        for (int b = 0; b < tail->n_banned; b++) row[tail->banned[b]] = -INFINITY;
-        if (tail->argmax) tail->argmax[r0 + r] = argmax_row(row, d->V);
+    for (int i = 0; i < n_seg; i++) {
+        const step_segment *s = seg + i;
+        float *logits = d->logits + s->row * d->V;
+        if (s->log_softmax) log_softmax_forward(logits, logits, s->n, d->V);
+        /* One block (groups == 1) with a big vocabulary: the bans and argmax over rows in parallel. */
+#pragma omp parallel for num_threads(tf_team(s->n * d->V, 1L << 18)) schedule(static)
+        for (long r = 0; r < s->n; r++) {
+            float *row = logits + r * d->V;
+            for (int b = 0; b < s->n_banned; b++) row[s->banned[b]] = -INFINITY;
+            if (s->argmax) s->argmax[r] = argmax_row(row, d->V);
+        }
     }
+}
+
+/* Rows [r0, r1) of a decoder_step call, as one segment. */
+static void step_block(const tf_decoder *d, const int64_t *ids, long r0, long r1, long t, const int64_t *slot,
+                       int64_t *origin, long ld_origin, const int64_t *sentence, int log_softmax,
+                       const int64_t *banned, int n_banned, int64_t *argmax)
+{
+    const step_segment s = {d, ids + r0, slot + r0, sentence + r0, origin + r0 * ld_origin, ld_origin,
+                            r1 - r0, t, r0, log_softmax, n_banned, banned, argmax ? argmax + r0 : NULL};
+    if (s.n > 0) step_segments(d, &s, 1);
 }
 
 void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const int64_t *slot,
                   int64_t *origin, long ld_origin, const int64_t *sentence, int log_softmax,
                   const int64_t *banned, int n_banned, int64_t *argmax, int groups)
 {
-    const step_tail tail = {log_softmax, n_banned, banned, argmax};
     if (groups > n) groups = (int)n;
     if (groups <= 1) {
-        step_rows(d, ids, n, t, slot, origin, ld_origin, sentence, &tail, 0);
+        step_block(d, ids, 0, n, t, slot, origin, ld_origin, sentence, log_softmax, banned, n_banned, argmax);
         return;
     }
 #pragma omp parallel for num_threads(groups) schedule(static, 1)
-    for (int g = 0; g < groups; g++) {
-        const long r0 = n * g / groups, r1 = n * (g + 1) / groups;
-        step_rows(d, ids, r1 - r0, t, slot, origin, ld_origin, sentence, &tail, r0);
-    }
+    for (int g = 0; g < groups; g++)
+        step_block(d, ids, n * g / groups, n * (g + 1) / groups, t, slot, origin, ld_origin, sentence,
+                   log_softmax, banned, n_banned, argmax);
 }
 
 /* decoding.py's _forbid_eos for one row: EOS at -inf unless nothing else is left above -inf. */
@@ -291,58 +310,81 @@ static void poll_while_running(tf_poll *p, const int *running)
     }
 }
 
-/* Greedy decoding of the sentences first, first + stride, ... in rows b0 .. b1 - 1 of every
- * buffer, to their last step. */
-static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long b1, long first, long stride)
+void greedy_begin(const tf_greedy *g, tf_loop *run, long b0, long b1, long first, long stride)
 {
-    const long Tmax = d->Tmax, V = d->V;
-    long n = b1 - b0, steps = 0;
+    memset(run, 0, sizeof *run);
+    run->b0 = b0;
+    run->n = b1 - b0;
     for (long b = b0; b < b1; b++) {
         const long s = first + (b - b0) * stride;
         g->ids[b] = g->bos;
         g->slot[b] = b;
         g->sentence[b] = s;
-        if (g->limits[s] > steps) steps = g->limits[s];
+        if (g->limits[s] > run->steps) run->steps = g->limits[s];
     }
+}
+
+step_segment greedy_segment(const tf_decoder *d, const tf_greedy *g, const tf_loop *run, long row)
+{
+    const long b0 = run->b0, t = run->t;
     /* pad, bos, the settings' bans, then EOS (last: banned before min_len) */
-    const int64_t *banned = g->banned;
-    const int n_ban = 2 + g->n_banned;
-    long next_poll = now_ms() + TF_POLL_MS;
-    for (long t = 0; t < steps && n > 0; t++) {
-        if (stop_asked(g->poll, &next_poll)) return;
-        const step_tail tail = {0, t < g->min_len && !g->ngram ? n_ban + 1 : n_ban, banned,
-                                g->ngram ? NULL : g->argmax};
-        step_rows(d, g->ids, n, t, g->slot, g->origin, Tmax, g->sentence, &tail, b0);
-        if (g->ngram) {
-            float *logits = d->logits + b0 * V;
-            no_repeat_ngram_ban(logits, n, V, g->out, g->ld_out, g->sentence + b0, t, g->ngram, g->eos);
-            for (long r = 0; r < n; r++) {
-                if (t < g->min_len) forbid_eos(logits + r * V, V, g->eos);
-                g->argmax[b0 + r] = argmax_row(logits + r * V, V);
-            }
-        }
-        /* Record each row's token; the rows that go on move up, keeping their order. */
-        long kept = 0;
+    const int n_ban = 2 + g->n_banned + (t < g->min_len && !g->ngram);
+    const step_segment s = {d, g->ids + b0, g->slot + b0, g->sentence + b0, g->origin + b0 * d->Tmax, d->Tmax,
+                            run->n, t, row, 0, n_ban, g->banned, g->ngram ? NULL : g->argmax + b0};
+    return s;
+}
+
+void greedy_after(const tf_decoder *d, const tf_greedy *g, tf_loop *run, float *logits)
+{
+    const long Tmax = d->Tmax, V = d->V, b0 = run->b0, t = run->t, n = run->n;
+    if (g->ngram) {
+        no_repeat_ngram_ban(logits, n, V, g->out, g->ld_out, g->sentence + b0, t, g->ngram, g->eos);
         for (long r = 0; r < n; r++) {
-            const long i = b0 + r;
-            const int64_t s = g->sentence[i];
-            /* the forced EOS at the last step: generate's row of -inf but EOS, whose argmax it is */
-            const int64_t token = g->forced_eos && g->limits[s] == t + 1 ? g->eos : g->argmax[i];
-            g->out[s * g->ld_out + t] = token;
-            if (token == g->eos) {
-                g->lengths[s] = t;
-                continue;
-            }
-            if (g->limits[s] == t + 1) continue;
-            const long k = b0 + kept++;
-            if (k != i) {
-                g->slot[k] = g->slot[i];
-                g->sentence[k] = s;
-                memcpy(g->origin + k * Tmax, g->origin + i * Tmax, (size_t)(t + 1) * sizeof(int64_t));
-            }
-            g->ids[k] = token;
+            if (t < g->min_len) forbid_eos(logits + r * V, V, g->eos);
+            g->argmax[b0 + r] = argmax_row(logits + r * V, V);
         }
-        n = kept;
+    }
+    /* Record each row's token; the rows that go on move up, keeping their order. */
+    long kept = 0;
+    run->finished = 0;
+    for (long r = 0; r < n; r++) {
+        const long i = b0 + r;
+        const int64_t s = g->sentence[i];
+        /* the forced EOS at the last step: generate's row of -inf but EOS, whose argmax it is */
+        const int64_t token = g->forced_eos && g->limits[s] == t + 1 ? g->eos : g->argmax[i];
+        g->out[s * g->ld_out + t] = token;
+        const int ended = token == g->eos;
+        if (ended) g->lengths[s] = t;
+        if (ended || g->limits[s] == t + 1 || (g->cancelled && g->cancelled[s])) {
+            if (g->finished) g->finished[s] = 1;
+            run->finished++;
+            continue;
+        }
+        const long k = b0 + kept++;
+        if (k != i) {
+            g->slot[k] = g->slot[i];
+            g->sentence[k] = s;
+            memcpy(g->origin + k * Tmax, g->origin + i * Tmax, (size_t)(t + 1) * sizeof(int64_t));
+        }
+        g->ids[k] = token;
+    }
+    run->n = kept;
+    run->t = t + 1;
+    if (run->t >= run->steps) run->n = 0;
+}
+
+/* Greedy decoding of the sentences first, first + stride, ... in rows b0 .. b1 - 1 of every
+ * buffer, to their last step. */
+static void greedy_block(const tf_decoder *d, const tf_greedy *g, long b0, long b1, long first, long stride)
+{
+    tf_loop run;
+    greedy_begin(g, &run, b0, b1, first, stride);
+    long next_poll = now_ms() + TF_POLL_MS;
+    while (run.n > 0) {
+        if (stop_asked(g->poll, &next_poll)) return;
+        const step_segment s = greedy_segment(d, g, &run, b0);
+        step_segments(d, &s, 1);
+        greedy_after(d, g, &run, d->logits + b0 * d->V);
     }
 }
 
@@ -408,118 +450,157 @@ static void keep_finished(double *kept, int64_t *count, long K, double score)
     kept[i] = score;
 }
 
-/* Beam search of the sentences first, first + stride, ... in slots b0 .. b1 - 1 (rows b0 * K ..
- * b1 * K - 1 of every buffer), to their last step. Arrays per slot or row are offset to the
- * block's first; parents and fin_rows from beam_select count rows from it too. */
-static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, long first, long stride)
+void beam_begin(const tf_decoder *d, const tf_beam *g, tf_loop *run, long b0, long b1, long first, long stride)
 {
-    const long K = g->K, V = d->V, Tmax = d->Tmax, ld = g->ld_best, R0 = b0 * K;
-    int64_t *origin = g->origin, *origin_spare = g->origin_spare;   /* swapped step by step */
-    int64_t *hyps = g->hyps + R0 * ld, *hyps_spare = g->hyps_spare + R0 * ld;
+    const long K = g->K, R0 = b0 * K;
+    memset(run, 0, sizeof *run);
+    run->b0 = b0;
+    run->n = b1 - b0;
+    run->origin = g->origin;                    /* whole arrays: rows R0 .. are the block's */
+    run->origin_spare = g->origin_spare;
+    run->hyps = g->hyps + R0 * g->ld_best;      /* the block's */
+    run->hyps_spare = g->hyps_spare + R0 * g->ld_best;
+    for (long j = 0; j < run->n; j++) {
+        const long s = first + j * stride;
+        g->live[b0 + j] = s;                    /* live slot -> sentence */
+        g->n_finished[b0 + j] = 0;
+        g->n_kept[s] = 0;
+        g->best_len[s] = -1;
+        if (g->limits[s] > run->steps) run->steps = g->limits[s];
+        for (long i = 0; i < K; i++) {
+            const long r = R0 + j * K + i;
+            g->scores[r] = i ? -INFINITY : 0.0; /* one live beam at first: the others are copies */
+            g->ids[r] = g->bos;
+            g->slot[r] = r;
+            g->sentence[r] = s;
+        }
+    }
+    (void)d;
+}
+
+step_segment beam_segment(const tf_decoder *d, const tf_beam *g, const tf_loop *run, long row)
+{
+    const long R0 = run->b0 * g->K;
+    /* pad, bos and the settings' bans (decoder.h), after the log_softmax */
+    const step_segment s = {d, g->ids + R0, g->slot + R0, g->sentence + R0, run->origin + R0 * d->Tmax, d->Tmax,
+                            run->n * g->K, run->t, row, 1, 2 + g->n_banned, g->banned, NULL};
+    return s;
+}
+
+/* Beam search's work between two steps for the sentences in slots b0 .. (rows b0 * K .. of
+ * every buffer). Arrays per slot or row are offset to the block's first; parents and fin_rows
+ * from beam_select count rows from it too. */
+void beam_after(const tf_decoder *d, const tf_beam *g, tf_loop *run, float *logp)
+{
+    const long K = g->K, V = d->V, Tmax = d->Tmax, ld = g->ld_best, b0 = run->b0, R0 = b0 * K;
+    const long t = run->t, nb = run->n, n = nb * K;
+    int64_t *origin = run->origin, *origin_spare = run->origin_spare, *hyps = run->hyps,
+        *hyps_spare = run->hyps_spare;
     double *scores = g->scores + R0, *new_scores = g->new_scores + R0, *fin_scores = g->fin_scores + 2 * R0;
     int64_t *ids = g->ids + R0, *slot = g->slot + R0, *sentence = g->sentence + R0;
     int64_t *parents = g->parents + R0, *tokens = g->tokens + R0, *fin_rows = g->fin_rows + 2 * R0,
         *fin_tokens = g->fin_tokens + 2 * R0, *n_finished = g->n_finished + b0,
         *fin_count = g->fin_count + b0, *live = g->live + b0;
     uint8_t *done = g->done + b0, *last_step = g->last_step + b0;
-    long nb = b1 - b0, steps = 0;
-    for (long j = 0; j < nb; j++) {
-        const long s = first + j * stride;
-        live[j] = s;                               /* live slot -> sentence */
-        n_finished[j] = 0;
-        g->n_kept[s] = 0;
-        g->best_len[s] = -1;
-        if (g->limits[s] > steps) steps = g->limits[s];
-        for (long i = 0; i < K; i++) {
-            const long r = j * K + i;
-            scores[r] = i ? -INFINITY : 0.0;       /* one live beam at first: the others are copies */
-            ids[r] = g->bos;
-            slot[r] = R0 + r;
-            sentence[r] = s;
-        }
-    }
-    /* pad, bos and the settings' bans (decoder.h), after the log_softmax */
-    const step_tail tail = {1, 2 + g->n_banned, g->banned, NULL};
-    long next_poll = now_ms() + TF_POLL_MS;
-    for (long t = 0; t < steps && nb > 0; t++) {
-        if (stop_asked(g->poll, &next_poll)) return;
-        const long n = nb * K;
-        /* step_rows offsets the row arrays itself: hand it the block's, less R0 */
-        step_rows(d, ids - R0, n, t, slot - R0, origin, Tmax, sentence - R0, &tail, R0);
-        float *logp = d->logits + R0 * V;
-        int64_t banned = t < g->min_len ? g->eos : -1;
-        if (g->ngram) {
-            no_repeat_ngram_ban(logp, n, V, hyps, ld, NULL, t, g->ngram, g->eos);
-            if (banned >= 0) {                     /* EOS stays where nothing else is left */
-                for (long r = 0; r < n; r++) forbid_eos(logp + r * V, V, g->eos);
-                banned = -1;
-            }
-        }
-        for (long j = 0; j < nb; j++) last_step[j] = g->limits[live[j]] == t + 1;
-        if (g->renormalize && banned >= 0) {       /* generate bans EOS before it renormalises */
+    run->finished = 0;
+    int64_t banned = t < g->min_len ? g->eos : -1;
+    if (g->ngram) {
+        no_repeat_ngram_ban(logp, n, V, hyps, ld, NULL, t, g->ngram, g->eos);
+        if (banned >= 0) {                     /* EOS stays where nothing else is left */
             for (long r = 0; r < n; r++) forbid_eos(logp + r * V, V, g->eos);
             banned = -1;
         }
-        if (g->forced_eos)
-            for (long j = 0; j < nb; j++) {
-                if (!last_step[j]) continue;
-                for (long r = j * K; r < (j + 1) * K; r++) {
-                    float *row = logp + r * V;
-                    for (long v = 0; v < V; v++) row[v] = -INFINITY;
-                    row[g->eos] = 0.0f;
-                }
-            }
-        if (g->renormalize) log_softmax_forward(logp, logp, n, V);
-        beam_select(logp, scores, n_finished, nb, K, V, banned, g->eos, last_step, parents, tokens,
-                    new_scores, done, fin_rows, fin_tokens, fin_scores, fin_count, g->early_stopping == 1);
-        const double penalty = length_norm(g, (double)(t + 1));
-        long all_done = 1;
+    }
+    for (long j = 0; j < nb; j++) last_step[j] = g->limits[live[j]] == t + 1;
+    if (g->renormalize && banned >= 0) {       /* generate bans EOS before it renormalises */
+        for (long r = 0; r < n; r++) forbid_eos(logp + r * V, V, g->eos);
+        banned = -1;
+    }
+    if (g->forced_eos)
         for (long j = 0; j < nb; j++) {
-            const long s = live[j];
-            for (long f = 0; f < fin_count[j]; f++) {
-                const double score = fin_scores[j * 2 * K + f] / penalty;
-                if (g->early_stopping != 1) keep_finished(g->kept + s * K, g->n_kept + s, K, score);
-                if (g->best_len[s] >= 0 && !(score > g->best_score[s])) continue;
-                const int64_t row = fin_rows[j * 2 * K + f], token = fin_tokens[j * 2 * K + f];
-                int64_t *out = g->best + s * ld;
-                memcpy(out, hyps + row * ld, (size_t)t * sizeof(int64_t));
-                g->best_len[s] = t;
-                if (token != g->eos) out[g->best_len[s]++] = token;
-                g->best_score[s] = score;
+            if (!last_step[j]) continue;
+            for (long r = j * K; r < (j + 1) * K; r++) {
+                float *row = logp + r * V;
+                for (long v = 0; v < V; v++) row[v] = -INFINITY;
+                row[g->eos] = 0.0f;
             }
-            /* generate's early-stopping heuristic: done once K are finished and the best live
-             * beam, normalised at its current length (or, "never" with a positive penalty, at
-             * the sentence's limit), cannot beat the worst of them */
-            if (g->early_stopping != 1 && !done[j] && g->n_kept[s] >= K) {
-                const double length = g->early_stopping == 2 && g->length_penalty > 0
-                    ? (double)g->limits[s] : (double)(t + 1);
-                if (!(new_scores[j * K] / length_norm(g, length) > g->kept[s * K + K - 1])) done[j] = 1;
-            }
-            all_done &= done[j] != 0;
         }
-        if (all_done) break;
-        /* The live sentences' new beams move up: row q = m * K + i of the next step continues
-         * row parents[j * K + i] of this one and takes over the cache row of row j * K + i. */
-        long m = 0;
-        for (long j = 0; j < nb; j++) {
-            if (done[j]) continue;
-            for (long i = 0; i < K; i++) {
-                const long q = m * K + i, k = j * K + i, p = parents[k];
-                memcpy(origin_spare + (R0 + q) * Tmax, origin + (R0 + p) * Tmax, (size_t)(t + 1) * sizeof(int64_t));
-                memcpy(hyps_spare + q * ld, hyps + p * ld, (size_t)t * sizeof(int64_t));
-                hyps_spare[q * ld + t] = tokens[k];
-                ids[q] = tokens[k];
-                slot[q] = slot[k];
-                sentence[q] = sentence[k];
-                scores[q] = new_scores[k];
-            }
-            n_finished[m] = n_finished[j];
-            live[m] = live[j];
-            m++;
+    if (g->renormalize) log_softmax_forward(logp, logp, n, V);
+    beam_select(logp, scores, n_finished, nb, K, V, banned, g->eos, last_step, parents, tokens,
+                new_scores, done, fin_rows, fin_tokens, fin_scores, fin_count, g->early_stopping == 1);
+    const double penalty = length_norm(g, (double)(t + 1));
+    long all_done = 1;
+    for (long j = 0; j < nb; j++) {
+        const long s = live[j];
+        for (long f = 0; f < fin_count[j]; f++) {
+            const double score = fin_scores[j * 2 * K + f] / penalty;
+            if (g->early_stopping != 1) keep_finished(g->kept + s * K, g->n_kept + s, K, score);
+            if (g->best_len[s] >= 0 && !(score > g->best_score[s])) continue;
+            const int64_t row = fin_rows[j * 2 * K + f], token = fin_tokens[j * 2 * K + f];
+            int64_t *out = g->best + s * ld;
+            memcpy(out, hyps + row * ld, (size_t)t * sizeof(int64_t));
+            g->best_len[s] = t;
+            if (token != g->eos) out[g->best_len[s]++] = token;
+            g->best_score[s] = score;
         }
-        int64_t *swap = origin; origin = origin_spare; origin_spare = swap;
-        swap = hyps; hyps = hyps_spare; hyps_spare = swap;
-        nb = m;
+        /* generate's early-stopping heuristic: done once K are finished and the best live
+         * beam, normalised at its current length (or, "never" with a positive penalty, at
+         * the sentence's limit), cannot beat the worst of them */
+        if (g->early_stopping != 1 && !done[j] && g->n_kept[s] >= K) {
+            const double length = g->early_stopping == 2 && g->length_penalty > 0
+                ? (double)g->limits[s] : (double)(t + 1);
+            if (!(new_scores[j * K] / length_norm(g, length) > g->kept[s * K + K - 1])) done[j] = 1;
+        }
+        if (g->cancelled && g->cancelled[s]) done[j] = 1;
+        if (done[j]) {
+            if (g->finished) g->finished[s] = 1;
+            run->finished++;
+        }
+        all_done &= done[j] != 0;
+    }
+    run->t = t + 1;
+    if (all_done || run->t >= run->steps) {
+        run->n = 0;
+        return;
+    }
+    /* The live sentences' new beams move up: row q = m * K + i of the next step continues
+     * row parents[j * K + i] of this one and takes over the cache row of row j * K + i. */
+    long m = 0;
+    for (long j = 0; j < nb; j++) {
+        if (done[j]) continue;
+        for (long i = 0; i < K; i++) {
+            const long q = m * K + i, k = j * K + i, p = parents[k];
+            memcpy(origin_spare + (R0 + q) * Tmax, origin + (R0 + p) * Tmax, (size_t)(t + 1) * sizeof(int64_t));
+            memcpy(hyps_spare + q * ld, hyps + p * ld, (size_t)t * sizeof(int64_t));
+            hyps_spare[q * ld + t] = tokens[k];
+            ids[q] = tokens[k];
+            slot[q] = slot[k];
+            sentence[q] = sentence[k];
+            scores[q] = new_scores[k];
+        }
+        n_finished[m] = n_finished[j];
+        live[m] = live[j];
+        m++;
+    }
+    run->origin = origin_spare;
+    run->origin_spare = origin;
+    run->hyps = hyps_spare;
+    run->hyps_spare = hyps;
+    run->n = m;
+}
+
+/* Beam search of the sentences first, first + stride, ... in slots b0 .. b1 - 1, to their last
+ * step. */
+static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, long first, long stride)
+{
+    tf_loop run;
+    beam_begin(d, g, &run, b0, b1, first, stride);
+    long next_poll = now_ms() + TF_POLL_MS;
+    while (run.n > 0) {
+        if (stop_asked(g->poll, &next_poll)) return;
+        const step_segment s = beam_segment(d, g, &run, b0 * g->K);
+        step_segments(d, &s, 1);
+        beam_after(d, g, &run, d->logits + b0 * g->K * d->V);
     }
 }
 

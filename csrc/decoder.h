@@ -114,6 +114,10 @@ typedef struct {
     long ld_out;
     int64_t *ids, *slot, *sentence, *argmax, *origin;
     tf_poll *poll;      /* NULL: never stopped early */
+    /* A stream's (stream.h; NULL in decoder_greedy): finished[b] set to 1 when sentence b stops;
+     * a sentence whose cancelled[b] is nonzero leaves at the next step, unfinished. */
+    uint8_t *finished;
+    const uint8_t *cancelled;
 } tf_greedy;
 
 void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups);
@@ -165,8 +169,20 @@ typedef struct {
         *live, *origin, *origin_spare, *hyps, *hyps_spare;
     uint8_t *done, *last_step;
     tf_poll *poll;      /* NULL: never stopped early */
+    uint8_t *finished;          /* as tf_greedy's */
+    const uint8_t *cancelled;
 } tf_beam;
 
 void decoder_beam(const tf_decoder *d, const tf_beam *g, int groups);
+
+/* Where a block of a loop's sentences stands between two of its steps: decoder_greedy and
+ * decoder_beam keep one per block on its thread, a stream (stream.h) one per wave. */
+typedef struct {
+    long b0;            /* the block's first sentence slot (rows b0 .. for greedy, b0 * K .. for beam) */
+    long n;             /* live sentences (greedy: live rows) */
+    long t, steps;      /* the next step, and the block's last step + 1 */
+    long finished;      /* sentences that stopped at the last step */
+    int64_t *origin, *origin_spare, *hyps, *hyps_spare;   /* beam: swapped step by step */
+} tf_loop;
 
 #endif

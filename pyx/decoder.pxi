@@ -66,6 +66,8 @@ cdef extern from "decoder.h" nogil:
         int64_t *argmax
         int64_t *origin
         tf_poll *poll
+        uint8_t *finished
+        const uint8_t *cancelled
     void c_decoder_greedy "decoder_greedy"(const tf_decoder *d, const tf_greedy *g, int groups)
     ctypedef struct tf_beam:
         const int64_t *limits
@@ -100,6 +102,8 @@ cdef extern from "decoder.h" nogil:
         uint8_t *done
         uint8_t *last_step
         tf_poll *poll
+        uint8_t *finished
+        const uint8_t *cancelled
     void c_decoder_beam "decoder_beam"(const tf_decoder *d, const tf_beam *g, int groups)
     void c_argmax_rows "argmax_rows"(const float *x, long n, long V, int64_t *out, int reference)
 
@@ -199,6 +203,71 @@ cdef void _ds_linear(tf_linear *out, object pair, str name, long N, long K, list
     if bias is not None:
         out.bias = _ds_f32(bias, f"{name} bias", (N,), False)
         keep.append(bias)
+
+
+cdef extern from "stream.h" nogil:
+    ctypedef struct tf_loop:
+        long b0, n, t, steps, finished
+    ctypedef struct tf_wave:
+        const tf_decoder *d
+        const tf_greedy *greedy
+        const tf_beam *beam
+        tf_loop loop
+    void c_decoder_wave_begin "decoder_wave_begin"(tf_wave *w)
+    long c_decoder_stream "decoder_stream"(const tf_decoder *d, tf_wave **waves, int n_waves, long max_steps,
+                                           const int *arrived, int groups)
+
+
+cdef class DecoderLoop:
+    """The arrays of one decoding loop over a DecoderStep (tf_greedy or tf_beam, csrc/decoder.h):
+    what DecoderStep.greedy and .beam run to the end at once, or, made by DecoderStep.wave, a wave
+    that a DecoderStream steps together with others (csrc/stream.h). Holds every array it points
+    into, and its DecoderStep."""
+    cdef object step            # the DecoderStep: caches, encoder keys/values, weights
+    cdef tf_greedy g
+    cdef tf_beam bm
+    cdef tf_wave wave
+    cdef bint is_beam
+    cdef long steps
+    cdef readonly long K
+    cdef list keep
+    cdef object out, lengths
+    cdef readonly object finished, cancelled    # uint8 [B]: a wave's sentences stopped / to drop
+    cdef _signals caught
+    cdef tf_poll poll
+
+    def __cinit__(self):
+        self.caught = _signals(NULL, NULL, NULL)
+        self.poll = tf_poll(_poll_signals, &self.caught, 0)
+        self.K = 1
+
+    cdef int raise_caught(self) except -1:
+        if self.poll.stopped:
+            self.poll.stopped = 0
+            _raise_caught(&self.caught)
+        return 0
+
+    @property
+    def live(self):
+        """True while the wave has a sentence left to step."""
+        return self.wave.loop.n > 0
+
+    @property
+    def rows(self):
+        """The decoder rows it takes at its next step (0 once done)."""
+        return self.wave.loop.n * (self.K if self.is_beam else 1)
+
+    @property
+    def sentences(self):
+        return (<DecoderStep>self.step).d.B
+
+    def result(self, Py_ssize_t b):
+        """Sentence b's tokens (a list; EOS dropped): greedy's up to its EOS or limit, beam
+        search's best finished hypothesis ([] when none finished). Meaningful once finished[b]."""
+        if not 0 <= b < self.sentences:
+            raise IndexError(f"sentence {b} of a wave of {self.sentences}")
+        n = int(self.lengths[b])
+        return self.out[b, :n].tolist() if n > 0 else []
 
 
 cdef class DecoderStep:
@@ -453,6 +522,40 @@ cdef class DecoderStep:
                 raise ValueError(f"banned must hold token ids in [0, {self.d.V}), got {b!r}")
         return np.array((pad, bos) + tuple(int(b) for b in banned) + (eos,), np.int64)
 
+    cdef DecoderLoop _greedy_loop(self, limits, min_len, ngram, bos, eos, pad, int groups, banned, bint forced_eos):
+        """The arrays of greedy decoding's loop (tf_greedy), checked."""
+        cdef tf_decoder *d = &self.d
+        if d.N != d.B:
+            raise ValueError(f"greedy decoding takes one row per sentence: N = {d.N} rows for B = {d.B}")
+        cdef long steps = self._loop_args(limits, min_len, ngram, bos, eos, pad, groups)
+        cdef DecoderLoop loop = DecoderLoop.__new__(DecoderLoop)
+        loop.step, loop.is_beam, loop.steps = self, False, steps
+        bans = self._ban_layout(banned, bos, eos, pad)
+        out = np.full((d.B, max(steps, 1)), pad, np.int64)
+        lengths = np.zeros(d.B, np.int64)
+        scratch = np.zeros((4, d.N), np.int64)
+        origin = np.zeros((d.N, d.Tmax), np.int64)
+        loop.finished = np.zeros(max(d.B, 1), np.uint8)
+        loop.cancelled = np.zeros(max(d.B, 1), np.uint8)
+        loop.out, loop.lengths = out, lengths
+        loop.keep = [limits, bans, scratch, origin]
+        cdef tf_greedy *g = &loop.g
+        g.limits = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>limits)
+        g.min_len, g.ngram, g.bos, g.eos, g.pad = min_len, ngram, bos, eos, pad
+        g.forced_eos, g.n_banned = forced_eos, len(banned)
+        g.banned = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>bans)
+        g.out = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>out)
+        g.lengths = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>lengths)
+        g.ld_out = out.shape[1]
+        cdef int64_t *ps = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>scratch)
+        g.ids, g.slot, g.sentence, g.argmax = ps, ps + d.N, ps + 2 * d.N, ps + 3 * d.N
+        g.origin = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>origin)
+        g.poll = &loop.poll
+        g.finished = g.cancelled = NULL     # a wave's only (wave())
+        loop.wave.greedy, loop.wave.beam = g, NULL
+        loop.wave.d = d
+        return loop
+
     def greedy(self, limits, min_len=0, ngram=0, bos=1, eos=2, pad=0, int groups=1, banned=(),
                bint forced_eos=False):
         """Greedy decoding's whole loop in C (csrc/decoder.h: decoder_greedy), one row per sentence
@@ -464,47 +567,17 @@ cdef class DecoderStep:
         lengths): int64 [B, max(limits)] holding each sentence's tokens (pad past its last step)
         and int64 [B], the tokens before its EOS, or its limit. Writes the caches and the step
         buffers."""
-        cdef tf_decoder *d = &self.d
-        if d.N != d.B:
-            raise ValueError(f"greedy decoding takes one row per sentence: N = {d.N} rows for B = {d.B}")
-        cdef long steps = self._loop_args(limits, min_len, ngram, bos, eos, pad, groups)
-        bans = self._ban_layout(banned, bos, eos, pad)
-        out = np.full((d.B, max(steps, 1)), pad, np.int64)
-        lengths = np.zeros(d.B, np.int64)
-        scratch = np.zeros((4, d.N), np.int64)
-        origin = np.zeros((d.N, d.Tmax), np.int64)
-        cdef tf_greedy g
-        g.limits = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>limits)
-        g.min_len, g.ngram, g.bos, g.eos, g.pad = min_len, ngram, bos, eos, pad
-        g.forced_eos, g.n_banned = forced_eos, len(banned)
-        g.banned = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>bans)
-        g.out = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>out)
-        g.lengths = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>lengths)
-        g.ld_out = out.shape[1]
-        cdef int64_t *ps = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>scratch)
-        g.ids, g.slot, g.sentence, g.argmax = ps, ps + d.N, ps + 2 * d.N, ps + 3 * d.N
-        g.origin = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>origin)
-        cdef _signals caught = _signals(NULL, NULL, NULL)
-        cdef tf_poll poll = tf_poll(_poll_signals, &caught, 0)
-        g.poll = &poll
-        if d.B:
+        cdef DecoderLoop loop = self._greedy_loop(limits, min_len, ngram, bos, eos, pad, groups, banned, forced_eos)
+        if self.d.B:
             with nogil:
-                c_decoder_greedy(d, &g, groups)
-        if poll.stopped:
-            _raise_caught(&caught)
-        return out[:, :steps], lengths
+                c_decoder_greedy(&self.d, &loop.g, groups)
+        loop.raise_caught()
+        return loop.out[:, :loop.steps], loop.lengths
 
-    def beam(self, limits, long K, double length_penalty=0.6, min_len=0, ngram=0, bos=1, eos=2, pad=0,
-             int groups=1, banned=(), bint forced_eos=False, bint renormalize=False, length_form="gnmt",
-             early_stopping=True):
-        """Beam search's whole loop in C (csrc/decoder.h: decoder_beam), K rows a sentence
-        (N = B * K). limits, min_len, ngram, bos, eos, pad, groups as in greedy; length_penalty:
-        the exponent, finite (and >= 0 for GNMT's form). banned, forced_eos as in greedy; renormalize: every row
-        normalised again after the bans; length_form: "gnmt" ((5 + len) / 6) ** alpha or
-        "generate" len ** alpha; early_stopping: True (done at K finished), False or "never"
-        (generate's rules, csrc/decoder.h). Returns (best, best_len): int64 [B, max(limits)] holding
-        each sentence's best-scored finished hypothesis (EOS dropped) and int64 [B], its length
-        (-1: none finished). Writes the caches and the step buffers."""
+    cdef DecoderLoop _beam_loop(self, limits, long K, double length_penalty, min_len, ngram, bos, eos, pad,
+                                int groups, banned, bint forced_eos, bint renormalize, length_form,
+                                early_stopping):
+        """The arrays of beam search's loop (tf_beam), checked."""
         cdef tf_decoder *d = &self.d
         if K < 1 or d.N != d.B * K:
             raise ValueError(f"K must be the rows a sentence: N = {d.N} rows for B = {d.B}, got K = {K}")
@@ -521,6 +594,8 @@ cdef class DecoderStep:
         cdef long steps = self._loop_args(limits, min_len, ngram, bos, eos, pad, groups)
         bans = self._ban_layout(banned, bos, eos, pad)
         cdef long B = d.B, N = d.N, ld = max(steps, 1)
+        cdef DecoderLoop loop = DecoderLoop.__new__(DecoderLoop)
+        loop.step, loop.is_beam, loop.steps = self, True, steps
         kept = np.zeros(N, np.float64)            # K per sentence
         n_kept = np.zeros(B, np.int64)
         best = np.full((B, ld), pad, np.int64)
@@ -530,12 +605,16 @@ cdef class DecoderStep:
         u8 = np.zeros(2 * B, np.uint8)
         origins = np.zeros((2, N, d.Tmax), np.int64)
         hyps = np.zeros((2, N, ld), np.int64)
+        loop.finished = np.zeros(max(B, 1), np.uint8)
+        loop.cancelled = np.zeros(max(B, 1), np.uint8)
+        loop.out, loop.lengths = best, best_len
+        loop.keep = [limits, bans, kept, n_kept, f64, i64, u8, origins, hyps]
         cdef double *pf = <double *>cnp.PyArray_DATA(<cnp.ndarray>f64)
         cdef int64_t *pi = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>i64)
         cdef uint8_t *pu = <uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>u8)
         cdef int64_t *po = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>origins)
         cdef int64_t *ph = <int64_t *>cnp.PyArray_DATA(<cnp.ndarray>hyps)
-        cdef tf_beam g
+        cdef tf_beam *g = &loop.bm
         g.limits = <const int64_t *>cnp.PyArray_DATA(<cnp.ndarray>limits)
         g.K, g.min_len, g.ngram, g.length_penalty = K, min_len, ngram, length_penalty
         g.bos, g.eos, g.pad = bos, eos, pad
@@ -554,15 +633,53 @@ cdef class DecoderStep:
         g.done, g.last_step = pu, pu + B
         g.origin, g.origin_spare = po, po + N * d.Tmax
         g.hyps, g.hyps_spare = ph, ph + N * ld
-        cdef _signals caught = _signals(NULL, NULL, NULL)
-        cdef tf_poll poll = tf_poll(_poll_signals, &caught, 0)
-        g.poll = &poll
-        if B:
+        g.poll = &loop.poll
+        g.finished = g.cancelled = NULL     # a wave's only (wave())
+        loop.wave.greedy, loop.wave.beam = NULL, g
+        loop.wave.d = d
+        return loop
+
+    def beam(self, limits, long K, double length_penalty=0.6, min_len=0, ngram=0, bos=1, eos=2, pad=0,
+             int groups=1, banned=(), bint forced_eos=False, bint renormalize=False, length_form="gnmt",
+             early_stopping=True):
+        """Beam search's whole loop in C (csrc/decoder.h: decoder_beam), K rows a sentence
+        (N = B * K). limits, min_len, ngram, bos, eos, pad, groups as in greedy; length_penalty:
+        the exponent, finite (and >= 0 for GNMT's form). banned, forced_eos as in greedy; renormalize: every row
+        normalised again after the bans; length_form: "gnmt" ((5 + len) / 6) ** alpha or
+        "generate" len ** alpha; early_stopping: True (done at K finished), False or "never"
+        (generate's rules, csrc/decoder.h). Returns (best, best_len): int64 [B, max(limits)] holding
+        each sentence's best-scored finished hypothesis (EOS dropped) and int64 [B], its length
+        (-1: none finished). Writes the caches and the step buffers."""
+        cdef DecoderLoop loop = self._beam_loop(limits, K, length_penalty, min_len, ngram, bos, eos, pad, groups,
+                                                banned, forced_eos, renormalize, length_form, early_stopping)
+        if self.d.B:
             with nogil:
-                c_decoder_beam(d, &g, groups)
-        if poll.stopped:
-            _raise_caught(&caught)
-        return best[:, :steps], best_len
+                c_decoder_beam(&self.d, &loop.bm, groups)
+        loop.raise_caught()
+        return loop.out[:, :loop.steps], loop.lengths
+
+    def wave(self, limits, long K=1, double length_penalty=0.6, min_len=0, ngram=0, bos=1, eos=2, pad=0,
+             banned=(), bint forced_eos=False, bint renormalize=False, length_form="gnmt", early_stopping=True):
+        """This call's sentences as a wave of a DecoderStream (csrc/stream.h), before their first
+        step: greedy decoding for K = 1 (arguments as greedy's; length_penalty, renormalize,
+        length_form and early_stopping unused), else beam search of K beams (as beam's). Its
+        step buffers are unused: the stream's hold every wave's rows."""
+        cdef DecoderLoop loop
+        if K == 1:
+            loop = self._greedy_loop(limits, min_len, ngram, bos, eos, pad, 1, banned, forced_eos)
+            loop.g.finished = <uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>loop.finished)
+            loop.g.cancelled = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>loop.cancelled)
+            loop.g.poll = NULL
+        else:
+            loop = self._beam_loop(limits, K, length_penalty, min_len, ngram, bos, eos, pad, 1, banned, forced_eos,
+                                   renormalize, length_form, early_stopping)
+            loop.bm.finished = <uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>loop.finished)
+            loop.bm.cancelled = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>loop.cancelled)
+            loop.bm.poll = NULL
+        loop.K = K
+        if self.d.B:
+            c_decoder_wave_begin(&loop.wave)
+        return loop
 
 def argmax_rows(x, bint reference=False):
     """int64 [n]: each row's argmax as a decoding step takes it (numpy's: the first index of the

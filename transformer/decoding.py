@@ -539,8 +539,8 @@ def greedy_decode(model, src, max_len=None, min_len=0, return_attention=False, n
     sentence's token at its length limit is EOS (generate's forced_eos_token_id); banned: a
     tuple of token ids never chosen (generate's bad_words_ids of one token)."""
     precision = check_precision(precision)
-    src, limits, min_len, no_repeat_ngram = _check_decode_args(model, src, max_len, min_len, no_repeat_ngram)
-    rules = _check_rules(model, forced_eos, banned)
+    src, limits, min_len, no_repeat_ngram, rules = greedy_args(model, src, max_len, min_len, no_repeat_ngram,
+                                                               forced_eos, banned)
     workspace = _lend_workspace(model)
     try:
         return _greedy_decode(model, src, limits, min_len, no_repeat_ngram, return_attention, workspace,
@@ -653,6 +653,21 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
     stopping at beam_size finished hypotheses.
     """
     precision = check_precision(precision)
+    src, K, limits, min_len, no_repeat_ngram, rules = beam_args(
+        model, src, beam_size, max_len, length_penalty, min_len, no_repeat_ngram, precision, forced_eos, banned,
+        renormalize, length_form, early_stopping)
+    workspace = _lend_workspace(model)
+    try:
+        return _beam_search(model, src, K, limits, float(length_penalty), min_len, no_repeat_ngram,
+                            workspace, precision, rules)
+    finally:
+        _return_workspace(model, workspace)
+
+
+def beam_args(model, src, beam_size, max_len, length_penalty, min_len, no_repeat_ngram, precision, forced_eos,
+              banned, renormalize, length_form, early_stopping):
+    """beam_search's arguments checked: (src, beam_size, limits, min_len, no_repeat_ngram, rules).
+    What a stream's wave (streaming.py) checks too."""
     if isinstance(beam_size, bool) or not isinstance(beam_size, (int, np.integer)) or beam_size < 1:
         raise ValueError(f"beam_size must be an int >= 1, got {beam_size!r}")
     # generate's len ** a may take a < 0 (shorter preferred); GNMT's alpha is >= 0
@@ -669,12 +684,13 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
                  early_stopping=early_stopping if isinstance(early_stopping, str) else bool(early_stopping))
     _check_memory(model.cfg, src.shape[0] * int(beam_size), int(limits.max()),
                   f"beam_size {beam_size} for {src.shape[0]} sentence{'' if src.shape[0] == 1 else 's'}", precision)
-    workspace = _lend_workspace(model)
-    try:
-        return _beam_search(model, src, int(beam_size), limits, float(length_penalty), min_len, no_repeat_ngram,
-                            workspace, precision, rules)
-    finally:
-        _return_workspace(model, workspace)
+    return src, int(beam_size), limits, min_len, no_repeat_ngram, rules
+
+
+def greedy_args(model, src, max_len, min_len, no_repeat_ngram, forced_eos, banned):
+    """greedy_decode's arguments checked: (src, limits, min_len, no_repeat_ngram, rules)."""
+    src, limits, min_len, no_repeat_ngram = _check_decode_args(model, src, max_len, min_len, no_repeat_ngram)
+    return src, limits, min_len, no_repeat_ngram, _check_rules(model, forced_eos, banned)
 
 
 def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace, precision, rules):

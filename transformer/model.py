@@ -235,6 +235,13 @@ class Seq2SeqTransformer:
         if isinstance(length_penalty, np.floating):     # np.float32(0.6) is a number too
             length_penalty = float(length_penalty)
         max_len, rules = self._generation_rules(max_len, forced_eos, banned)
+        options = self._beam_options(beam_size, length_penalty, renormalize, early_stopping)
+        return beam_search(self, src, max_len=max_len, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
+                           precision=precision, **rules, **options)
+
+    def _beam_options(self, beam_size, length_penalty, renormalize, early_stopping):
+        """beam_search's options: what the caller passed, else the model's generation settings,
+        else this engine's defaults (beam_search's docstring)."""
         settings = self.generation
         if settings is None:
             defaults = dict(beam_size=4, length_penalty=0.6, renormalize=False, early_stopping=True,
@@ -245,9 +252,7 @@ class Seq2SeqTransformer:
                             length_form="generate")
         given = dict(beam_size=beam_size, length_penalty=length_penalty, renormalize=renormalize,
                      early_stopping=early_stopping)
-        options = {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}
-        return beam_search(self, src, max_len=max_len, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
-                           precision=precision, **rules, **options)
+        return {k: defaults[k] if given.get(k) is None else given[k] for k in defaults}
 
     def forward(self, src, tgt_in, return_attention=False, precision="fp32"):
         """Logits float32 [B, T, tgt_vocab] for src [B, S] and the shifted target tgt_in [B, T]

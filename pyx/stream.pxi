@@ -1,0 +1,83 @@
+# Iteration-level batching in C (csrc/stream.h). Included by _C.pyx after decoder.pxi.
+
+cdef class DecoderStream:
+    """The step buffers of a stream: rows for every live wave's rows at one step. run() steps
+    waves (DecoderStep.wave) together, each wave's rows attending over its own caches; between
+    two runs the caller adds waves and drops the finished ones (csrc/stream.h)."""
+    cdef dict buffers
+    cdef readonly long rows
+
+    def __init__(self, dict buffers, long rows):
+        """buffers: writeable float32 arrays named as in DecoderStep's (x, h, tmp, ctx, query: [rows, D];
+        qkv: [rows, 3D]; ff_pre, ff_act: [rows, d_ff]; logits: [rows, V]; mean, rstd: [rows]),
+        disjoint; their widths are checked against the waves' model at each run."""
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        for name in _DS_BUFFERS:
+            _ds_buffer(buffers, name, rows, 0 if name in ("mean", "rstd") else -1)
+        self.buffers = {name: buffers[name] for name in _DS_BUFFERS}
+        self.rows = rows
+
+    def run(self, list waves, long max_steps, arrived=None, int groups=1):
+        """Steps the live waves together until one of their sentences finishes (its wave's
+        finished flag set), arrived[0] (int32 [1], set by another thread) is nonzero, or max_steps
+        steps are done; returns the steps taken. Every wave must come from a DecoderStep over the
+        same prepared weights at the instruction set in use, and the live waves' rows must fit
+        the buffers' rows. groups: blocks of rows, one per thread (1: every kernel with the
+        process's team)."""
+        if groups < 1:
+            raise ValueError(f"groups must be >= 1, got {groups}")
+        if max_steps < 0:
+            raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+        cdef const int *pa = NULL
+        if arrived is not None:
+            _check(arrived, "arrived", np.dtype(np.int32), 1)
+            if arrived.shape[0] < 1:
+                raise ValueError("arrived must hold one int32")
+            pa = <const int *>cnp.PyArray_DATA(<cnp.ndarray>arrived)
+        live = [w for w in waves if isinstance(w, DecoderLoop) and (<DecoderLoop>w).wave.loop.n > 0]
+        for i, w in enumerate(waves):
+            if not isinstance(w, DecoderLoop) or (<DecoderLoop>w).g.finished == NULL and \
+                    (<DecoderLoop>w).bm.finished == NULL:
+                raise TypeError(f"waves[{i}] must be a wave from DecoderStep.wave, got {type(w).__name__}")
+        if not live:
+            return 0
+        cdef DecoderStep first = <DecoderStep>(<DecoderLoop>live[0]).step
+        cdef tf_decoder d = first.d
+        cdef DecoderStep other
+        cdef long total = 0
+        for w in live:
+            other = <DecoderStep>(<DecoderLoop>w).step
+            if other.level != tf_isa():
+                raise ValueError(f"a wave's weights were packed for the {tf_isa_name(other.level).decode()} kernels, "
+                                 f"the instruction set is now {tf_isa_name(tf_isa()).decode()}")
+            if other.d.generator.w != d.generator.w or other.d.layers[0].qkv.w != d.layers[0].qkv.w \
+                    or other.d.n_layers != d.n_layers or other.d.kv16 != d.kv16:
+                raise ValueError("every wave of a stream must decode with the same prepared weights")
+            total += (<DecoderLoop>w).rows
+        if total > self.rows:
+            raise ValueError(f"the live waves take {total} rows, the stream holds {self.rows}")
+        cdef long N = self.rows
+        for name, width in (("x", d.D), ("h", d.D), ("tmp", d.D), ("ctx", d.D), ("query", d.D), ("qkv", 3 * d.D),
+                            ("ff_pre", d.d_ff), ("ff_act", d.d_ff), ("logits", d.V)):
+            if self.buffers[name].shape[1] != width:
+                raise ValueError(f"buffers[{name!r}] must be [{N}, {width}] for this model, got "
+                                 f"{self.buffers[name].shape}")
+        d.N = N
+        d.x, d.h = _ds_ptr(self.buffers, "x", N, -1), _ds_ptr(self.buffers, "h", N, -1)
+        d.tmp, d.ctx = _ds_ptr(self.buffers, "tmp", N, -1), _ds_ptr(self.buffers, "ctx", N, -1)
+        d.query, d.qkv = _ds_ptr(self.buffers, "query", N, -1), _ds_ptr(self.buffers, "qkv", N, -1)
+        d.ff_pre, d.ff_act = _ds_ptr(self.buffers, "ff_pre", N, -1), _ds_ptr(self.buffers, "ff_act", N, -1)
+        d.logits = _ds_ptr(self.buffers, "logits", N, -1)
+        d.mean, d.rstd = _ds_ptr(self.buffers, "mean", N, 0), _ds_ptr(self.buffers, "rstd", N, 0)
+        cdef int n = len(live)
+        cdef tf_wave **pw = <tf_wave **>calloc(n, sizeof(tf_wave *))
+        if pw == NULL:
+            raise MemoryError()
+        for i, w in enumerate(live):
+            pw[i] = &(<DecoderLoop>w).wave
+        cdef long steps
+        with nogil:
+            steps = c_decoder_stream(&d, pw, n, max_steps, pa, groups)
+        free(pw)
+        return steps

@@ -1,0 +1,145 @@
+"""Iteration-level batching (transformer/streaming.py, csrc/stream.c) against the decoding calls:
+every sentence of a wave that joined a running batch at any step gets the tokens greedy_decode or
+beam_search give it, alone or in its offline batch."""
+import numpy as np
+import pytest
+
+import transformer as T
+from transformer import decoding
+from transformer.streaming import DecodingStream
+
+from test_decoding import MARIAN, make_model
+
+
+def _pieces(rng, vocab, n, longest=9):
+    return [rng.integers(3, vocab, size=int(rng.integers(1, longest + 1))).tolist() for _ in range(n)]
+
+
+def _offline(model, pieces, beam, precision, ngram=0, max_len=None):
+    """Each piece decoded alone, as translate would (batch of one)."""
+    out = []
+    for ids in pieces:
+        src = np.array([ids], np.int64)
+        if beam > 1:
+            out.append(model.beam_search(src, beam_size=beam, precision=precision, no_repeat_ngram=ngram,
+                                         max_len=max_len)[0])
+        else:
+            out.append(model.greedy_decode(src, precision=precision, no_repeat_ngram=ngram, max_len=max_len)[0])
+    return out
+
+
+def _drive(stream, waves, joins, max_steps=1):
+    """Adds waves[i] (pieces, beam, ngram) after joins[i] runs of max_steps, runs to the end;
+    returns {tag: tokens}."""
+    got, runs, pending = {}, 0, list(zip(joins, waves))
+    while pending or any(w.live for w in stream.waves):
+        while pending and pending[0][0] <= runs:
+            _, (tag0, pieces, beam, ngram) = pending.pop(0)
+            stream.add(pieces, [(tag0, i) for i in range(len(pieces))], beam=beam, no_repeat_ngram=ngram)
+        for tag, tokens in stream.run(max_steps=max_steps):
+            assert tag not in got, f"{tag} returned twice"
+            got[tag] = tokens
+        runs += 1
+    return got
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("options", [dict(), dict(norm_first=True, activation="gelu"),
+                                     dict(activation="silu", **MARIAN)], ids=["post-ln", "pre-ln", "marian"])
+def test_waves_that_join_at_any_step_get_the_tokens_of_their_sentences_decoded_alone(precision, options):
+    model = make_model(seed=3, **options)
+    rng = np.random.default_rng(5)
+    vocab = model.cfg.src_vocab_size
+    waves = [(w, _pieces(rng, vocab, int(rng.integers(1, 5))), beam, ngram)
+             for w, (beam, ngram) in enumerate([(1, 0), (3, 0), (1, 2), (2, 0), (3, 2), (1, 0), (4, 0)])]
+    joins = [0, 0, 1, 3, 4, 9, 10]
+    stream = DecodingStream(model, precision, rows=64)
+    got = _drive(stream, waves, joins)
+    for tag, pieces, beam, ngram in waves:
+        expected = _offline(model, pieces, beam, precision, ngram)
+        assert [got[(tag, i)] for i in range(len(pieces))] == expected, (tag, beam, ngram)
+    assert not stream.waves
+
+
+def test_a_sentence_gets_the_tokens_of_its_offline_batch_with_rows_split_across_threads(monkeypatch):
+    """Blocks of rows (one per thread) cut waves anywhere: the tokens do not move."""
+    monkeypatch.setattr(decoding, "DECODE_GROUPS", 3)
+    model = make_model(seed=4)
+    rng = np.random.default_rng(6)
+    batch = _pieces(rng, model.cfg.src_vocab_size, 7)
+    src = np.zeros((len(batch), max(map(len, batch))), np.int64)
+    for row, ids in enumerate(batch):
+        src[row, :len(ids)] = ids
+    for beam in (1, 3):
+        expected = model.beam_search(src, beam_size=beam) if beam > 1 else model.greedy_decode(src)
+        stream = DecodingStream(model, rows=64)
+        waves = [(0, batch[:3], beam, 0), (1, batch[3:4], beam, 0), (2, batch[4:], beam, 0)]
+        got = _drive(stream, waves, [0, 2, 3])
+        order = [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (2, 1), (2, 2)]
+        assert [got[tag] for tag in order] == expected
+
+
+def test_run_returns_when_a_sentence_finishes_or_a_wave_arrives():
+    model = make_model(seed=3)
+    stream = DecodingStream(model, rows=16)
+    stream.add([[5, 6, 7, 8]], ["long"], beam=1, max_len=20)
+    stream.arrived[0] = 1
+    assert stream.run(max_steps=50) == []            # one step, then back: a wave is waiting
+    assert stream.waves[0].loop.rows == 1
+    stream.arrived[0] = 0
+    stream.add([[9]], ["short"], beam=1, max_len=2)
+    done = {}
+    while stream.waves:
+        finished = stream.run(max_steps=50)
+        assert finished or not stream.waves          # back only when something finished
+        done.update(finished)
+    assert done == {"long": model.greedy_decode(np.array([[5, 6, 7, 8]]), max_len=20)[0],
+                    "short": model.greedy_decode(np.array([[9]]), max_len=2)[0]}
+
+
+def test_a_cancelled_sentence_leaves_and_is_never_returned_while_the_others_go_on():
+    model = make_model(seed=3)
+    rng = np.random.default_rng(8)
+    pieces = _pieces(rng, model.cfg.src_vocab_size, 4)
+    for beam in (1, 2):
+        stream = DecodingStream(model, rows=32)
+        wave = stream.add(pieces, list(range(4)), beam=beam, max_len=12)
+        stream.run(max_steps=1)
+        wave.cancel(1)
+        got = {}
+        while stream.waves:
+            got.update(stream.run(max_steps=1))
+        assert 1 not in got
+        expected = _offline(model, pieces, beam, "fp32", max_len=12)
+        assert {i: got[i] for i in (0, 2, 3)} == {i: expected[i] for i in (0, 2, 3)}
+
+
+def test_a_wave_past_the_streams_rows_is_refused_naming_them():
+    model = make_model(seed=3)
+    stream = DecodingStream(model, rows=5)
+    stream.add([[4, 5]] * 2, ["a", "b"], beam=2)
+    with pytest.raises(ValueError, match="a wave of 2 rows does not fit: 4 of 5 in use"):
+        stream.add([[4, 5]], ["c"], beam=2)
+    with pytest.raises(ValueError, match="rows must be an int >= 1"):
+        DecodingStream(model, rows=0)
+
+
+def test_waves_of_two_models_are_refused_in_one_stream():
+    one, other = make_model(seed=3), make_model(seed=4)
+    stream = DecodingStream(one, rows=8)
+    stream.add([[4, 5]], ["a"])
+    foreign = DecodingStream(other, rows=8).add([[4, 5]], ["b"])
+    stream.waves.append(foreign)
+    with pytest.raises(ValueError, match="same prepared weights"):
+        stream.run()
+
+
+def test_the_c_stream_checks_its_arguments():
+    model = make_model(seed=3)
+    stream = DecodingStream(model, rows=8)
+    with pytest.raises(TypeError, match=r"waves\[0\] must be a wave from DecoderStep.wave"):
+        stream._stream.run(["not a wave"], 1)
+    with pytest.raises(TypeError, match="arrived must have dtype int32"):
+        stream._stream.run([], 1, np.zeros(1, np.int64))
+    with pytest.raises(ValueError, match="buffers must hold 'x'"):
+        T._C.DecoderStream({}, 4)
