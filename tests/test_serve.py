@@ -228,7 +228,7 @@ class Held:
 
     def __init__(self, served):
         self.inner, self.release, self.decoded = served, threading.Event(), []
-        self.model, self.src_tokenizer = served.model, served.src_tokenizer
+        self.model, self.src_tokenizer, self.defaults = served.model, served.src_tokenizer, served.defaults
 
     def decode(self, pieces, **options):
         self.release.wait(30)
@@ -239,7 +239,7 @@ class Held:
 def test_the_queue_is_bounded_and_a_cancelled_request_is_dropped(model_dir):
     served = load_models([model_dir], load=load_for_inference)
     held = Held(served["eng-spa"])
-    scheduler = Scheduler({"eng-spa": held}, max_queue=5)
+    scheduler = Scheduler({"eng-spa": held}, max_queue=5, batching="batch")   # Held stands in for decode
     options = served["eng-spa"].options()
     try:
         first = scheduler.submit("eng-spa", ["the cat"], options)          # taken at once: the thread waits
@@ -255,6 +255,79 @@ def test_the_queue_is_bounded_and_a_cancelled_request_is_dropped(model_dir):
         assert sum(held.decoded) == 4            # the cancelled request's two sentences were never decoded
     finally:
         held.release.set()
+        scheduler.stop()
+
+
+@pytest.mark.parametrize("batching", ["step", "batch"])
+def test_the_scheduler_answers_each_text_with_its_offline_translation(model_dir, batching):
+    """Requests that arrive while others decode (joining between steps, or waiting for the batch),
+    greedy and beam 4 side by side: each gets the offline translation of its own text."""
+    served = load_models([model_dir], load=load_for_inference)
+    scheduler = Scheduler(served, batch_size=8, batching=batching)
+    texts = sentences(40, seed=11)
+    want = {4: offline(model_dir, texts), 1: offline(model_dir, texts, beam=1)}
+    try:
+        futures = []
+        for i, text in enumerate(texts):
+            beam = 1 if i % 3 == 2 else 4
+            futures.append((i, beam, scheduler.submit("eng-spa", [text], served["eng-spa"].options(beam=beam))))
+            time.sleep(0.001 * (i % 4))
+        for i, beam, future in futures:
+            assert future.result(60) == [want[beam][i]], (i, beam)
+    finally:
+        scheduler.stop()
+
+
+def _never_ending(model_dir):
+    """The served models with EOS's logit pushed down: every sentence decodes to its length limit."""
+    served = load_models([model_dir], load=load_for_inference)
+    model = served["eng-spa"].model
+    model.params.data["generator.bias"][model.cfg.eos_id] -= 1e4
+    return served
+
+
+@pytest.mark.parametrize("batching", ["step", "batch"])
+def test_a_short_request_during_a_long_batch_is_answered_at_its_own_end_only_with_step(model_dir, batching):
+    """Iteration-level batching's point: a one-sentence request that arrives while 48 long ones
+    decode joins at the next step and is answered before them; batching between batches makes
+    it wait for the whole batch."""
+    served = _never_ending(model_dir)
+    scheduler = Scheduler(served, batching=batching)
+    done = []
+    try:
+        long = scheduler.submit("eng-spa", sentences(48, seed=12), served["eng-spa"].options(max_len=100))
+        long.add_done_callback(lambda _: done.append("long"))
+        deadline = time.monotonic() + 30
+        while not (scheduler._decoding or long.done()) and time.monotonic() < deadline and batching == "step":
+            time.sleep(0.0005)
+        time.sleep(0.005)
+        short = scheduler.submit("eng-spa", ["a"], served["eng-spa"].options(max_len=2))
+        short.add_done_callback(lambda _: done.append("short"))
+        assert short.result(60) == translate_texts(served["eng-spa"].model, served["eng-spa"].src_tokenizer,
+                                                   served["eng-spa"].tgt_tokenizer, ["a"], beam=4, max_len=2)
+        long.result(60)
+    finally:
+        scheduler.stop()
+    assert done == (["short", "long"] if batching == "step" else ["long", "short"])
+
+
+def test_a_request_cancelled_while_decoding_leaves_the_batch(model_dir):
+    served = _never_ending(model_dir)
+    scheduler = Scheduler(served)
+    model, src_tok, tgt_tok = served["eng-spa"].model, served["eng-spa"].src_tokenizer, served["eng-spa"].tgt_tokenizer
+    try:
+        gone = scheduler.submit("eng-spa", sentences(16, seed=13), served["eng-spa"].options(max_len=100))
+        deadline = time.monotonic() + 30
+        while not scheduler._decoding and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        scheduler.cancel(gone)
+        kept = scheduler.submit("eng-spa", ["the cat", "a dog"], served["eng-spa"].options())
+        assert kept.result(60) == translate_texts(model, src_tok, tgt_tok, ["the cat", "a dog"], beam=4)
+        while scheduler._decoding and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert not scheduler._decoding and not any(s.waves for s in scheduler._streams.values())
+        assert not gone.done()                   # nobody waits for it: never answered
+    finally:
         scheduler.stop()
 
 
@@ -386,16 +459,20 @@ def test_bench_serve_runs_every_engine_and_summarises(tmp_path):
     bible = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "bible-eng-spa.tsv.gz")
     if not os.path.exists(bible):
         pytest.skip("needs the Bible pairs in ../shared/data")
-    records = bench.run(configs=("tiny",), threads=1, clients=(1, 4), requests=8, data=bible,
-                        engines=("offline", "batched", "unbatched", "ctranslate2"))
+    records = bench.run(configs=("tiny",), threads=1, clients=(1, 4), requests=8, data=bible)
     served = [r for r in records if r["bench"] == "serve" and "skipped" not in r]
-    assert {(r["engine"], r["clients"]) for r in served} >= {("offline", None), ("batched", 1), ("batched", 4),
+    assert {(r["engine"], r["clients"]) for r in served} >= {("offline", None), ("step", 1), ("step", 4), ("batch", 4),
                                                               ("unbatched", 1), ("unbatched", 4)}
     assert all(r["sentences_per_s"] > 0 and r["tokens_per_s"] > 0 for r in served)
     assert all(r["p99_s"] >= r["p50_s"] > 0 for r in served if r["engine"] != "offline")
+    ours = [r for r in served if r["engine"] in ("step", "batch", "unbatched")]
+    assert ours and all(r["mismatches"] == 0 for r in ours)       # every answer: its sentence's offline one
+    mixed = [r for r in served if r.get("workload") == "mixed"]
+    assert {r["engine"] for r in mixed} == {"step", "batch"} and all(r["short_p99_s"] > 0 for r in mixed)
     summary = records[-1]
-    assert summary["bench"] == "serve_summary" and summary["cpu"]
-    assert "| tiny | batched | 4 |" in bench.table(records)
+    assert summary["bench"] == "serve_summary" and summary["cpu"] and summary["mismatches"] == 0
+    assert "mixed_short_p99_step_vs_batch" in summary
+    assert "| tiny | step | uniform | 4 |" in bench.table(records)
 
 
 def test_a_request_past_the_queue_bound_gets_429_with_retry_after(model_dir):

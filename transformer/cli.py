@@ -1015,6 +1015,10 @@ def build_parser():
     serve.add_argument("--batch-size", type=_positive_int, default=64,
                        help="sentences a batch at most (1: one sentence at a time, no batching across "
                             "requests; default 64)")
+    serve.add_argument("--batching", choices=["step", "batch"], default="step",
+                       help="step: sentences join the running batch between decoder steps and leave it when "
+                            "done (iteration-level batching; default); batch: each batch decoded to its end "
+                            "before the next starts")
     serve.add_argument("--max-queue", type=_positive_int, default=4096,
                        help="sentences waiting at most; past it requests get 429 with Retry-After (default 4096)")
     serve.add_argument("--char-limit", type=_non_negative_int, default=5000,

@@ -35,6 +35,11 @@ class Wave:
     def live(self):
         return self.loop.live
 
+    @property
+    def sentences_left(self):
+        """Its sentences still decoding."""
+        return self.loop.rows // self.loop.K
+
     def cancel(self, index):
         """Sentence `index` leaves at the next step; it is never returned."""
         self.loop.cancelled[index] = 1
@@ -107,8 +112,8 @@ class DecodingStream:
 
     def run(self, max_steps=64):
         """Steps every live wave together until a sentence finishes, `arrived` is set, or
-        max_steps; returns [(tag, tokens)] of the sentences finished since the last run (not
-        those cancelled), and drops the waves that are done."""
+        max_steps; returns [(tag, tokens)] of the sentences finished since the last run (tokens
+        None for those cancelled), and drops the waves that are done."""
         if any(wave.live for wave in self.waves):
             rows = self.rows_in_use()
             groups = step_groups(self.model.cfg, self.precision, _C.get_num_threads(), rows)
@@ -118,8 +123,8 @@ class DecodingStream:
             new = np.flatnonzero(wave.loop.finished[:len(wave.tags)].astype(bool) & ~wave.delivered)
             for index in new.tolist():
                 wave.delivered[index] = True
-                if not wave.loop.cancelled[index]:
-                    finished.append((wave.tags[index], wave.loop.result(index)))
+                cancelled = wave.loop.cancelled[index]
+                finished.append((wave.tags[index], None if cancelled else wave.loop.result(index)))
         for wave in [w for w in self.waves if not w.live]:
             self.waves.remove(wave)
             self._spare_workspaces.append(wave.workspace)

@@ -7,7 +7,10 @@ engine does the same work: random weights seldom stop earlier) and each count of
 clients, each client sending one sentence a request, one after the other:
 
     offline      the same sentences through translate_texts, batched: the limit, no HTTP
-    batched      our server as it ships: the sentences of concurrent requests decoded together
+    step         our server as it ships: the sentences of concurrent requests decoded together,
+                 joining and leaving the running batch between decoder steps (--batching step)
+    batch        our server batching between batches (--batching batch): a batch decoded to its
+                 end before the next starts
     unbatched    our server one sentence at a time (--batch-size 1): what the peers' servers do
     ctranslate2  CTranslate2 behind the same HTTP front (our aiohttp app and scheduler), its
                  Translator given every batch the scheduler collects: translate_batch of what is
@@ -17,8 +20,17 @@ clients, each client sending one sentence a request, one after the other:
                  among them by max_batch_size); records name it (ctranslate2_layout)
 
 Each record: sentences/s and output tokens/s (the answers' tokens, counted by encoding them again
-with the target tokenizer), and the p50 / p99 latency of a request. Servers run in processes of
-their own; the clients, asyncio with aiohttp, in this one. Nothing here is timed in tests.
+with the target tokenizer), and the p50 / p99 latency of a request; for our servers, `mismatches`:
+the answers that differ from the offline translation of their own sentence (0, or the server is
+wrong). Servers run in processes of their own; the clients, asyncio with aiohttp, in this one.
+
+Then the workload iteration-level batching is for, "mixed" (step and batch, MIXED_CLIENTS
+clients): every other request asks for at most SHORT_LEN output tokens (POST /v1/translate's
+max_len), the others for MAX_LEN; the records give the short requests' p50 / p99 apart
+(short_p50_s, short_p99_s). Batching between batches makes a short request wait for the long
+ones of its batch, and of the batch before it.
+
+Nothing here is timed in tests.
 """
 import asyncio
 import json
@@ -40,6 +52,8 @@ CONFIGS = {
 }
 CLIENTS = (1, 8, 64, 256)
 MAX_LEN = 64                 # output tokens a sentence at most, for every engine
+SHORT_LEN = 8                # the short requests of the mixed workload
+MIXED_CLIENTS = 64
 MAX_SOURCE = 120             # source tokens a sentence at most (longer dev sentences are left out)
 # The Bible pairs as a checkout has them (../shared/data beside it): from the checkout's root, or
 # beside the package when it is installed in place (pip install -e).
@@ -107,10 +121,10 @@ class ServerProcess:
             self.process.wait()
 
 
-def ours(directory, threads, precision, beam, batch_size):
+def ours(directory, threads, precision, beam, batch_size, batching="step"):
     return ServerProcess([sys.executable, "-m", "transformer", "serve", "--model", directory, "--threads",
                           str(threads), "--precision", precision, "--beam", str(beam), "--max-len", str(MAX_LEN),
-                          "--batch-size", str(batch_size), "--max-queue", "100000"])
+                          "--batch-size", str(batch_size), "--max-queue", "100000", "--batching", batching])
 
 
 def ctranslate2_server(directory, threads, compute_type, beam):
@@ -173,7 +187,7 @@ def serve_ctranslate2(directory, threads, compute_type, beam):
 
     port = int(sys.argv[sys.argv.index("--port") + 1]) if "--port" in sys.argv else 8000
     served = CTranslate2Served(directory, threads, compute_type, beam)
-    app, scheduler = build({"en-es": served}, max_queue=100000)
+    app, scheduler = build({"en-es": served}, max_queue=100000, batching="batch")   # its decode: translate_batch
 
     async def drain(app):
         scheduler.stop()
@@ -181,25 +195,31 @@ def serve_ctranslate2(directory, threads, compute_type, beam):
     listen(app, "127.0.0.1", port, banner=[f"ctranslate2 layout {served.layout} (trial seconds {served.trials})"])
 
 
-async def _drive(url, texts, clients):
+async def _drive(url, texts, clients, max_lens=None):
     """`clients` concurrent clients, each sending the next text alone until none is left: (wall
-    seconds, latencies, answers in text order)."""
+    seconds, latencies in text order, answers in text order). max_lens: each text's max_len, sent
+    to POST /v1/translate (None: POST /translate, the server's defaults)."""
     import aiohttp
 
     queue = list(enumerate(texts))
-    answers, latencies = [None] * len(texts), []
+    answers, latencies = [None] * len(texts), [None] * len(texts)
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         async def client():
             while queue:
                 index, text = queue.pop(0)
+                body = {"q": text, "source": "en", "target": "es"}
+                path = "/translate"
+                if max_lens is not None:
+                    body["max_len"], path = max_lens[index], "/v1/translate"
                 started = time.perf_counter()
-                async with session.post(url + "/translate", json={"q": text, "source": "en", "target": "es"}) as r:
+                async with session.post(url + path, json=body) as r:
                     body = await r.json()
                     if r.status != 200:
                         raise RuntimeError(f"{url}: {r.status} {body}")
-                latencies.append(time.perf_counter() - started)
-                answers[index] = body["translatedText"]
+                latencies[index] = time.perf_counter() - started
+                answers[index] = body["translatedText"] if max_lens is None else \
+                    body["translations"][0]["translatedText"]
         started = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(clients)))
         return time.perf_counter() - started, latencies, answers
@@ -210,8 +230,9 @@ def _percentile(values, q):
 
 
 def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", beam=4, requests=None,
-        engines=("offline", "batched", "unbatched", "ctranslate2"), data=BIBLE, stream=None):
-    """The records (one JSON-able dict per config, engine and client count) and a summary per config."""
+        engines=("offline", "step", "batch", "unbatched", "ctranslate2"), data=BIBLE, stream=None, mixed=True):
+    """The records (one JSON-able dict per config, engine, workload and client count) and a summary
+    per config."""
     from ..checkpoint import load_for_inference
     from ..train import translate_texts
     from .decode import ctranslate2_compute_type
@@ -228,6 +249,9 @@ def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", 
         model.params.freeze()
         base = {"bench": "serve", "config": name, "threads": threads, "precision": precision, "beam": beam,
                 "max_len": MAX_LEN, "cpu": cpu_model()}
+        T.set_num_threads(threads)
+        counts = [requests or max(4 * n, 64) for n in clients] + [requests or 256]
+        texts = texts[:max(counts)]                 # every sample below cycles through these
 
         def emit(record):
             records.append(record)
@@ -236,21 +260,25 @@ def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", 
 
         def tokens(answers):
             return sum(len(tgt_tok.encode(a)) for a in answers)
+
+        def translate(sample, max_len=MAX_LEN):
+            return translate_texts(model, src_tok, tgt_tok, sample, beam=beam, max_len=max_len, precision=precision)
+        # the oracle of every answer of ours: each text's offline translation, at each max_len asked
+        offline = {MAX_LEN: dict(zip(texts, translate(texts)))}
+        if mixed:
+            offline[SHORT_LEN] = dict(zip(texts, translate(texts, SHORT_LEN)))
         if "offline" in engines:
-            T.set_num_threads(threads)
-            count = requests or 256
-            sample = texts[:count]
-            translate_texts(model, src_tok, tgt_tok, sample[:8], beam=beam, max_len=MAX_LEN, precision=precision)
+            sample = texts[:requests or 256]
+            translate(sample[:8])
             started = time.perf_counter()
-            answers = translate_texts(model, src_tok, tgt_tok, sample, beam=beam, max_len=MAX_LEN, precision=precision)
+            answers = translate(sample)
             seconds = time.perf_counter() - started
             emit({**base, "engine": "offline", "clients": None, "sentences": len(sample),
                   "sentences_per_s": round(len(sample) / seconds, 2), "tokens_per_s": round(tokens(answers) / seconds, 1)})
         servers = []
-        if "batched" in engines:
-            servers.append(("batched", lambda: ours(directory, threads, precision, beam, 64)))
-        if "unbatched" in engines:
-            servers.append(("unbatched", lambda: ours(directory, threads, precision, beam, 1)))
+        for engine, batch_size, batching in (("step", 64, "step"), ("batch", 64, "batch"), ("unbatched", 1, "step")):
+            if engine in engines:
+                servers.append((engine, lambda b=batch_size, m=batching: ours(directory, threads, precision, beam, b, m)))
         if "ctranslate2" in engines:
             compute_type, why = ctranslate2_compute_type(precision)
             if compute_type is None:
@@ -266,16 +294,28 @@ def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", 
             said = next((line.split(" ", 2)[2].strip() for line in server.banner
                          if line.startswith("ctranslate2 layout")), None)
             extra = {"ctranslate2_layout": said} if said else {}
+
+            def drive(n, count, max_lens=None):
+                sample = (texts * (count // len(texts) + 1))[:count]
+                seconds, latencies, answers = asyncio.run(_drive(server.url, sample, n, max_lens))
+                record = {**base, **extra, "engine": engine, "clients": n, "sentences": count,
+                          "sentences_per_s": round(count / seconds, 2), "tokens_per_s": round(tokens(answers) / seconds, 1),
+                          "p50_s": round(_percentile(latencies, 50), 4), "p99_s": round(_percentile(latencies, 99), 4)}
+                if engine != "ctranslate2":     # another engine: its own translations
+                    lens = max_lens or [MAX_LEN] * count
+                    record["mismatches"] = sum(a != offline[m][t] for a, t, m in zip(answers, sample, lens))
+                return record, latencies
             try:
                 asyncio.run(_drive(server.url, texts[:8], 2))          # warm-up
-                for n in clients:
-                    count = requests or max(4 * n, 64)
-                    sample = (texts * (count // len(texts) + 1))[:count]
-                    seconds, latencies, answers = asyncio.run(_drive(server.url, sample, n))
-                    emit({**base, **extra, "engine": engine, "clients": n, "sentences": count,
-                          "sentences_per_s": round(count / seconds, 2),
-                          "tokens_per_s": round(tokens(answers) / seconds, 1),
-                          "p50_s": round(_percentile(latencies, 50), 4), "p99_s": round(_percentile(latencies, 99), 4)})
+                for n, count in zip(clients, counts):
+                    emit({**drive(n, count)[0], "workload": "uniform"})
+                if mixed and engine in ("step", "batch"):
+                    count = counts[-1]
+                    max_lens = [SHORT_LEN if i % 2 else MAX_LEN for i in range(count)]
+                    record, latencies = drive(MIXED_CLIENTS, count, max_lens)
+                    short = [s for s, m in zip(latencies, max_lens) if m == SHORT_LEN]
+                    emit({**record, "workload": "mixed", "short_len": SHORT_LEN,
+                          "short_p50_s": round(_percentile(short, 50), 4), "short_p99_s": round(_percentile(short, 99), 4)})
             finally:
                 server.stop()
         emit(summary([r for r in records if r.get("config") == name and r["bench"] == "serve"], base))
@@ -284,32 +324,45 @@ def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", 
 
 
 def summary(records, base):
-    """The issue's targets read off one config's records: batched at 64 clients against offline
-    and against unbatched, p99 at 64 clients against the latency alone (1 client), and against
-    CTranslate2 at the same client count."""
-    def at(engine, n):
+    """The issue's targets read off one config's records: ours (step) at 64 clients against
+    offline and against unbatched, p99 at 64 clients against the latency alone (1 client), and
+    against CTranslate2 at the same client count; and the mixed workload's short requests, step
+    against batch."""
+    def at(engine, n, workload="uniform"):
         return next((r for r in records if r["engine"] == engine and r.get("clients") == n
-                     and "skipped" not in r), None)
+                     and r.get("workload", "uniform") == workload and "skipped" not in r), None)
     out = {**base, "bench": "serve_summary"}
-    offline, batched, unbatched, ct2 = at("offline", None), at("batched", 64), at("unbatched", 64), at("ctranslate2", 64)
-    alone = at("batched", 1)
-    if batched and offline:
-        out["batched_vs_offline_at_64"] = round(batched["sentences_per_s"] / offline["sentences_per_s"], 3)
-    if batched and unbatched:
-        out["batched_vs_unbatched_at_64"] = round(batched["sentences_per_s"] / unbatched["sentences_per_s"], 3)
-    if batched and alone:
-        out["p99_at_64_vs_alone"] = round(batched["p99_s"] / alone["p50_s"], 3)
-    if batched and ct2:
-        out["batched_vs_ctranslate2_at_64"] = round(batched["sentences_per_s"] / ct2["sentences_per_s"], 3)
-        out["p99_batched_vs_ctranslate2_at_64"] = round(batched["p99_s"] / ct2["p99_s"], 3)
+    offline, ours, batch, unbatched, ct2 = (at("offline", None), at("step", 64), at("batch", 64), at("unbatched", 64),
+                                            at("ctranslate2", 64))
+    alone = at("step", 1)
+    if ours and offline:
+        out["step_vs_offline_at_64"] = round(ours["sentences_per_s"] / offline["sentences_per_s"], 3)
+    if ours and batch:
+        out["step_vs_batch_at_64"] = round(ours["sentences_per_s"] / batch["sentences_per_s"], 3)
+    if ours and unbatched:
+        out["step_vs_unbatched_at_64"] = round(ours["sentences_per_s"] / unbatched["sentences_per_s"], 3)
+    if ours and alone:
+        out["p99_at_64_vs_alone"] = round(ours["p99_s"] / alone["p50_s"], 3)
+    if ours and ct2:
+        out["step_vs_ctranslate2_at_64"] = round(ours["sentences_per_s"] / ct2["sentences_per_s"], 3)
+        out["p99_step_vs_ctranslate2_at_64"] = round(ours["p99_s"] / ct2["p99_s"], 3)
+    step_mixed, batch_mixed = at("step", MIXED_CLIENTS, "mixed"), at("batch", MIXED_CLIENTS, "mixed")
+    if step_mixed and batch_mixed:
+        out["mixed_short_p50_step_vs_batch"] = round(step_mixed["short_p50_s"] / batch_mixed["short_p50_s"], 3)
+        out["mixed_short_p99_step_vs_batch"] = round(step_mixed["short_p99_s"] / batch_mixed["short_p99_s"], 3)
+        out["mixed_throughput_step_vs_batch"] = round(step_mixed["sentences_per_s"] / batch_mixed["sentences_per_s"], 3)
+    out["mismatches"] = sum(r.get("mismatches", 0) for r in records)
     return out
 
 
 def table(records):
-    rows = ["| config | engine | clients | sentences/s | tokens/s | p50 s | p99 s |", "|---|---|---|---|---|---|---|"]
+    rows = ["| config | engine | workload | clients | sentences/s | tokens/s | p50 s | p99 s | short p50 / p99 s |",
+            "|---|---|---|---|---|---|---|---|---|"]
     for r in records:
         if r["bench"] != "serve" or "skipped" in r:
             continue
-        rows.append(f"| {r['config']} | {r['engine']} | {r['clients'] or '-'} | {r['sentences_per_s']} | "
-                    f"{r['tokens_per_s']} | {r.get('p50_s', '-')} | {r.get('p99_s', '-')} |")
+        short = f"{r['short_p50_s']} / {r['short_p99_s']}" if "short_p50_s" in r else "-"
+        rows.append(f"| {r['config']} | {r['engine']} | {r.get('workload', '-')} | {r['clients'] or '-'} | "
+                    f"{r['sentences_per_s']} | {r['tokens_per_s']} | {r.get('p50_s', '-')} | {r.get('p99_s', '-')} | "
+                    f"{short} |")
     return "\n".join(rows)

@@ -2,7 +2,8 @@
 LibreTranslate API (aiohttp, the [serve] extra).
 
     models.py     the models served: loaded once, frozen, with their languages and defaults
-    scheduler.py  the one thread that owns them: every waiting request's sentences in shared batches
+    scheduler.py  the one thread that owns them: every waiting request's sentences in one running batch,
+                  joining and leaving it between decoder steps (transformer/streaming.py)
     app.py        the HTTP side: LibreTranslate's endpoints, ours, health, metrics, errors
     metrics.py    counters in Prometheus' text format
 """
@@ -66,7 +67,7 @@ def load_models(specs, beam=None, precision=None, max_len=None, no_repeat_ngram=
 
 
 def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5000, max_texts=64,
-          max_body=1 << 20, api_keys=None):
+          max_body=1 << 20, api_keys=None, batching="step"):
     """(aiohttp application, scheduler) serving `models`."""
     _aiohttp()
     from .app import Limits, Server
@@ -75,7 +76,7 @@ def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5
 
     metrics = Metrics()
     scheduler = Scheduler(models, batch_tokens=batch_tokens, batch_size=batch_size, max_queue=max_queue,
-                          metrics=metrics)
+                          metrics=metrics, batching=batching)
     server = Server(scheduler, Limits(char_limit, max_texts, max_body), metrics, api_keys)
     return server.app(), scheduler
 
@@ -128,7 +129,7 @@ def run(args, load):
     api_keys = read_api_keys(args.api_keys) if args.api_keys else None
     app, scheduler = build(models, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
                            max_queue=args.max_queue, char_limit=args.char_limit, max_texts=args.max_texts, max_body=args.max_body,
-                           api_keys=api_keys)
+                           api_keys=api_keys, batching=args.batching)
 
     async def drain(app):       # after the in-flight requests were answered: the scheduler stops
         scheduler.stop()

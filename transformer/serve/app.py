@@ -234,6 +234,9 @@ class Server:
                 raise BadRequest(f"{field} must be an integer >= {minimum}, got {value!r}")
             overrides[field] = value
         served = self.models[name]
+        if overrides.get("beam", 0) > self.scheduler.max_rows:
+            raise BadRequest(f"beam must be at most {self.scheduler.max_rows} (the decoder rows the server holds: "
+                             f"--batch-size x 4), got {overrides['beam']}")
         if overrides.get("max_len", 0) > served.model.cfg.max_len:
             raise BadRequest(f"max_len {overrides['max_len']}: the model has {served.model.cfg.max_len} positions")
         extras = {}

@@ -40,9 +40,16 @@ class ServedModel:
         """Translations of source id lists decoded together, as translate_texts decodes a batch;
         with scores or attention, a dict per piece (text, tokens, score, attention) instead."""
         src, hyps = decode_pieces(self.model, pieces, beam, max_len, no_repeat_ngram, precision)
+        return self.outputs(pieces, hyps, precision, scores, attention, src)
+
+    def outputs(self, pieces, hyps, precision, scores=False, attention=False, src=None):
+        """What decode returns for source id lists and their output tokens. src: the pieces
+        padded (collate), when the caller has it."""
         texts = [self.tgt_tokenizer.decode(hyp) for hyp in hyps]
         if not (scores or attention):
             return texts
+        if src is None:
+            src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), self.model.cfg.pad_id)[0]
         return self._details(src, pieces, hyps, texts, scores, attention, precision)
 
     def _details(self, src, pieces, hyps, texts, scores, attention, precision):

@@ -2,23 +2,29 @@
 
 Handlers parse and validate; they hand the scheduler a request's texts and wait on a future
 (STYLE.md, rule 14: one owner of the model; CTranslate2's BufferedTranslationWrapper keeps one
-background thread for its buffer the same way). The scheduler thread:
+background thread for its buffer the same way). A text is split into pieces the way `translate`
+splits it (pieces that fit the model's positions; an empty text is "" at once), and the pieces of
+all requests wait in one queue. The thread decodes them in one of two ways:
 
-1. takes every piece waiting in the queue (a text is split the way `translate` splits it: into
-   pieces that fit the model's positions; an empty text is "" at once);
-2. picks the group (model, decoding options) of the oldest piece waiting, and from that group the
-   oldest pieces that fit one batch (at most `batch_tokens` source tokens counted as rows x
-   longest, at most `batch_size` sentences, fewer with wide beams, as translate_texts does),
-   sorted by length;
-3. decodes that batch, hands each piece its translation, resolves every request whose pieces are
-   all done, and goes back to 1, so pieces that arrived meanwhile join the next batch.
+- "step" (the default): iteration-level batching (transformer/streaming.py, csrc/stream.h). The
+  waiting pieces join the running batch between two decoder steps as a wave (encoded together),
+  and each piece leaves it, and is answered, at its own last step: a one-sentence request that
+  arrives during a long batch starts at the next step and is answered when it is done, not when
+  the batch is. At most `batch_size` sentences and batch_size x 4 decoder rows (sentences x beam,
+  as translate_texts bounds a batch) are in flight; a wave holds at most `batch_tokens` source
+  tokens (rows x longest x beam).
+- "batch": batching between batches. The thread takes the oldest piece's group (model and
+  options) and from it the oldest pieces that fit one batch (the same bounds), decodes that batch
+  to its end, answers it, and takes the next: pieces that arrive meanwhile wait for it.
 
-A piece's translation does not depend on what it was batched with: the engine's batched greedy
-and beam search are row-independent (tests/test_serve.py checks every answer against the offline
-translation of its own sentence). The queue is bounded in pieces: a request that would pass
-`max_queue` is refused (QueueFull), never held in unbounded memory. A request whose client went
-away (cancel) has its waiting pieces dropped before they are decoded. stop() refuses new
-requests, finishes everything accepted, and ends the thread.
+With batch_size 1 both decode one sentence at a time (what the peers' servers do; the bench's
+"unbatched"). A piece's translation does not depend on what it was batched with, nor on the step
+it joined at: the engine's batched greedy and beam search are row-independent
+(tests/test_streaming.py; tests/test_serve.py checks every answer against the offline translation
+of its own sentence). The queue is bounded in pieces: a request that would pass `max_queue` is
+refused (QueueFull), never held in unbounded memory. A request whose client went away (cancel) has
+its waiting pieces dropped, and its pieces in the running batch leave it at the next step. stop()
+refuses new requests, finishes everything accepted, and ends the thread.
 """
 import collections
 import concurrent.futures
@@ -27,6 +33,10 @@ import threading
 import time
 
 from ..train import text_pieces
+
+BATCHING = ("step", "batch")
+# A stream returns to the thread at least this often (steps), so a stop or a cancel is seen.
+MAX_STEPS = 64
 
 
 class QueueFull(RuntimeError):
@@ -51,28 +61,38 @@ class _Request:
 
 
 class _Piece:
-    __slots__ = ("request", "index", "ids", "group", "order")
+    __slots__ = ("request", "index", "ids", "group", "order", "wave", "slot")
 
     def __init__(self, request, index, ids, group, order):
         self.request, self.index, self.ids, self.group, self.order = request, index, ids, group, order
+        self.wave = self.slot = None            # "step": where it decodes once admitted
 
 
 class Scheduler:
     """Decodes the waiting requests' pieces in shared batches on one thread.
 
-    models: {name: ServedModel}. batch_tokens / batch_size bound a batch; max_queue bounds the
-    pieces waiting. metrics: a serve.metrics.Metrics (or None)."""
+    models: {name: ServedModel}. batching: "step" or "batch" (module docstring). batch_tokens /
+    batch_size bound a batch; max_queue bounds the pieces waiting. metrics: a serve.metrics.Metrics
+    (or None)."""
 
-    def __init__(self, models, batch_tokens=4096, batch_size=64, max_queue=4096, metrics=None):
-        self.models = models
+    def __init__(self, models, batch_tokens=4096, batch_size=64, max_queue=4096, metrics=None, batching="step"):
+        if batching not in BATCHING:
+            raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
+        self.models, self.batching = models, batching
         self.batch_tokens, self.batch_size, self.max_queue = batch_tokens, batch_size, max_queue
+        # decoder rows in flight at most: batch_size sentences of 4 beams, as translate_texts
+        # bounds a batch, and never fewer than the widest default beam (one sentence of it)
+        self.max_rows = max([batch_size * 4] + [served.defaults["beam"] for served in models.values()])
         self.metrics = metrics
         self._waiting = collections.deque()
         self._pending = []              # taken from the queue, not yet decoded (oldest first)
+        self._decoding = set()          # "step": pieces admitted to a stream, not yet finished
+        self._streams = {}              # "step": (model name, precision) -> DecodingStream
         self._condition = threading.Condition()
         self._stopping = False
         self._order = itertools.count()
-        self._thread = threading.Thread(target=self._run, name="transformer-scheduler", daemon=True)
+        run = self._run_steps if batching == "step" else self._run_batches
+        self._thread = threading.Thread(target=run, name="transformer-scheduler", daemon=True)
         self._thread.start()
 
     # -- the handlers' side ------------------------------------------------------------------------
@@ -83,6 +103,10 @@ class Scheduler:
         translate_texts joins them; an empty text has no pieces)."""
         join = join or " ".join
         served = self.models[model_name]
+        beam = dict(options).get("beam", 1)
+        if beam > self.max_rows:
+            raise ValueError(f"beam {beam}: the server decodes at most {self.max_rows} rows at once "
+                             "(--batch-size x 4)")
         future = concurrent.futures.Future()
         pieces, owners = [], []
         for index, text in enumerate(texts):
@@ -104,13 +128,15 @@ class Scheduler:
                 self._waiting.append(_Piece(request, index, ids, group, next(self._order)))
             if self.metrics is not None:
                 self.metrics.queued(len(self._waiting) + len(self._pending))
+            for stream in self._streams.values():   # a running stream returns after its step
+                stream.arrived[0] = 1
             self._condition.notify()
         return future
 
     def cancel(self, future):
-        """The client went away: its pieces not yet decoded are dropped."""
+        """The client went away: its pieces not yet decoded are dropped, those decoding leave."""
         with self._condition:
-            for piece in itertools.chain(self._waiting, self._pending):
+            for piece in itertools.chain(self._waiting, self._pending, self._decoding):
                 if piece.request.future is future:
                     piece.request.cancelled = True
 
@@ -126,38 +152,59 @@ class Scheduler:
         self._thread.join(timeout)
 
     # -- the scheduler's thread --------------------------------------------------------------------
-    def _run(self):
-        while True:
-            with self._condition:
-                while not self._waiting and not self._pending and not self._stopping:
-                    self._condition.wait()
-                self._pending.extend(self._waiting)
-                self._waiting.clear()
-                self._pending = [p for p in self._pending if not p.request.cancelled]
-                if not self._pending:
-                    if self._stopping:
-                        return
-                    continue
-                batch = self._next_batch()
-            self._decode(batch)
+    def _take_waiting(self):
+        """Under the lock: the waiting pieces join the pending ones, the cancelled ones go."""
+        self._pending.extend(self._waiting)
+        self._waiting.clear()
+        self._pending = [p for p in self._pending if not p.request.cancelled]
 
-    def _next_batch(self):
-        """The oldest piece's group's oldest pieces that fit one batch, taken out of pending."""
-        group = self._pending[0].group
+    def _fitting(self, group, sentences, rows, tokens=None):
+        """The oldest pending pieces of `group` that fit `sentences` sentences, `rows` decoder rows
+        and batch_tokens source tokens (rows x longest x beam), taken out of pending."""
         beam = dict(group[1]).get("beam", 1)
-        limit = self.batch_size if beam <= 4 else max(1, self.batch_size * 4 // beam)
+        sentences = min(sentences, rows // beam)
         batch, longest = [], 0
         for piece in self._pending:
             if piece.group != group:
                 continue
             longest_if_added = max(longest, len(piece.ids))
-            if batch and (len(batch) >= limit or longest_if_added * (len(batch) + 1) * max(beam, 1) > self.batch_tokens):
+            if len(batch) >= sentences or (batch and longest_if_added * (len(batch) + 1) * beam > self.batch_tokens):
                 break
             batch.append(piece)
             longest = longest_if_added
         chosen = set(id(p) for p in batch)
         self._pending = [p for p in self._pending if id(p) not in chosen]
         return batch
+
+    def _answer(self, piece, result):
+        request = piece.request
+        request.results[piece.index] = result
+        request.left -= 1
+        if request.left == 0 and not request.future.done():
+            joined = [[] for _ in range(request.texts)]
+            for owner, part in zip(request.owners, request.results):
+                joined[owner].append(part)
+            request.future.set_result([request.join(parts) for parts in joined])
+
+    @staticmethod
+    def _fail(pieces, exc):
+        for piece in pieces:
+            if not piece.request.future.done():
+                piece.request.future.set_exception(exc)
+
+    # "batch": one batch decoded to its end at a time
+    def _run_batches(self):
+        while True:
+            with self._condition:
+                while not self._waiting and not self._pending and not self._stopping:
+                    self._condition.wait()
+                self._take_waiting()
+                if not self._pending:
+                    if self._stopping:
+                        return
+                    continue
+                batch = self._fitting(self._pending[0].group, self.batch_size, self.max_rows)
+            self._decode(batch)
 
     def _decode(self, batch):
         served = self.models[batch[0].group[0]]
@@ -167,20 +214,116 @@ class Scheduler:
         try:
             translations = served.decode([piece.ids for piece in batch], **options)
         except Exception as exc:        # a bug or a refused option: every request of the batch hears it
-            for piece in batch:
-                if not piece.request.future.done():
-                    piece.request.future.set_exception(exc)
+            self._fail(batch, exc)
             return
         if self.metrics is not None:
             self.metrics.batch(len(batch), time.monotonic() - started)
         for piece, text in zip(batch, translations):
-            request = piece.request
-            request.results[piece.index] = text
-            request.left -= 1
-            if request.left == 0 and not request.future.done():
-                joined = [[] for _ in range(request.texts)]
-                for owner, part in zip(request.owners, request.results):
-                    joined[owner].append(part)
-                request.future.set_result([request.join(parts) for parts in joined])
+            self._answer(piece, text)
         if self.metrics is not None:
             self.metrics.queued(self.queue_length())
+
+    # "step": iteration-level batching
+    def _run_steps(self):
+        turn = itertools.count()
+        while True:
+            with self._condition:
+                while not self._waiting and not self._pending and not self._decoding and not self._stopping:
+                    self._condition.wait()
+                for stream in self._streams.values():
+                    stream.arrived[0] = 0
+                self._take_waiting()
+                for piece in self._decoding:
+                    if piece.request.cancelled:
+                        piece.wave.cancel(piece.slot)
+                if not self._pending and not self._decoding:
+                    if self._stopping:
+                        return
+                    continue
+                waves = self._admit()
+            for stream, group, pieces in waves:
+                self._start(stream, group, pieces)
+            live = [s for s in self._streams.values() if s.waves]
+            if not live:
+                with self._condition:   # nothing decodes: no piece can be left waiting on a wave
+                    self._decoding.clear()
+                continue
+            stream = live[next(turn) % len(live)]   # streams of several models or precisions take turns
+            started = time.monotonic()
+            rows = stream.rows_in_use()
+            try:
+                finished = stream.run(MAX_STEPS)
+            except Exception as exc:    # a bug: every sentence in the stream hears it
+                self._fail([p for p in self._decoding if p.wave in stream.waves], exc)
+                self._drop(stream)
+                continue
+            if self.metrics is not None:
+                self.metrics.batch(rows, time.monotonic() - started)
+            for piece, tokens in finished:
+                self._finish(piece, tokens)
+            if self.metrics is not None:
+                self.metrics.queued(self.queue_length())
+
+    def _stream(self, model_name, precision):
+        from ..streaming import DecodingStream
+        key = (model_name, precision)
+        if key not in self._streams:
+            self._streams[key] = DecodingStream(self.models[model_name].model, precision, rows=self.max_rows)
+        return self._streams[key]
+
+    def _admit(self):
+        """Under the lock: the pending pieces that fit the streams' room now, as waves
+        [(stream, group, pieces)], oldest first; taken out of pending."""
+        waves = []
+        room = {}                   # stream -> [sentences, rows] left
+        while self._pending:
+            for piece in self._pending:
+                name, options = piece.group
+                stream = self._stream(name, dict(options)["precision"])
+                if stream not in room:
+                    in_flight = sum(w.sentences_left for w in stream.waves)
+                    room[stream] = [self.batch_size - in_flight, stream.rows - stream.rows_in_use()]
+                sentences, rows = room[stream]
+                beam = dict(options)["beam"]
+                if sentences >= 1 and rows >= beam:
+                    break
+            else:
+                break               # nothing pending fits now
+            pieces = self._fitting(piece.group, sentences, rows)
+            room[stream][0] -= len(pieces)
+            room[stream][1] -= len(pieces) * beam
+            waves.append((stream, piece.group, pieces))
+        return waves
+
+    def _start(self, stream, group, pieces):
+        options = dict(group[1])
+        try:
+            wave = stream.add([p.ids for p in pieces], pieces, beam=options["beam"], max_len=options["max_len"],
+                              no_repeat_ngram=options["no_repeat_ngram"])
+        except Exception as exc:        # a refused option: its requests hear it
+            self._fail(pieces, exc)
+            return
+        with self._condition:
+            for slot, piece in enumerate(pieces):
+                piece.wave, piece.slot = wave, slot
+                self._decoding.add(piece)
+
+    def _finish(self, piece, tokens):
+        with self._condition:
+            self._decoding.discard(piece)
+        if tokens is None or piece.request.cancelled:   # left the batch: its client went away
+            return
+        served = self.models[piece.group[0]]
+        options = dict(piece.group[1])
+        try:
+            result = served.outputs([piece.ids], [tokens], options["precision"], options.get("scores", False),
+                                    options.get("attention", False))[0]
+        except Exception as exc:
+            self._fail([piece], exc)
+            return
+        self._answer(piece, result)
+
+    def _drop(self, stream):
+        with self._condition:
+            self._decoding = {p for p in self._decoding if p.wave not in stream.waves}
+        stream.waves.clear()
