@@ -128,13 +128,13 @@ def test_scaling_runs_ours_alone_without_a_reference():
 
 def test_timed_records_report_the_median_and_the_spread():
     # issue: "warm-up, repeats and the median and spread reported"; spreads are [min, max]
-    from transformer.bench import decode, gemm, timing
+    from transformer.bench import decode, gemm, harness
 
     def inside(spread, median):
         return spread[0] <= median <= spread[1]
 
-    (o, _), (r, _) = timing.time_pair(lambda: sum(range(100)), lambda: sum(range(200)), repeats=5)
-    fields = timing.spread_fields()
+    (o, _), (r, _) = harness.time_pair(lambda: sum(range(100)), lambda: sum(range(200)), repeats=5)
+    fields = harness.spread_fields()
     assert inside(fields["ours_spread_s"], o) and inside(fields["ref_spread_s"], r)
     medians = gemm._time_interleaved([lambda: None, lambda: sum(range(50))], repeats=5, min_seconds=1e-4)
     assert all(inside(s, m) for s, m in zip(gemm._time_interleaved.spreads, medians))
@@ -443,12 +443,12 @@ def test_bench_repeats_times_each_engine_that_many_times(monkeypatch, capsys):
 def test_records_pair_each_round_of_alternated_engines():
     # the machine slows down 2x halfway: the ratio of the medians pairs ours' fast rounds with the
     # reference's slow ones (here 3.0 / 1.0); each round's own ratio is 1.5 throughout
-    from transformer.bench import decode, timing
+    from transformer.bench import decode, harness
     from transformer.bench import train as bench_train
 
     ours, theirs = [1.0, 1.0, 1.0, 2.0, 2.0], [1.5, 1.5, 3.0, 3.0, 3.0]
-    assert timing.paired_ratio(ours, theirs) == 1.5
-    assert timing.paired_ratio([2.0, 1.0, 1.0], [1.0]) == 0.5          # rounds one engine skipped
+    assert harness.paired_ratio(ours, theirs) == 1.5
+    assert harness.paired_ratio([2.0, 1.0, 1.0], [1.0]) == 0.5          # rounds one engine skipped
     src = np.zeros((2, 3), np.int64)
     record = decode._record("tiny", src, 1, 1, "int8", {"ours": ours, "ctranslate2": theirs}, True)
     assert record["vs_ctranslate2"] == 3.0 and record["vs_ctranslate2_paired"] == 1.5
@@ -463,7 +463,7 @@ def test_decode_bench_runs_every_engine_on_the_same_first_cpus(monkeypatch):
     import subprocess
     import sys
 
-    from transformer.bench import decode, timing
+    from transformer.bench import decode, harness
 
     allowed = sorted(os.sched_getaffinity(0))
     seen = []
@@ -482,11 +482,11 @@ def test_decode_bench_runs_every_engine_on_the_same_first_cpus(monkeypatch):
     assert [r["cpus"] for r in records] == [allowed[:1], allowed[:2]]
     assert seen[0] == allowed[:1] and seen[-1] == allowed[:2]
     assert sorted(os.sched_getaffinity(0)) == allowed
-    with timing.pinned(allowed[:1]):
+    with harness.pinned(allowed[:1]):
         child = subprocess.run([sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"],
                                capture_output=True, text=True, check=True)
     assert child.stdout.strip() == str(allowed[:1])
-    assert timing.bench_cpus(len(allowed) + 5) == allowed
+    assert harness.bench_cpus(len(allowed) + 5) == allowed
 
 
 def _benchmark_script(name):

@@ -23,7 +23,7 @@ SEEN_CPUS = []       # the CPUs this process may use at each timed comparison of
 
 @pytest.fixture(scope="module")
 def tiny_run():
-    original = marian._interleaved
+    original = marian.alternate
 
     def watching(*args, **kwargs):
         SEEN_CPUS.append(sorted(os.sched_getaffinity(0)))
@@ -31,7 +31,7 @@ def tiny_run():
 
     stream = io.StringIO()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(marian, "_interleaved", watching)
+        patch.setattr(marian, "alternate", watching)
         records = marian.run([1], quick=True, config="tiny", stream=stream)
     return records, stream.getvalue()
 

@@ -18,6 +18,7 @@ from transformer.checkpoint import (CHECKPOINT_FILE, TRAIN_STATE_FIELDS, _digest
                                     load_for_inference)
 from transformer.data import read_pairs, split_pairs
 from transformer.serialization import load_file, read_metadata, save_file
+from transformer.training import schedule
 
 SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layers", "1",
          "--n-decoder-layers", "1", "--quiet", "--threads", "1"]
@@ -523,12 +524,12 @@ def test_quality_compare_pairs_runs_and_times_when_ours_reached_the_reference(tm
 def test_the_default_dropout_follows_how_often_the_plan_sees_the_pairs(tmp_path, monkeypatch, capsys,
                                                                        free, heavy, flag, want):
     """Three steps see the 108 training pairs less than once: no dropout. With the thresholds moved
-    (train.DROPOUT_FREE_PASSES, train.HEAVY_DROPOUT_PASSES) the same run gets 0.1, then 0.3; an
+    (training.schedule's DROPOUT_FREE_PASSES, HEAVY_DROPOUT_PASSES) the same run gets 0.1, then 0.3; an
     explicit --dropout always wins. The choice is printed and saved with the model."""
     data = write_corpus(tmp_path / "pairs.tsv")
     if free is not None:
-        monkeypatch.setattr(train, "DROPOUT_FREE_PASSES", free)
-        monkeypatch.setattr(train, "HEAVY_DROPOUT_PASSES", heavy)
+        monkeypatch.setattr(schedule, "DROPOUT_FREE_PASSES", free)     # where the rule reads them
+        monkeypatch.setattr(schedule, "HEAVY_DROPOUT_PASSES", heavy)
     out = str(tmp_path / "run")
     argv = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", *SMALL, "--vocab-size", "60",
             "--batch-tokens", "300", "--dev-fraction", "0.1", "--max-steps", "3", "--out", out]

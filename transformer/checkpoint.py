@@ -36,13 +36,13 @@ FORMAT = "transformer-cpu/checkpoint"
 VERSION = 1
 
 
-# The fields of train.TrainState with the JSON types each may have (a test keeps the two in step).
-# The SHA-256 covers the tensors only, so the metadata is checked here, before train.py rebuilds
+# The fields of training.loop.TrainState with the JSON types each may have (a test keeps the two in step).
+# The SHA-256 covers the tensors only, so the metadata is checked here, before the trainer rebuilds
 # the state from it. "schedule" came later: checkpoints written before it lack it (None: planned).
 TRAIN_STATE_FIELDS = {"step": int, "epoch": int, "batch_in_epoch": int, "tokens": int,
                       "seconds": (int, float), "best_dev_loss": (int, float), "schedule": (dict, type(None))}
 _OPTIONAL_FIELDS = ("schedule",)
-# The entries each learning-rate plan of train.Trainer.plan_schedule needs; all but "name" numbers.
+# The entries each learning-rate plan of training.schedule.plan needs; all but "name" numbers.
 _PLAN_ENTRIES = {"noam": ("warmup", "peak"), "budget": ("warmup", "total", "peak", "final")}
 
 
@@ -270,7 +270,7 @@ def average_model_dirs(directories):
 SNAPSHOT_DIR = "snapshots"
 
 
-LOG_FILE = "log.jsonl"   # the training log (train.py): one JSON line per step and per evaluation
+LOG_FILE = "log.jsonl"   # the training log (training/loop.py): one JSON line per step and per evaluation
 BEST_DIR = "best"        # --keep-best's model
 
 

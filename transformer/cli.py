@@ -6,21 +6,11 @@ import math
 import os
 import sys
 
-from .config import BPE_SAMPLE_PAIRS, DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES
+from .config import (BPE_SAMPLE_PAIRS, DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES,
+                     TRAIN_DEFAULTS)
 from .data import HEADER_CHOICES
 from .errors import FlagError, blame, describe
 
-# train's defaults for the flags whose parser default is None, so that a flag given can be told from
-# one left out (a resumed run refuses one that contradicts its checkpoint; a flag the run would not
-# read is refused): train.apply_defaults fills them in.
-# Batches of 2048 tokens and BPE vocabularies of 4000 learn more in a CPU budget than the paper's
-# 25k-token batches and 37k vocabulary (or our earlier 4096 / 8000): on the Bible corpus, 10 minutes
-# of `small` gave dev BLEU 0.92 against 0.34 (benchmarks/README.md, "Ten minutes"). The vocabulary
-# is smaller for a small corpus (train.choose_vocab_size), so it has no default here.
-TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "header": "auto", "seed": 0, "batch_size": 64,
-                  "batch_tokens": 2048, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,
-                  "max_sentence_tokens": 128, "dev_fraction": 0.05, "dev_max": 500,
-                  "eval_limit": 200, "bpe_sample": BPE_SAMPLE_PAIRS}
 HEADER_HELP = ("whether line 1 of --data names the columns: yes, no (it is a pair), or auto (default: yes "
                "when a column is given by name, or when every field of line 1 is a short identifier such "
                "as eng or spa; the summary printed at the start says when line 1 was read as the header)")
@@ -410,11 +400,12 @@ def _threads_per_rank(args, world):
 
 def _train(args):
     from . import train
+    from .training import report
 
     world = _mpi_world()
     if world is not None:
         args.world = world[:2]
-        train._SILENT = world[0] != 0
+        report.SILENT = world[0] != 0
         if world[0] != 0:
             args.quiet = True
         _threads_per_rank(args, world)
@@ -452,7 +443,7 @@ def _prepare(args):
 
     from . import datasets
     from .corpus import is_prepared, make_inputs, prepare
-    from .train import corpus_blame, data_specs
+    from .training.flags import corpus_blame, data_specs
 
     for key in ("src_col", "tgt_col", "header", "dev_fraction", "dev_max", "bpe_sample"):
         if getattr(args, key) is None:
@@ -505,7 +496,7 @@ def _check_train_out(args, builtin_default):
     """A new run does not write over another run's checkpoint or model: --resume continues it,
     --overwrite replaces it. The built-in task's default directory (a two-minute demo) is the
     exception, so that `transformer train` can be run again."""
-    from .train import default_out_dir
+    from .training.resume import default_out_dir
 
     out = args.out or args.resume or default_out_dir(args)
     if args.resume is not None and os.path.realpath(out) == os.path.realpath(args.resume):
@@ -626,7 +617,7 @@ def _model_beam(args, model, command):
 
 
 def _translate(args):
-    from .train import translate_texts
+    from .translation import translate_texts
 
     _apply_threads(args)
     _check_output("--attention", args.attention, needs="matplotlib")
@@ -675,7 +666,7 @@ def _translate(args):
 
 def _evaluate(args):
     from .data import read_pairs
-    from .train import score_translations, translate_texts
+    from .translation import score_translations, translate_texts
 
     _apply_threads(args)
     _check_output("--output", args.output)

@@ -42,7 +42,7 @@ import weakref
 
 import numpy as np
 
-from .timing import bench_cpus, paired_ratio, pinned
+from .harness import bench_cpus, call_seconds, paired_ratio, pinned
 
 CONFIGS = {
     "tiny": dict(sizes=dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2),
@@ -334,16 +334,6 @@ def ctranslate2_decoder(directory, src_vocab, threads, compute_type="float32", l
     return _RemoteTranslator(directory, src_vocab, compute_type, inter, intra, steps, pad_id)
 
 
-def call_seconds(decode, *args):
-    """Seconds one call decode(*args) took: the engine's own measure (.seconds, set by the call:
-    a translator in another process) when it has one, otherwise the wall time here."""
-    start = time.perf_counter()
-    decode(*args)
-    elapsed = time.perf_counter() - start
-    own = getattr(decode, "seconds", None)
-    return own if own is not None else elapsed
-
-
 def fastest_layout(decoders, src, beam, trials=2, settle_s=0.0):
     """(name, {name: seconds}) of the fastest of `decoders` ({name: decode(src, beam)}): each is
     warmed up once, then timed `trials` times, alternating; the minimum of each is compared."""
@@ -384,7 +374,7 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
     docstring); `ratio` is then ours / CTranslate2 in tokens/s. An engine without precision= is
     refused before any work (RuntimeError); nothing falls back to fp32. repeats: the timed calls
     of ours and CTranslate2 per record (None: the config's own, CONFIGS). A thread count n runs
-    every engine on the same n CPUs, the first this process may use (timing.pinned; records:
+    every engine on the same n CPUs, the first this process may use (harness.pinned; records:
     "cpus"), CTranslate2's process included."""
     import transformer as T
 
@@ -470,7 +460,7 @@ def _record(name, src, threads, beam, precision, times, frozen):
     if precision != "fp32":
         kernel += f" {precision}"
     from .. import _C
-    from .kernels import cpu_model
+    from .harness import cpu_model
 
     record = {"kernel": kernel, "config": name, "shape": f"{name} B={src.shape[0]} S={src.shape[1]}",
               "cpu": cpu_model(), "isa": _C.isa(), "threads": threads, "precision": precision, "beam": beam, "kv_cache": _kv_cache(precision),

@@ -54,7 +54,7 @@ def _free_port():
 
 def run(threads=(1, 2), configs=("base",), against="torch", steps=None, stream=None):
     """One record per (config, ranks, threads), and one projection record per config."""
-    from .kernels import cpu_model
+    from .harness import cpu_model
 
     records = []
     cores = os.cpu_count() or 1

@@ -20,11 +20,10 @@ for page faults):
 
 python -m transformer.bench.elementwise  prints one JSON line per measurement.
 """
-import json
 
 import numpy as np
 
-from .timing import spread_fields, time_pair
+from .harness import engine_threads, kernel_record, print_records, time_pair
 
 EMBEDDING_SHAPES = [(32, 32, 128, 4000), (16, 64, 512, 8000)]   # B, T, D, V
 ACT_SHAPE = (2048, 2048)
@@ -32,25 +31,6 @@ ADD_SHAPE = (1024, 512)
 BIAS_SHAPE = (1024, 2048)
 DROPOUT_SHAPE = (1024, 512)
 DROPOUT_P = 0.1
-
-
-def _time_pair(ours, ref, repeats):
-    """Median seconds per call of ours() and ref(); the best batches are kept for _record."""
-    (ours_s, ours_min), (ref_s, ref_min) = time_pair(ours, ref, repeats)
-    _time_pair.last_min = (ours_min, ref_min)
-    return ours_s, ref_s
-
-
-def _record(kernel, shape, threads, ours_s, ref_s, nbytes, **extra):
-    ours_min, ref_min = _time_pair.last_min
-    rec = {"kernel": kernel, "shape": list(shape), "threads": threads,
-           "ours_s": ours_s, "ref_s": ref_s, "ratio": ref_s / ours_s,
-           "ours_gbps": nbytes / ours_s / 1e9, "ref_gbps": nbytes / ref_s / 1e9,
-           # best batch of each side: less sensitive to other processes on a shared machine
-           "ours_min_s": ours_min, "ref_min_s": ref_min, "ratio_min": ref_min / ours_min,
-           "reference": "torch", **spread_fields()}   # called right after the pair's time_pair
-    rec.update(extra)
-    return rec
 
 
 def _embedding(torch, _C, threads, repeats):
@@ -76,8 +56,8 @@ def _embedding(torch, _C, threads, repeats):
             with torch.no_grad():
                 F.embedding(ids_t, W) * scale + pe_t
 
-        o, r = _time_pair(ours_fwd, ref_fwd, repeats)
-        out.append(_record("embedding_forward", shape, threads, o, r, (2 * B * T * D + T * D) * 4 + B * T * 8))
+        o, r = time_pair(ours_fwd, ref_fwd, repeats)
+        out.append(kernel_record("embedding_forward", shape, threads, o, r, (2 * B * T * D + T * D) * 4 + B * T * 8))
 
         y_t = F.embedding(ids_t, W) * scale + pe_t
 
@@ -87,9 +67,9 @@ def _embedding(torch, _C, threads, repeats):
         def ref_bwd():
             torch.autograd.grad(y_t, W, g_t, retain_graph=True)
 
-        o, r = _time_pair(ours_bwd, ref_bwd, repeats)
-        out.append(_record("embedding_backward", shape, threads, o, r, 3 * B * T * D * 4 + B * T * 8,
-                           note="torch builds a dense [V, D] gradient; ours adds into one"))
+        o, r = time_pair(ours_bwd, ref_bwd, repeats)
+        out.append(kernel_record("embedding_backward", shape, threads, o, r, 3 * B * T * D * 4 + B * T * 8,
+                                 note="torch builds a dense [V, D] gradient; ours adds into one"))
     return out
 
 
@@ -126,10 +106,10 @@ def _activations(torch, _C, threads, repeats):
         def ours_bwd():
             _C.act_backward(g, x, dx, act)
 
-        o, r = _time_pair(ours_fwd, ref_fwd, repeats)
-        out.append(_record(f"bias_{act}_forward", ACT_SHAPE, threads, o, r, 3 * N * D * 4 + D * 4))
-        o, r = _time_pair(ours_bwd, ref_bwd, repeats)
-        out.append(_record(f"{act}_backward", ACT_SHAPE, threads, o, r, 3 * N * D * 4))
+        o, r = time_pair(ours_fwd, ref_fwd, repeats)
+        out.append(kernel_record(f"bias_{act}_forward", ACT_SHAPE, threads, o, r, 3 * N * D * 4 + D * 4))
+        o, r = time_pair(ours_bwd, ref_bwd, repeats)
+        out.append(kernel_record(f"{act}_backward", ACT_SHAPE, threads, o, r, 3 * N * D * 4))
     return out
 
 
@@ -141,18 +121,18 @@ def _add_and_dropout(torch, _C, threads, repeats):
     b = rng.standard_normal(ADD_SHAPE).astype(np.float32)
     c = np.empty_like(a)
     at, bt, ct = torch.from_numpy(a), torch.from_numpy(b), torch.empty(ADD_SHAPE)
-    o, r = _time_pair(lambda: _C.add(a, b, c), lambda: torch.add(at, bt, out=ct), repeats)
-    out.append(_record("add", ADD_SHAPE, threads, o, r, 3 * a.size * 4))
+    o, r = time_pair(lambda: _C.add(a, b, c), lambda: torch.add(at, bt, out=ct), repeats)
+    out.append(kernel_record("add", ADD_SHAPE, threads, o, r, 3 * a.size * 4))
 
     N, D = BIAS_SHAPE
     h = rng.standard_normal(BIAS_SHAPE).astype(np.float32)
     bias = (rng.standard_normal(D) * 1e-3).astype(np.float32)
     dbias = np.zeros(D, np.float32)
     ht, bias_t, dbias_t = torch.from_numpy(h.copy()), torch.from_numpy(bias), torch.zeros(D)
-    o, r = _time_pair(lambda: _C.add_bias(h, bias), lambda: ht.add_(bias_t), repeats)
-    out.append(_record("add_bias", BIAS_SHAPE, threads, o, r, 2 * h.size * 4))
-    o, r = _time_pair(lambda: _C.bias_grad(h, dbias), lambda: torch.sum(ht, 0, out=dbias_t), repeats)
-    out.append(_record("bias_grad", BIAS_SHAPE, threads, o, r, h.size * 4))
+    o, r = time_pair(lambda: _C.add_bias(h, bias), lambda: ht.add_(bias_t), repeats)
+    out.append(kernel_record("add_bias", BIAS_SHAPE, threads, o, r, 2 * h.size * 4))
+    o, r = time_pair(lambda: _C.bias_grad(h, dbias), lambda: torch.sum(ht, 0, out=dbias_t), repeats)
+    out.append(kernel_record("bias_grad", BIAS_SHAPE, threads, o, r, h.size * 4))
 
     x = rng.standard_normal(DROPOUT_SHAPE).astype(np.float32)
     g = rng.standard_normal(DROPOUT_SHAPE).astype(np.float32)
@@ -169,12 +149,12 @@ def _add_and_dropout(torch, _C, threads, repeats):
         with torch.no_grad():
             F.dropout(xt, DROPOUT_P, training=True)
 
-    o, r = _time_pair(ours_fwd, ref_fwd, repeats)
-    out.append(_record("dropout_forward", DROPOUT_SHAPE, threads, o, r, 2 * x.size * 4, p=DROPOUT_P))
+    o, r = time_pair(ours_fwd, ref_fwd, repeats)
+    out.append(kernel_record("dropout_forward", DROPOUT_SHAPE, threads, o, r, 2 * x.size * 4, p=DROPOUT_P))
     yt = F.dropout(xt, DROPOUT_P, training=True)
-    o, r = _time_pair(lambda: _C.dropout_backward(g, dx, DROPOUT_P, 1234, 0),
-                      lambda: torch.autograd.grad(yt, xt, gt, retain_graph=True), repeats)
-    out.append(_record("dropout_backward", DROPOUT_SHAPE, threads, o, r, 2 * x.size * 4, p=DROPOUT_P))
+    o, r = time_pair(lambda: _C.dropout_backward(g, dx, DROPOUT_P, 1234, 0),
+                     lambda: torch.autograd.grad(yt, xt, gt, retain_graph=True), repeats)
+    out.append(kernel_record("dropout_backward", DROPOUT_SHAPE, threads, o, r, 2 * x.size * 4, p=DROPOUT_P))
     res = rng.standard_normal(DROPOUT_SHAPE).astype(np.float32)
     res_t = torch.from_numpy(res)
 
@@ -182,8 +162,8 @@ def _add_and_dropout(torch, _C, threads, repeats):
         with torch.no_grad():
             res_t + F.dropout(xt, DROPOUT_P, training=True)
 
-    o, r = _time_pair(lambda: _C.dropout_add_forward(x, res, y, DROPOUT_P, 1234, 0), ref_add, repeats)
-    out.append(_record("dropout_add_forward", DROPOUT_SHAPE, threads, o, r, 3 * x.size * 4, p=DROPOUT_P))
+    o, r = time_pair(lambda: _C.dropout_add_forward(x, res, y, DROPOUT_P, 1234, 0), ref_add, repeats)
+    out.append(kernel_record("dropout_add_forward", DROPOUT_SHAPE, threads, o, r, 3 * x.size * 4, p=DROPOUT_P))
     b = (rng.standard_normal(DROPOUT_SHAPE[1]) * 1e-3).astype(np.float32)
     b_t = torch.from_numpy(b)
 
@@ -191,9 +171,9 @@ def _add_and_dropout(torch, _C, threads, repeats):
         with torch.no_grad():
             res_t + F.dropout(xt + b_t, DROPOUT_P, training=True)
 
-    o, r = _time_pair(lambda: _C.dropout_add_forward(x, res, y, DROPOUT_P, 1234, 0, bias=b), ref_bias_add,
-                      repeats)
-    out.append(_record("bias_dropout_add_forward", DROPOUT_SHAPE, threads, o, r, 3 * x.size * 4, p=DROPOUT_P))
+    o, r = time_pair(lambda: _C.dropout_add_forward(x, res, y, DROPOUT_P, 1234, 0, bias=b), ref_bias_add,
+                     repeats)
+    out.append(kernel_record("bias_dropout_add_forward", DROPOUT_SHAPE, threads, o, r, 3 * x.size * 4, p=DROPOUT_P))
     return out
 
 
@@ -203,21 +183,15 @@ def run(threads=(1, 2), repeats=9):
 
     from transformer import _C
 
-    saved = (_C.get_num_threads(), torch.get_num_threads())
     records = []
-    try:
+    with engine_threads(torch) as set_threads:
         for n in threads:
-            _C.set_num_threads(n)
-            torch.set_num_threads(n)
+            set_threads(n)
             records += _embedding(torch, _C, n, repeats)
             records += _activations(torch, _C, n, repeats)
             records += _add_and_dropout(torch, _C, n, repeats)
-    finally:
-        _C.set_num_threads(saved[0])
-        torch.set_num_threads(saved[1])
     return records
 
 
 if __name__ == "__main__":
-    for rec in run():
-        print(json.dumps(rec), flush=True)
+    print_records(run())

@@ -37,6 +37,8 @@ import time
 
 import numpy as np
 
+from .harness import engine_threads
+
 # Sleep between one library's timing block and the next when using several threads.
 # Before each library's timed block, wait for the previous library's idle threads to stop
 # spinning: OpenBLAS (numpy) busy-waits about 2**28 cycles (~80 ms here) after a call, and a
@@ -328,7 +330,6 @@ def run(threads=(1, 2), repeats=5, large=True, skinny=True, attention=True, sche
     RuntimeError, when the engine lacks them)."""
     import torch
 
-    import transformer as T
 
     from .precision import require
     precisions = tuple(p for p in precisions if p != "fp32")
@@ -337,12 +338,10 @@ def run(threads=(1, 2), repeats=5, large=True, skinny=True, attention=True, sche
 
     set_blas_threads = _openblas_threads_setter()
     rng = np.random.default_rng(0)
-    before_ours, before_torch = T.get_num_threads(), torch.get_num_threads()
     records = []
-    try:
+    with engine_threads(torch) as set_threads:
         for nthreads in threads:
-            T.set_num_threads(nthreads)
-            torch.set_num_threads(nthreads)
+            set_threads(nthreads)
             if set_blas_threads is not None:
                 set_blas_threads(nthreads)
             cases = []
@@ -364,9 +363,6 @@ def run(threads=(1, 2), repeats=5, large=True, skinny=True, attention=True, sche
                 records.append(rec)
             if precisions:
                 records += run_precisions(rng, nthreads, precisions, repeats, torch, precision_shapes, peak_shape)
-    finally:
-        T.set_num_threads(before_ours)
-        torch.set_num_threads(before_torch)
     return records
 
 

@@ -5,52 +5,23 @@ numpy for GEMM) interleaved, after warm-up, and returns one dict per
 measurement with a `ratio` = reference time / our time (> 1: we are faster).
 """
 import importlib
-import json
-import platform
 import sys
-import time
+
+from .harness import cpu_model, emit, header_record  # noqa: F401 (cpu_model: kernels.cpu_model, as before)
 
 FAMILIES = ("gemm", "nn", "elementwise", "loss")
-
-
-def cpu_model():
-    """'AMD EPYC (family 25, model 1)': the name alone does not tell Zen 3, 4 and 5 apart."""
-    fields = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("model name", "cpu family", "model") and key not in fields:
-                    fields[key] = value.strip()
-                if not line.strip() and fields:
-                    break
-    except OSError:
-        pass
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    if "cpu family" in fields and "model" in fields:
-        name += f" (family {fields['cpu family']}, model {fields['model']})"
-    return name
 
 
 def run(threads=(1, 2), families=FAMILIES, stream=None, precision="fp32"):
     """Run the family benchmarks; yields and optionally prints each record as a JSON line.
     precision "bf16" or "int8" adds the GEMM family's rows at that precision (gemm.run_precisions)."""
-    import transformer as T
-
-    header = {"record": "header", "cpu": cpu_model(), "build": T.build_info(),
-              "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    records = [header]
-    if stream:
-        print(json.dumps(header), file=stream, flush=True)
+    records = []
+    emit(header_record(), records, stream)
     for family in families:
         module = importlib.import_module(f"transformer.bench.{family}")
         kwargs = {"precisions": (precision,)} if family == "gemm" and precision != "fp32" else {}
         for record in module.run(threads=tuple(threads), **kwargs):
-            record = {"family": family, **record}
-            records.append(record)
-            if stream:
-                print(json.dumps(record), file=stream, flush=True)
+            emit({"family": family, **record}, records, stream)
     return records
 
 

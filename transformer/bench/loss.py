@@ -10,13 +10,14 @@
 Ours and the references are timed interleaved in the same loop after warm-up, at the same
 thread count; the median of `repeats` is reported. ratio = reference time / our time.
 """
-import json
 import statistics
 import time
 
 import numpy as np
 
 from transformer import _C
+
+from .harness import engine_threads, print_records
 
 
 def _timed(fn):
@@ -151,21 +152,16 @@ def bench_sum_squares(n, threads, repeats):
 def run(threads=(1, 2), repeats=7, big_adam=True):
     """One dict per measurement (see the module docstring)."""
     import torch
-    saved_ours, saved_torch = _C.get_num_threads(), torch.get_num_threads()
     records = []
-    try:
+    with engine_threads(torch) as set_threads:
         for n_threads in threads:
-            _C.set_num_threads(n_threads)
-            torch.set_num_threads(n_threads)
+            set_threads(n_threads)
             for N, V in ((1024, 4000), (1024, 8000)):
                 records += bench_cross_entropy(N, V, n_threads, repeats)
             records += bench_adam(3_000_000, n_threads, repeats)
             if big_adam:
                 records += bench_adam(44_000_000, n_threads, max(3, repeats // 2))
             records += bench_sum_squares(44_000_000, n_threads, repeats)
-    finally:
-        _C.set_num_threads(saved_ours)
-        torch.set_num_threads(saved_torch)
     # thread scaling of our kernel: time at the fewest threads measured / time at this count
     base = {}
     for r in records:
@@ -179,5 +175,4 @@ def run(threads=(1, 2), repeats=7, big_adam=True):
 
 
 if __name__ == "__main__":
-    for record in run():
-        print(json.dumps(record))
+    print_records(run())

@@ -61,10 +61,9 @@ import warnings
 import numpy as np
 
 from . import decode as decode_bench
-from .decode import CT2_LAYOUTS, SETTLE_S, call_seconds, ctranslate2_compute_type, fastest_layout
+from .decode import CT2_LAYOUTS, SETTLE_S, ctranslate2_compute_type, fastest_layout
 from ..marian import write_marian_vocab
-from .kernels import cpu_model
-from .timing import bench_cpus, pinned
+from .harness import alternate, bench_cpus, cpu_model, emit, engine_threads, pinned
 
 # name: MarianConfig sizes; `pieces`: the SentencePiece model's size (vocab.json is completed to
 # `vocab` with placeholder pieces, see the module docstring)
@@ -298,18 +297,6 @@ class _TransformersStep:
         return loss.item()
 
 
-def _interleaved(calls, args, repeats, settle_s):
-    """{name: [seconds]}: every decoder of `calls` ({name: fn}) called on `args` once per repeat, in
-    order, each after `settle_s` of sleep (decode.call_seconds: a translator's own measure)."""
-    times = {name: [] for name in calls}
-    for _ in range(repeats):
-        for name, call in calls.items():
-            if settle_s:
-                time.sleep(settle_s)
-            times[name].append(call_seconds(call, *args))
-    return times
-
-
 # -- records --------------------------------------------------------------------------------------
 
 def _figures(label, seconds, tokens):
@@ -339,12 +326,6 @@ def _compare(record, ours, refs, times, tokens):
     record.update(reference=reference, ref_per_s=record.get(f"{reference}_per_s"),
                   ratio=record.get(f"vs_{reference}"), versions=versions())
     return record
-
-
-def _emit(record, records, stream):
-    records.append(record)
-    if stream is not None:
-        print(json.dumps(record), file=stream, flush=True)
 
 
 # -- the run ----------------------------------------------------------------------------------------
@@ -404,7 +385,7 @@ def _decode(model, hf_model, pieces, ct2_dirs, config, threads, options, records
                         time.sleep(settle_s)
                     decode(src, beam)
                 generated[label] = check_counts(label, decode.last[1], src.shape[0], new_tokens)
-            times = _interleaved(decoders, (src, beam), options["repeats"], settle_s)
+            times = alternate(decoders, (src, beam), options["repeats"], settle_s)
             search = "greedy" if beam == 1 else f"beam {beam}"
             for precision, ours, refs in (
                     ("fp32", "ours", {"ctranslate2": "ctranslate2", "transformers": "transformers"}),
@@ -421,37 +402,32 @@ def _decode(model, hf_model, pieces, ct2_dirs, config, threads, options, records
                 if precision != "fp32":
                     record["transformers_skipped"] = ("transformers generate runs fp32 only here (no "
                                                       "quantized decoder of its own): see the fp32 record")
-                _emit(_compare(record, ours, refs, times, tokens), records, stream)
+                emit(_compare(record, ours, refs, times, tokens), records, stream)
     finally:
         translators.clear()          # the translators let go of their threads and weights
         gc.collect()
 
 
-def _train(model, hf_model, config, threads, options, records, stream):
+def _train(model, hf_model, config, threads, options, records, stream, set_threads):
     """The fine-tuning records, one per thread count; the two steps alternate after warm-up."""
-    import torch
-
-    import transformer as T
-
     cfg = model.cfg
     batch = train_batch(cfg)
     steps = {"ours": _OursStep(model, batch), "transformers": _TransformersStep(hf_model, batch, cfg.pad_id)}
     tokens = int((batch[2] != cfg.pad_id).sum())
     first_loss = None         # same weights, same batch: the two losses differ by dropout only
     for n in threads:
-        T.set_num_threads(n)
-        torch.set_num_threads(n)
+        set_threads(n)
         with pinned(bench_cpus(n)):
             warm_up = {name: step() for name, step in steps.items()}    # buffers, thread teams
             first_loss = first_loss or warm_up
-            times = _interleaved(steps, (), options["train_repeats"], SETTLE_S if n > 1 else 0.0)
+            times = alternate(steps, (), options["train_repeats"], SETTLE_S if n > 1 else 0.0)
         record = _record(config, n, "marian fine-tune fp32",
                          f"fine-tuning step (forward, backward, Adam), fp32: target tokens/s, {TRAIN_BATCH} "
                          f"pairs of ~{np.mean(TRAIN_TOKENS):.0f} tokens, label smoothing {LABEL_SMOOTHING}, "
                          f"dropout {DROPOUT}",
                          precision="fp32", batch=TRAIN_BATCH, source_shape=list(batch[0].shape),
                          target_shape=list(batch[2].shape), tokens=tokens, first_loss=first_loss)
-        _emit(_compare(record, "ours", {"transformers": "transformers"}, times, tokens), records, stream)
+        emit(_compare(record, "ours", {"transformers": "transformers"}, times, tokens), records, stream)
 
 
 def run(threads, quick=False, config="opus", stream=sys.stdout):
@@ -463,7 +439,6 @@ def run(threads, quick=False, config="opus", stream=sys.stdout):
     import torch
     import transformers
 
-    import transformer as T
     from transformer.marian import import_marian
 
     from .precision import require
@@ -476,8 +451,7 @@ def run(threads, quick=False, config="opus", stream=sys.stdout):
     require("int8", "decode")
     options = RUNS[bool(quick)]
     records = []
-    prev_ours, prev_torch = T.get_num_threads(), torch.get_num_threads()
-    with tempfile.TemporaryDirectory(prefix="marian-bench-") as root:
+    with engine_threads(torch) as set_threads, tempfile.TemporaryDirectory(prefix="marian-bench-") as root:
         hf_dir = os.path.join(root, "hf")
         pieces = write_marian_dir(hf_dir, config)
         ct2_dirs = {"fp32": convert_ctranslate2(hf_dir, os.path.join(root, "ct2-float32")),
@@ -485,20 +459,15 @@ def run(threads, quick=False, config="opus", stream=sys.stdout):
         model, _, _ = import_marian(hf_dir)
         with _quiet_transformers():
             hf_model = transformers.MarianMTModel.from_pretrained(hf_dir).eval()
+        model.params.freeze()      # decoded as translate holds the weights (decode.py)
         try:
-            model.params.freeze()      # decoded as translate holds the weights (decode.py)
-            try:
-                for n in threads:
-                    T.set_num_threads(n)
-                    torch.set_num_threads(n)
-                    with pinned(bench_cpus(n)):     # both engines on the same cores, CTranslate2 too
-                        _decode(model, hf_model, pieces, ct2_dirs, config, n, options, records, stream)
-            finally:
-                model.params.unfreeze()
-            _train(model, hf_model, config, threads, options, records, stream)
+            for n in threads:
+                set_threads(n)
+                with pinned(bench_cpus(n)):     # both engines on the same cores, CTranslate2 too
+                    _decode(model, hf_model, pieces, ct2_dirs, config, n, options, records, stream)
         finally:
-            T.set_num_threads(prev_ours)
-            torch.set_num_threads(prev_torch)
+            model.params.unfreeze()
+        _train(model, hf_model, config, threads, options, records, stream, set_threads)
     return records
 
 

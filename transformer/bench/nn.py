@@ -18,11 +18,10 @@ boundary, as torch's own outputs do: a 512-bit access that straddles two cache l
 
 python -m transformer.bench.nn  prints one JSON line per measurement.
 """
-import json
 
 import numpy as np
 
-from .timing import spread_fields, time_pair
+from .harness import engine_threads, kernel_record, print_records, time_pair
 
 SOFTMAX_SHAPES = {"tiny": (32, 4, 32, 32), "base": (16, 8, 64, 64)}
 LAYERNORM_SHAPES = [(1024, 128), (1024, 512)]
@@ -36,21 +35,6 @@ def _aligned(a):
     out = buf[offset:offset + a.nbytes].view(a.dtype).reshape(a.shape)
     out[...] = a
     return out
-
-
-_time_pair = time_pair
-
-
-def _record(kernel, shape, threads, ours, ref, nbytes, **extra):
-    """ours, ref: (median, min) seconds per call. ratio uses the medians."""
-    (ours_s, ours_min), (ref_s, ref_min) = ours, ref
-    rec = {"kernel": kernel, "shape": list(shape), "threads": threads,
-           "ours_s": ours_s, "ref_s": ref_s, "ratio": ref_s / ours_s,
-           "ours_min_s": ours_min, "ref_min_s": ref_min, "ratio_min": ref_min / ours_min,
-           "ours_gbps": nbytes / ours_s / 1e9, "ref_gbps": nbytes / ref_s / 1e9,
-           "reference": "torch", **spread_fields()}   # called right after the pair's time_pair
-    rec.update(extra)
-    return rec
 
 
 def _softmax_cases(torch, _C, threads, repeats, rng):
@@ -78,10 +62,10 @@ def _softmax_cases(torch, _C, threads, repeats, rng):
             def ref_fwd():
                 scores_t.masked_fill(mask_t, float("-inf")).softmax(-1)
 
-            o, r = _time_pair(ours_fwd, ref_fwd, repeats)
+            o, r = time_pair(ours_fwd, ref_fwd, repeats)
             extra_bytes = 0 if causal else pad.size
-            out.append(_record("softmax_forward", shape, threads, o, r, 8 * n + extra_bytes,
-                               mode=mode, size=name))
+            out.append(kernel_record("softmax_forward", shape, threads, o, r, 8 * n + extra_bytes,
+                                     mode=mode, size=name))
 
             ours_fwd()
             dprobs = _aligned(rng.standard_normal(shape, dtype=np.float32))
@@ -95,9 +79,9 @@ def _softmax_cases(torch, _C, threads, repeats, rng):
             def ref_bwd():
                 torch._softmax_backward_data(dprobs_t, probs_t, -1, torch.float32)
 
-            o, r = _time_pair(ours_bwd, ref_bwd, repeats)
-            out.append(_record("softmax_backward", shape, threads, o, r, 12 * n,
-                               mode=mode, size=name))
+            o, r = time_pair(ours_bwd, ref_bwd, repeats)
+            out.append(kernel_record("softmax_backward", shape, threads, o, r, 12 * n,
+                                     mode=mode, size=name))
     return out
 
 
@@ -120,8 +104,8 @@ def _layernorm_cases(torch, _C, threads, repeats, rng):
             with torch.no_grad():
                 F.layer_norm(xt, (D,), wt, bt, 1e-5)
 
-        o, r = _time_pair(ours_fwd, ref_fwd, repeats)
-        out.append(_record("layernorm_forward", (N, D), threads, o, r, 8 * x.size))
+        o, r = time_pair(ours_fwd, ref_fwd, repeats)
+        out.append(kernel_record("layernorm_forward", (N, D), threads, o, r, 8 * x.size))
 
         ours_fwd()
         dy = _aligned(rng.standard_normal((N, D), dtype=np.float32))
@@ -138,8 +122,8 @@ def _layernorm_cases(torch, _C, threads, repeats, rng):
             torch.ops.aten.native_layer_norm_backward(dyt, xt, [D], mean_t, rstd_t, wt, bt,
                                                       [True, True, True])
 
-        o, r = _time_pair(ours_bwd, ref_bwd, repeats)
-        out.append(_record("layernorm_backward", (N, D), threads, o, r, 12 * x.size))
+        o, r = time_pair(ours_bwd, ref_bwd, repeats)
+        out.append(kernel_record("layernorm_backward", (N, D), threads, o, r, 12 * x.size))
     return out
 
 
@@ -149,18 +133,13 @@ def run(threads=(1, 2), repeats=15):
 
     from transformer import _C
 
-    old_ours, old_torch = _C.get_num_threads(), torch.get_num_threads()
     rng = np.random.default_rng(0)
     results = []
-    try:
+    with engine_threads(torch) as set_threads:
         for n in threads:
-            _C.set_num_threads(n)
-            torch.set_num_threads(n)
+            set_threads(n)
             results += _softmax_cases(torch, _C, n, repeats, rng)
             results += _layernorm_cases(torch, _C, n, repeats, rng)
-    finally:
-        _C.set_num_threads(old_ours)
-        torch.set_num_threads(old_torch)
     _add_scaling(results)
     return results
 
@@ -179,5 +158,4 @@ def _add_scaling(results):
 
 
 if __name__ == "__main__":
-    for rec in run():
-        print(json.dumps(rec))
+    print_records(run())

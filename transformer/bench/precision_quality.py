@@ -23,10 +23,10 @@ def evaluate(model_dir, data, src_col, tgt_col, precisions=("fp32", "bf16", "int
              dev_fraction=None, dev_max=None, threads=None, generator=None, samples=3):
     import transformer as T
     from ..checkpoint import load_for_inference
-    from ..cli import TRAIN_DEFAULTS
+    from ..config import TRAIN_DEFAULTS
     from ..data import read_pairs, split_pairs
-    from ..bench.kernels import cpu_model
-    from ..train import score_translations, translate_texts
+    from .harness import cpu_model
+    from ..translation import score_translations, translate_texts
 
     if threads:
         T.set_num_threads(threads)

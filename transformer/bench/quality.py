@@ -126,7 +126,7 @@ def curve(out_dir):
     """[(training seconds, step, dev BLEU, chrF, dev loss)] of a run's periodic evaluations."""
     import os
 
-    from ..train import LOG_FILE
+    from ..checkpoint import LOG_FILE
 
     points = []
     with open(os.path.join(out_dir, LOG_FILE), encoding="utf-8") as f:
@@ -234,7 +234,7 @@ def main(argv=None):
     import os
 
     from .. import cli, train
-    from .kernels import cpu_model
+    from .harness import cpu_model
 
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--plot" in argv:      # --plot OUT.png RECORDS.jsonl...: draw committed records, no training

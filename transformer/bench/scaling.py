@@ -4,10 +4,8 @@ decoding, CTranslate2's).
 Efficiency at n threads = throughput(n) / (n * throughput(1)) for each engine, from the records
 of the train and decode benchmarks (and the GEMM's), all measured in one run.
 """
-import json
-import time
 
-from .kernels import cpu_model
+from .harness import cpu_model, emit, header_record
 
 # Which figure of a record is "throughput" for each engine.
 _OURS = ("ours_per_s", "ours_tokens_per_s", "ours_gflops", "ours_gbps")
@@ -119,10 +117,7 @@ def run_all(threads, what=("train", "decode"), stream=None, configs=("tiny", "ba
     against=None measures ours alone."""
     import importlib
 
-    import transformer as T
-
-    records = [{"record": "header", "cpu": cpu_model(), "build": T.build_info(),
-                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "threads": None}]
+    records = [header_record(threads=None)]
     for suite in what:
         module = importlib.import_module(f"transformer.bench.{suite}")
         kwargs = {}
@@ -134,8 +129,5 @@ def run_all(threads, what=("train", "decode"), stream=None, configs=("tiny", "ba
             kwargs = {"beams": (1,), "configs": tuple(configs),
                       "engines": ("ours", "torch", "ctranslate2") if against else ("ours",)}
         for record in module.run(threads=tuple(threads), **kwargs):
-            record = {"suite": suite, **record}
-            records.append(record)
-            if stream:
-                print(json.dumps(record), file=stream, flush=True)
+            emit({"suite": suite, **record}, records, stream)
     return records

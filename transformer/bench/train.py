@@ -190,12 +190,11 @@ def _record(name, threads, times, precision):
     same figures under names that say what ran: ours_bf16_tokens_per_s,
     torch_autocast_bf16_tokens_per_s, ours_fp32_tokens_per_s, and the ratios of tokens/s
     ours_bf16_vs_torch_autocast_bf16 (= ratio) and ours_bf16_vs_ours_fp32. The steps alternate,
-    so each ratio also comes paired (ratio_paired, ..._paired: timing.paired_ratio). Every record names
+    so each ratio also comes paired (ratio_paired, ..._paired: harness.paired_ratio). Every record names
     the CPU (family and model: the name alone does not tell Zen 3, 4 and 5 apart) and the
     dispatch level it ran."""
     from .. import _C
-    from .kernels import cpu_model
-    from .timing import paired_ratio
+    from .harness import cpu_model, paired_ratio
 
     c = CONFIGS[name]
     tokens = c["batch"] * c["length"]

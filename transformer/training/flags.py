@@ -1,0 +1,143 @@
+"""The `train` command's flags as a run reads them: which apply to it (the built-in task or a corpus),
+which fix its trajectory (a resumed run keeps them), the defaults that depend on other flags, and
+the model sizes they give."""
+from ..config import PRESETS, TRAIN_DEFAULTS, ModelConfig
+from ..errors import FlagError, blame
+
+
+SIZE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout", "activation",
+              "norm_first", "tie_embeddings")
+
+
+def model_config_from_args(args, src_vocab, tgt_vocab, max_len):
+    preset = dict(PRESETS[args.preset])
+    for name in SIZE_FLAGS:
+        value = getattr(args, name, None)
+        if value is not None:
+            preset[name] = value
+    return ModelConfig(src_vocab_size=src_vocab, tgt_vocab_size=tgt_vocab, max_len=max_len, **preset)
+
+
+# What a run's trajectory depends on: taken from the checkpoint when resuming, so that the resumed
+# run repeats the uninterrupted one. Everything else (--max-steps, --minutes, --threads, --out,
+# evaluation and checkpoint frequency) may change between runs.
+TRAJECTORY_ARGS = ("data", "src_file", "tgt_file", "src_col", "tgt_col", "header", "bpe_sample", "src_lang",
+                   "tgt_lang", "seed", "batch_size", "batch_tokens", "warmup",
+                   "schedule", "lr", "lr_scale", "label_smoothing", "clip_norm", "vocab_size", "max_sentence_tokens",
+                   "dev_fraction", "dev_max", "preset") + SIZE_FLAGS
+
+
+# Flags that only the runs on --data read, and those that only the built-in task reads.
+DATA_ONLY_ARGS = ("src_col", "tgt_col", "header", "bpe_sample", "src_lang", "tgt_lang", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
+                  "dev_max", "samples", "init_from")
+BUILTIN_ONLY_ARGS = ("batch_size",)
+
+
+def flag_name(key):
+    return "--" + key.replace("_", "-")
+
+
+def refuse_flags_that_do_not_apply(args, data):
+    """A flag the run would not read is refused (FlagError), not silently ignored."""
+    for key in DATA_ONLY_ARGS:
+        if not data and getattr(args, key, None) is not None:
+            raise FlagError(f"{flag_name(key)} applies only with --data (the built-in task generates its own "
+                            "sentences, vocabulary and batches)")
+    for key in BUILTIN_ONLY_ARGS:
+        if data and getattr(args, key, None) is not None:
+            raise FlagError(f"{flag_name(key)} applies only to the built-in task; with --data, batches hold "
+                            "--batch-tokens tokens")
+
+
+def has_data(args):
+    """Whether the run trains on a corpus (--data, or --src-file and --tgt-file)."""
+    return bool(data_specs(getattr(args, "data", None)) or getattr(args, "src_file", None)
+                or getattr(args, "tgt_file", None))
+
+
+def data_specs(data):
+    """--data's values as a list (a run written before --data took several has one str)."""
+    if not data:
+        return []
+    return [data] if isinstance(data, str) else list(data)
+
+
+def describe_data(args):
+    """The corpus as the command line named it, for messages."""
+    parts = data_specs(args.data)
+    if getattr(args, "src_file", None):
+        parts.append(f"--src-file {args.src_file} --tgt-file {args.tgt_file}")
+    return " ".join(parts)
+
+
+def corpus_blame(args):
+    """blame() for the corpus's flag: --data (with its value when it is one file) or --src-file."""
+    specs = data_specs(args.data)
+    for flag, given in (("--src-file", getattr(args, "src_file", None)), ("--tgt-file", getattr(args, "tgt_file", None))):
+        if given and not specs:
+            return blame(flag)
+    return blame("--data", specs[0] if len(specs) == 1 else None)
+
+
+def apply_defaults(args):
+    """The defaults that depend on other flags (and, with --resume, on the checkpoint), and those
+    left out of the parser so that a flag given can be told from one left out (config.TRAIN_DEFAULTS)."""
+    if args.eval_limit is not None and not args.eval_every:
+        raise FlagError("--eval-limit sets how many dev sentences periodic evaluation translates: it "
+                        "needs --eval-every N")
+    if has_data(args) and args.dev_fraction == 0:   # no dev split: what reads one would do nothing
+        for flag, value in (("--eval-every", args.eval_every), ("--dev-max", args.dev_max)):
+            if value:
+                raise FlagError(f"{flag} {value}: --dev-fraction 0 holds no pairs out, so there is no dev "
+                                "split to evaluate on")
+    for key, value in TRAIN_DEFAULTS.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    if args.schedule is None:
+        args.schedule = "noam" if not has_data(args) else "budget"
+    if args.norm_first is None and has_data(args) and args.checkpoint is None:
+        # Pre-LN escapes the early unigram plateau sooner: on the Bible corpus, preset small, 150
+        # steps of the budget schedule, dev loss 6.00 against post-LN's 6.28 (same data and seed).
+        args.norm_first = True
+    if args.precision is None:   # resume: the interrupted run's precision, unless another is asked for
+        started = args.checkpoint.args.get("precision") if args.checkpoint is not None else None
+        args.precision = started or "fp32"
+    if args.precision == "int8":
+        raise FlagError("--precision int8 is for decoding (translate, evaluate); train takes fp32 or bf16 "
+                        "(bf16: every GEMM's operands in bfloat16, weights and optimizer in float32)")
+    if args.minutes is None and args.max_steps is None:
+        plan = args.checkpoint.train_state.get("schedule") if args.checkpoint is not None else None
+        if plan and "budget_seconds" in plan:        # resume: finish the interrupted run's budget
+            spent = args.checkpoint.train_state.get("seconds", 0.0)
+            args.minutes = max(plan["budget_seconds"] - spent, 0.0) / 60.0
+        elif plan and "total" in plan:
+            args.max_steps = plan["total"]
+        else:
+            args.minutes = 2.0 if not has_data(args) else 10.0
+    if args.warmup is None and args.schedule == "noam":
+        args.warmup = 300 if not has_data(args) else 4000
+    if args.checkpoint is None and getattr(args, "initial", None) is None:
+        try:        # the sizes, checked before any data is read or vocabulary learned
+            model_config_from_args(args, 16, 16, max_len=args.max_sentence_tokens + 1)
+        except ValueError as exc:
+            raise FlagError(f"model sizes: {exc}") from None
+    if args.keep_best and not args.eval_every:
+        raise FlagError("--keep-best keeps the model of the best dev loss: it needs --eval-every N")
+    if args.schedule == "budget" and args.warmup is not None and args.max_steps is not None \
+            and args.warmup > args.max_steps:
+        raise FlagError(f"--warmup {args.warmup}: longer than the run (--max-steps {args.max_steps}); the budget "
+                        "schedule would cut it short")
+    if args.keep_best and args.max_steps is not None and args.eval_every > args.max_steps:
+        raise FlagError(f"--keep-best with --eval-every {args.eval_every}: the run stops at --max-steps "
+                        f"{args.max_steps}, before the first evaluation")
+    if args.keep_best and has_data(args) and args.dev_fraction == 0:
+        raise FlagError("--keep-best compares the dev loss, and --dev-fraction 0 holds no pairs out")
+    if args.max_steps is not None and args.checkpoint is not None:
+        done = args.checkpoint.train_state.get("step", 0)
+        if args.max_steps <= done:
+            raise FlagError(f"--max-steps {args.max_steps}: the run in {args.resume} has already trained "
+                            f"{done} steps (--max-steps counts from the start of the run)")
+    if args.snapshot_every and not args.average_last:
+        raise FlagError("--snapshot-every only applies with --average-last K")
+    if args.lr is not None and args.schedule != "budget":
+        raise FlagError("--lr sets the peak of the budget schedule; with --schedule noam use --lr-scale")
