@@ -15,7 +15,7 @@ from .errors import FlagError, blame, describe
 # read is refused): train.apply_defaults fills them in.
 # Batches of 2048 tokens and BPE vocabularies of 4000 learn more in a CPU budget than the paper's
 # 25k-token batches and 37k vocabulary (or our earlier 4096 / 8000): on the Bible corpus, 10 minutes
-# of `small` gave dev BLEU 0.92 against 0.34 (benchmarks/README.md, "Ten minutes"). The vocabulary
+# of `small` gave dev BLEU 0.92 against 0.34 (benchmarks/notes/2026-11-25-ten-minutes-defaults.md). The vocabulary
 # is smaller for a small corpus (train.choose_vocab_size), so it has no default here.
 TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "header": "auto", "seed": 0, "batch_size": 64,
                   "batch_tokens": 2048, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,
