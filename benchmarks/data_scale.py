@@ -14,8 +14,9 @@
 prepare` measured (label after-prepare), the tokenizers' own encode_batch on the corpus's first
 pairs (encode-rate: the limit for preparation), `train --data PREPARED --max-steps 20` measured
 (after-train), and the same training under `mpiexec -n 2` (ranks 2: the PSS of two ranks that
-map the same files). `table` prints the README's table from the records, the `before` ones
-(today's path before prepared data, measured with `measure --label before`) beside them.
+map the same files). `table` prints the table of benchmarks/notes/2026-11-29-data-scale.md from
+the records, the `before` ones (today's path before prepared data, measured with
+`measure --label before`) beside them.
 
 `generate` writes a tab-separated corpus (header `eng<TAB>spa`) of N English-Spanish pairs made from
 the Bible pairs (a gzip'd TSV with header `ref<TAB>eng<TAB>spa`, about 29.5 k verses). Only the
@@ -569,7 +570,7 @@ def suite(sizes, corpora, json_path, python, steps, ranks, encode_limit):
 
 
 def table(json_path):
-    """The JSONL's latest records per (label, pairs, ranks) as the benchmarks README's table."""
+    """The JSONL's latest records per (label, pairs, ranks) as the table of its note (benchmarks/notes/)."""
     latest = {}
     with open(json_path, encoding="utf-8") as f:
         for line in f:

@@ -19,7 +19,7 @@ count runs that many threads in the loop whatever --threads says (--threads size
 team and the kernels of a one-block loop): each record says `loop_threads`. One JSON line each.
 
 Written for the 16-core Xeon, where ours got slower from 8 to 16 threads even with the same
-blocks a step (benchmarks/README.md, "The 16-core Xeon again"), before the loops moved to C:
+blocks a step (benchmarks/notes/2026-11-27-xeon-16core.md), before the loops moved to C:
 this tells the encoder's share of that loss from the steps', the loops' share, and the block
 count the loops in C want there.
 """

@@ -13,8 +13,8 @@ TIE_EMBEDDINGS = ("none", "target", "all")
 # 0.92 with 0.1; 1764 steps = 3.7 passes, 23.7 / 26.0 BLEU greedy / beam 4 without dropout against
 # 18.9 / 22.7 with 0.1; `tiny`, 10 minutes on 2 Zen 3 cores, 6.0-6.5 passes: 24.8 / 27.6 against
 # 23.2 / 25.1, where the threshold was 5 and the run took 0.1), else 0.1. The dev loss's lead
-# without dropout shrank from 0.10 at 4.0-4.3 passes to 0.02 at 6.0-6.5 (benchmarks/README.md,
-# "Dropout for ten minutes of tiny"), so the threshold is 8, which also covers tiny's ten minutes on
+# without dropout shrank from 0.10 at 4.0-4.3 passes to 0.02 at 6.0-6.5 (benchmarks/notes/
+# 2026-11-28-dropout-batch-size.md), so the threshold is 8, which also covers tiny's ten minutes on
 # the faster Zen 2 (7.4). Above it, twenty minutes of tiny on Zen 3 (a 12-pass plan): without
 # dropout the dev loss rose after ~7 passes and the run ended 1.7 / 0.9 BLEU below 0.1's.
 DROPOUT_FREE_PASSES = 8.0
@@ -130,7 +130,8 @@ PRESETS = {
 # words of training text (the two sides' mean), rounded down to a multiple of 500, within
 # [MIN_VOCAB, MAX_VOCAB]. 4000 is the Bible's best measured (29,024 pairs: 8000 learned less in 10
 # minutes); Tatoeba's 2,580 English-Hindi pairs (17k words a side) get 1000, which in 10 minutes of
-# `small` gave dev BLEU 13.7 / chrF 29.0 at step 1000 against 9.9 / 27.5 with 4000 (benchmarks/README.md).
+# `small` gave dev BLEU 13.7 / chrF 29.0 at step 1000 against 9.9 / 27.5 with 4000
+# (benchmarks/notes/2026-11-25-ten-minutes-defaults.md).
 VOCAB_WORDS_PER_ENTRY = 16
 MIN_VOCAB, MAX_VOCAB = 1000, 4000
 # BPE is learned on at most this many training pairs (lines a side); above it, on a hash sample
@@ -138,7 +139,7 @@ MIN_VOCAB, MAX_VOCAB = 1000, 4000
 # it (AMD EPYC Zen 4, family 25 model 17, 2 cores; 4000 merges), so learning on every pair of a
 # large corpus would add almost half to its preparation. 200,000 pairs take 5.5 s; the 4000 merges
 # learned from them share 98% of their entries with those learned from a million (Bible pairs,
-# benchmarks/README.md). A larger --vocab-size may want more: --bpe-sample. Every corpus of up to
+# docs/data.md). A larger --vocab-size may want more: --bpe-sample. Every corpus of up to
 # 200,000 pairs (Tatoeba's 2,690, the Bible's 29,524) learns from all of its training pairs, as before.
 BPE_SAMPLE_PAIRS = 200_000
 
@@ -147,7 +148,7 @@ BPE_SAMPLE_PAIRS = 200_000
 # read is refused): training.flags.apply_defaults fills them in.
 # Batches of 2048 tokens and BPE vocabularies of 4000 learn more in a CPU budget than the paper's
 # 25k-token batches and 37k vocabulary (or our earlier 4096 / 8000): on the Bible corpus, 10 minutes
-# of `small` gave dev BLEU 0.92 against 0.34 (benchmarks/README.md, "Ten minutes"). The vocabulary
+# of `small` gave dev BLEU 0.92 against 0.34 (benchmarks/notes/2026-11-25-ten-minutes-defaults.md). The vocabulary
 # is smaller for a small corpus (training.data.choose_vocab_size), so it has no default here.
 TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "header": "auto", "seed": 0, "batch_size": 64,
                   "batch_tokens": 2048, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,

@@ -25,7 +25,8 @@ import time
 from .train import CONFIGS, LABEL_SMOOTHING, _batch, _config
 
 WARMUP_STEPS = 1
-# Ring all-reduce projection (benchmarks/README.md): link speeds in Gb/s and node counts.
+# Ring all-reduce projection (benchmarks/notes/2026-11-25-data-parallel.md): link speeds in Gb/s
+# and node counts.
 LINKS_GBPS = (10, 25, 100)
 NODES = (2, 4, 8, 16, 32, 64)
 NODE_SPEEDUPS = (1, 8)       # the measured node, and one 8x faster (16 cores instead of 2, say)

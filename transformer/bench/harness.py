@@ -73,7 +73,7 @@ def pinned(cpus):
     process started meanwhile (affinity is inherited); the old sets come back after.
 
     Why: two vCPUs of one VM measured up to 1.4x apart on the same memory-bound decode, and swapped
-    roles within minutes (Zen 3, 2026-11-27, benchmarks/README.md "Paired ratios"). Unpinned, one
+    roles within minutes (Zen 3, 2026-11-27, benchmarks/notes/2026-11-27-paired-ratios.md). Unpinned, one
     engine can run a round on the fast core and the other on the slow one; pinned, both run
     every round on the same cores. Affinity is per thread on Linux, hence every task of the process."""
     if cpus is None:

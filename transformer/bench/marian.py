@@ -28,7 +28,7 @@ the faster of its thread layouts (intra_threads = n, or n translators of one thr
 chosen as the decode bench does (decode.fastest_layout). Tokens/s counts output tokens (batch x
 new_tokens), also for beam search, whose length penalty plays no part at a fixed length. A
 thread count n runs every engine on the same n CPUs, the first this process may use
-(timing.pinned, as the decode bench; records: "cpus"), CTranslate2's translators included.
+(harness.pinned, as the decode bench; records: "cpus"), CTranslate2's translators included.
 transformers' beam 4 takes about 1.5-2x ours here (it has a key/value cache), so it is timed in
 full like the others. At int8, the output projection (58101 x 512, more weights than the six decoder layers) is
 quantized by both engines (ours: decoding.int8_generator's rule).
