@@ -42,8 +42,8 @@ static inline const float *b_at(const gemm_problem *g, long k, long j)
 { return g->trans_b ? g->B + j * g->ldb + k : g->B + k * g->ldb + j; }
 
 /* C[rows of the packed A block, panel] for one K block: every MR-row panel of Ap. */
-static inline void run_kernels_from(const gemm_problem *g, long mc, long kc, const float *Ap, const float *Bp,
-                                    long bs, int nr, float *C, int load_c, int stream)
+static inline void run_kernels_from(const gemm_problem *g, long mc, long kc, const float *Ap,
+                                    const float *Bp, long bs, int nr, float *C, int load_c, int stream)
 {
     const gemm_isa *s = g->isa;
     const long panels = ceil_div(mc, s->mr), base = mc / panels, extra = mc % panels;
