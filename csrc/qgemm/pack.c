@@ -14,7 +14,7 @@ typedef char qgemm_header_is_64_bytes[sizeof(qgemm_header) == 64 ? 1 : -1];
 
 static const char qgemm_magic[8] = {'T', 'F', 'Q', 'G', 'E', 'M', 'M', '1'};
 
-/* Byte offsets of the qgemm_sections; returns the total size. */
+/* Byte offsets of the sections; returns the total size. */
 long qgemm_sections(int isa, long N, long K, long *scale_at, long *comp_at, long *panels_at)
 {
     qgemm_layout L = qgemm_layout_of(isa);
