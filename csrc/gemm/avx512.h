@@ -5,6 +5,9 @@
 
 #include "gemm_isa.h"
 
+/* Internal to the folder: hidden (gemm_isa.h says why). */
+#pragma GCC visibility push(hidden)
+
 #ifdef GEMM_X86
 #define AVX512_MR 14
 #define AVX512_NR 32
@@ -100,5 +103,7 @@ void pack_a_avx512(int trans_a, const float *A, long lda, long m, long kc, float
 void pack_b_avx512(int trans_b, const float *B, long ldb, long n, long kc, float *Bp);
 void pack_b_dpbf16(int t, const float *X, long ldx, long n, long kc, float *dst);
 #endif
+
+#pragma GCC visibility pop
 
 #endif

@@ -9,6 +9,9 @@
 
 #include <stddef.h>
 
+/* Internal to the folder: hidden (gemm_isa.h says why). */
+#pragma GCC visibility push(hidden)
+
 /* Multiply-adds per thread below which a GEMM does not start another thread (2M: about 20 us
  * of work; waking a sleeping OpenMP team costs tens of us on a virtual machine, and on a busy
  * machine the join can wait a whole scheduler tick). */
@@ -92,5 +95,7 @@ void gemm_reference_prec(int prec, int trans_a, int trans_b, long batch0, long b
                          const float *A, long lda, long a_stride0, long a_stride1,
                          const float *B, long ldb, long b_stride0, long b_stride1,
                          int accumulate, float *C, long ldc, long c_stride0, long c_stride1);
+
+#pragma GCC visibility pop
 
 #endif

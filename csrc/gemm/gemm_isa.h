@@ -36,6 +36,11 @@
 #define GEMM_X86 1
 #endif
 
+/* Everything declared below is internal to the folder: hidden, so the extension does not export
+ * it and calls between the files are direct, not through the PLT (as when this was one file's
+ * statics). */
+#pragma GCC visibility push(hidden)
+
 #define MAX_MR 32   /* the amx tile kernel's 32 rows; the register kernels have at most 14 */
 
 /* C[mr x nr] = alpha * Ap @ Bp (load_c = 0) or C += alpha * Ap @ Bp (load_c = 1).
@@ -119,5 +124,7 @@ extern const gemm_isa isa_amx_bf16;                                        /* am
  * ahead by gemm_pack_b (packed_isa_of). dispatch.c. */
 const gemm_isa *gemm_isa_of(int level, int prec);
 const gemm_isa *packed_isa_of(int level, int prec);
+
+#pragma GCC visibility pop
 
 #endif

@@ -3,6 +3,9 @@
 
 #include "qgemm_isa.h"
 
+/* Internal to the folder: hidden (qgemm_isa.h says why). */
+#pragma GCC visibility push(hidden)
+
 #ifdef QGEMM_X86
 /* AVX-512 VNNI micro-kernel: 12 rows x 32 columns, 24 zmm int32 accumulators. Per group of
  * four k, the panel's 128 bytes [32][4] are two zmm of signed weights, and the row's four
@@ -59,5 +62,7 @@ vnni_store_row(const vnni_out *o, __m512i c0, __m512i c1, float xs, float *c)
     }
 }
 #endif
+
+#pragma GCC visibility pop
 
 #endif

@@ -33,6 +33,11 @@
 #define TARGET_VNNI TF_TARGET_AVX512_VNNI
 #endif
 
+/* Everything declared below is internal to the folder: hidden, so the extension does not export
+ * it and calls between the files are direct, not through the PLT (as when this was one file's
+ * statics). */
+#pragma GCC visibility push(hidden)
+
 /* Multiply-adds per thread below which no other thread is started (see GEMM_GRAIN): about 20 us
  * on an AVX2 core. Decoding calls these back to back, so the team is awake; with 4M (the value
  * until 2026-11-26) a base-size step's 8-row x @ W^T for W of 512 x 512 and 1536 x 512 ran on one
@@ -115,5 +120,7 @@ qgemm_kernel qgemm_kernel_of(int isa);
 
 /* Byte offsets of the packed buffer's sections; returns the total size (pack.c). */
 long qgemm_sections(int isa, long N, long K, long *scale_at, long *comp_at, long *panels_at);
+
+#pragma GCC visibility pop
 
 #endif
