@@ -33,9 +33,9 @@ if os.environ.get("TRANSFORMER_EMULATE_X86"):
 
 extension = Extension(
     "transformer._C",
-    sources=["pyx/_C.pyx"] + sorted(glob.glob("csrc/*.c")),
+    sources=["pyx/_C.pyx"] + sorted(glob.glob("csrc/**/*.c", recursive=True)),
     include_dirs=["csrc", "pyx", numpy.get_include()],
-    depends=sorted(glob.glob("csrc/*.h") + glob.glob("pyx/*.pxi")),
+    depends=sorted(glob.glob("csrc/**/*.h", recursive=True) + glob.glob("pyx/*.pxi")),
     extra_compile_args=compile_args,
     extra_link_args=link_args,
     define_macros=define_macros,

@@ -18,6 +18,8 @@
  * most about 5 MiB per thread while K <= 32768; many threads: two B blocks of at most 4 MiB
  * shared by the team, plus at most 336 KiB per thread); a concurrent second caller
  * allocates its own.
+ *
+ * The implementation: csrc/gemm/, one file per concern (csrc/gemm/gemm_isa.h lists them).
  */
 #ifndef TF_GEMM_H
 #define TF_GEMM_H

@@ -82,7 +82,7 @@ TF_TARGET_AVX512 static float fma_avx512(long rounds)
 #define OPAQUE(v) __asm__("" : "+x"(v))
 #endif
 
-/* vpmaddwd + vpaddd: what the AVX2 int8 kernel issues per 16 products (csrc/qgemm.c), in its
+/* vpmaddwd + vpaddd: what the AVX2 int8 kernel issues per 16 products (csrc/qgemm/avx2.c), in its
  * shape: rows' activation pairs, broadcast from memory, times two weight vectors. The products do
  * not depend on the sums (a chain through the madd would measure its latency, not its
  * throughput), so a vpaddd's latency of one cycle needs few sums: three rows' six, which leaves

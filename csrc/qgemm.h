@@ -28,6 +28,8 @@
  * AVX-512 without VNNI, which runs the AVX2 kernel): NR = 16, KG = 2 (k in pairs: vpmaddwd sums
  * the two int16 products of a pair exactly into int32); generic: NR = 1, KG = 1 (each panel is
  * one row of Q).
+ *
+ * The implementation: csrc/qgemm/, one file per concern (csrc/qgemm/qgemm_isa.h lists them).
  */
 #ifndef TF_QGEMM_H
 #define TF_QGEMM_H

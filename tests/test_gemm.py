@@ -14,7 +14,7 @@ from transformer import _C, ops
 TOL = 1e-6
 TRANS = [(False, False), (False, True), (True, False), (True, True)]
 
-# Register tiles and cache blocks of each micro-kernel (csrc/gemm.c).
+# Register tiles and cache blocks of each micro-kernel (csrc/gemm/: each instruction set's file).
 # avx512_vnni, avx512_bf16 and amx run AVX-512's fp32 kernels; avx512_bf16's bf16 kernel (vdpbf16ps)
 # has AVX-512's tile and blocks, amx's bf16 tile kernel its own (test_gemm_bf16.py).
 MR = {"generic": 4, "avx2": 6, "avx512": 14, "avx512_vnni": 14, "avx512_bf16": 14, "amx": 14}

@@ -20,9 +20,10 @@ from test_gemm import MC as MC_FP32, MR as MR_FP32, NR
 isa = isa_fixture(ALL_ISA_LEVELS)   # avx512_bf16 and amx have kernels of their own
 
 TOL = 1e-6
-# The K block of the bf16 kernels (csrc/gemm.c): avx512_bf16's vdpbf16ps kernel and amx's tile
-# kernel take 512 k (256 pairs), every other level the fp32 kernels' 256. amx's tile is 32 rows
-# (two A tiles of 16) and its A block 256 rows; every other level has its fp32 tile and block.
+# The K block of the bf16 kernels (csrc/gemm/avx512_bf16.c, amx.c): avx512_bf16's vdpbf16ps
+# kernel and amx's tile kernel take 512 k (256 pairs), every other level the fp32 kernels' 256.
+# amx's tile is 32 rows (two A tiles of 16) and its A block 256 rows; every other level has its
+# fp32 tile and block.
 KC_OF = {"avx512_bf16": 512, "amx": 512}
 MR = dict(MR_FP32, amx=32)
 MC = dict(MC_FP32, amx=256)

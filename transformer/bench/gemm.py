@@ -7,7 +7,7 @@ library numpy loaded; when it cannot be found, numpy is reported with its defaul
 `numpy_threads` says so).
 
 Each record also names the schedule ours ran ("private", "tiles", "shared", "narrow", "dot",
-"by_batch"; csrc/gemm.c) and how many floats of op(b) it packed per call, relative to K * N
+"by_batch"; csrc/gemm/schedule.c) and how many floats of op(b) it packed per call, relative to K * N
 (1.0: B packed once; the tiles schedule packs it about once per thread). `schedules=("auto",
 "tiles", "shared")` times the large products under each forced schedule as well (a test-only
 hook of transformer._C), to check the rule that picks one.
