@@ -143,3 +143,18 @@ def test_the_c_stream_checks_its_arguments():
         stream._stream.run([], 1, np.zeros(1, np.int64))
     with pytest.raises(ValueError, match="buffers must hold 'x'"):
         T._C.DecoderStream({}, 4)
+
+
+def test_the_workspaces_kept_for_later_waves_stay_bounded():
+    """Twenty one-sentence waves in flight: twenty workspaces while they decode, then no more
+    than twice the biggest kept (not one per wave ever seen)."""
+    model = make_model(seed=3)
+    stream = DecodingStream(model, rows=32)
+    for i in range(20):
+        stream.add([[4 + i % 20, 5]], [i], beam=1, max_len=6)
+    got = {}
+    while stream.waves:
+        got.update(stream.run())
+    assert len(got) == 20
+    sizes = [sum(a.nbytes for a in ws.values() if isinstance(a, np.ndarray)) for ws in stream._spare_workspaces]
+    assert 1 <= len(sizes) <= 2 and sum(sizes) <= 2 * max(sizes)

@@ -59,8 +59,11 @@ class DecodingStream:
         # the weights as the steps read them, prepared once for every wave (prepared.py)
         self._prepared = _prepared(model, {})
         # each live wave's own workspace (caches, encoder keys and values); a finished wave's is
-        # kept for the next, as decoding calls keep theirs (fresh memory: a page fault per 4 KiB)
+        # kept for the next, as decoding calls keep theirs (fresh memory: a page fault per 4 KiB),
+        # while the spares hold no more than twice the biggest wave's (each keeps its largest
+        # arrays: many spares grown by big waves would hold many times the stream's rows)
         self._spare_workspaces = []
+        self._biggest_workspace = 0
         D, F, V = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
         widths = dict(x=D, h=D, tmp=D, ctx=D, query=D, qkv=3 * D, ff_pre=F, ff_act=F, logits=V)
         buffers = {name: np.empty((rows, width), np.float32) for name, width in widths.items()}
@@ -127,5 +130,15 @@ class DecodingStream:
                 finished.append((wave.tags[index], None if cancelled else wave.loop.result(index)))
         for wave in [w for w in self.waves if not w.live]:
             self.waves.remove(wave)
-            self._spare_workspaces.append(wave.workspace)
+            self._keep_spare(wave.workspace)
         return finished
+
+    def _keep_spare(self, workspace):
+        size = _nbytes(workspace)
+        self._biggest_workspace = max(self._biggest_workspace, size)
+        if sum(map(_nbytes, self._spare_workspaces)) + size <= 2 * self._biggest_workspace:
+            self._spare_workspaces.append(workspace)
+
+
+def _nbytes(workspace):
+    return sum(a.nbytes for a in workspace.values() if isinstance(a, np.ndarray))
