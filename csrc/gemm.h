@@ -94,6 +94,14 @@ void gemm_reference(int trans_a, int trans_b, long batch0, long batch1,
 /* Testing hooks, for tests/test_gemm.py only (through transformer._C); not thread-safe
  * against concurrent GEMMs, and never needed to get a correct or fast result. */
 enum { GEMM_AUTO = 0, GEMM_DOT, GEMM_PRIVATE, GEMM_NARROW, GEMM_BY_BATCH, GEMM_TILES, GEMM_SHARED };
+/* In the calling thread, while `on`: gemm never takes the dot path (few rows of A @ B^T as dot
+ * products, whose sums run in another order than the packed kernels'), so each row of C has the
+ * bits it has in any other call, whatever the other rows: inference's encoder asks for it, so
+ * that a sentence's translation does not depend on what it was batched with (transformer/
+ * decoding.py: rows_apart). Returns the previous setting. The packed path (gemm_packed) never
+ * depends on the other rows. */
+int gemm_rows_apart(int on);
+
 /* From now on run every product the dot path does not take with `schedule` (GEMM_TILES or
  * GEMM_SHARED; anything else: GEMM_AUTO, the normal choice); when all_threads, start every
  * thread of the process whatever the size of the product; when lazy, odd threads of the

@@ -24,6 +24,7 @@ cdef extern from "gemm.h" nogil:
     void c_gemm_packed "gemm_packed"(int isa, int prec, long M, long N, long K, float alpha, const float *A,
                                      long lda, const float *Bp, int accumulate, float *C, long ldc)
     void c_gemm_test_force "gemm_test_force"(int schedule, int all_threads, int lazy)
+    int c_gemm_rows_apart "gemm_rows_apart"(int on)
     int c_gemm_test_last_schedule "gemm_test_last_schedule"()
     void c_gemm_test_counters "gemm_test_counters"(long counts[3], int reset)
     enum:
@@ -337,6 +338,13 @@ def gemm_packed(a, packed, out, alpha=1.0, bint accumulate=False):
 
 _GEMM_SCHEDULES = {"auto": GEMM_AUTO, "dot": GEMM_DOT, "private": GEMM_PRIVATE, "narrow": GEMM_NARROW,
                    "by_batch": GEMM_BY_BATCH, "tiles": GEMM_TILES, "shared": GEMM_SHARED}
+
+
+def gemm_rows_apart(bint on):
+    """In the calling thread, while on: gemm never takes its dot path, so each row of out has the
+    bits it has in any other call, whatever the other rows (csrc/gemm.h). Returns the previous
+    setting."""
+    return bool(c_gemm_rows_apart(on))
 
 
 def _gemm_force_schedule(str schedule="auto", bint all_threads=False, bint lazy=False):

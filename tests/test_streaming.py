@@ -158,3 +158,38 @@ def test_the_workspaces_kept_for_later_waves_stay_bounded():
     assert len(got) == 20
     sizes = [sum(a.nbytes for a in ws.values() if isinstance(a, np.ndarray)) for ws in stream._spare_workspaces]
     assert 1 <= len(sizes) <= 2 and sum(sizes) <= 2 * max(sizes)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_a_sentences_encoder_output_has_the_same_bits_alone_and_in_any_batch(precision):
+    """What makes a translation independent of its batch: the encoder's output and the
+    cross-attention keys and values of a sentence, alone (few rows: gemm's dot path, unless
+    decoding.rows_apart) and padded among others, bit for bit. d_model 64 and one head: every
+    product long enough in K for the dot path."""
+    cfg = T.ModelConfig(src_vocab_size=50, tgt_vocab_size=57, d_model=64, n_heads=1, d_ff=96, n_encoder_layers=2,
+                        n_decoder_layers=2, dropout=0.1, max_len=40)
+    model = T.Seq2SeqTransformer(cfg, seed=5)
+    rng = np.random.default_rng(9)
+    sentence = rng.integers(3, 50, size=7).tolist()
+    batch = np.zeros((6, 20), np.int64)
+    for row in range(6):
+        n = int(rng.integers(5, 21))
+        batch[row, :n] = rng.integers(3, 50, size=n)
+    batch[3] = 0
+    batch[3, :7] = sentence
+    alone = np.array([sentence], np.int64)
+    got = {}
+    for name, src in (("alone", alone), ("batch", batch)):
+        ws = {}
+        shared, _ = decoding._encode_once(model, src, precision, ws)
+        row = 0 if name == "alone" else 3
+        got[name] = [k[row, :, :7].copy() for k in shared.memory_k] + [v[row, :, :7].copy() for v in shared.memory_v]
+    assert all(np.array_equal(a, b) for a, b in zip(got["alone"], got["batch"]))
+    if precision == "fp32":                       # and without rows_apart, the dot path differs
+        was = T._C.gemm_rows_apart(False)
+        try:
+            mem_alone = model._encode(alone, "fp32", None)
+            mem_batch = model._encode(batch, "fp32", None)
+        finally:
+            T._C.gemm_rows_apart(was)
+        assert not np.array_equal(mem_alone[0], mem_batch[3, :7])

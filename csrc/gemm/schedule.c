@@ -64,6 +64,16 @@
 /* The narrow schedule packs all of op(A) when it has at most this many floats (1 MiB). */
 #define GEMM_NARROW_A (1L << 18)
 
+/* gemm_rows_apart's setting, per calling thread (the schedule is chosen before any team starts). */
+static __thread int rows_apart;
+
+int gemm_rows_apart(int on)
+{
+    const int was = rows_apart;
+    rows_apart = on != 0;
+    return was;
+}
+
 /* Narrow: NR panels [jp0, jp1) of C, all M rows; Ap holds all of op(A) packed, K block by
  * K block (block q at Ap + q * kcb * Mpad); Bp has room for one panel [kcb][NR]. */
 static int narrow_fits(const gemm_isa *s, long M, long K)
@@ -355,7 +365,7 @@ void gemm_batched_prec(int prec, int trans_a, int trans_b, long batch0, long bat
     /* Many small GEMMs: each thread a range of batch entries. Few large ones: all threads on each. */
     const int by_batch = nt > 1 && nb >= nt && (nb % nt == 0 || nb >= 4 * nt || item < 4 * GEMM_GRAIN);
     /* few rows of A @ B^T: dot products straight from the caller's rows, nothing packed */
-    const int dot = s->dot && !trans_a && trans_b && K >= GEMM_DOT_MIN_K &&
+    const int dot = s->dot && !rows_apart && !trans_a && trans_b && K >= GEMM_DOT_MIN_K &&
                     (M <= GEMM_DOT_ROWS / 2 || (M <= GEMM_DOT_ROWS && K >= 4 * GEMM_DOT_MIN_K));
     const int narrow = narrow_fits(s, M, K);
     int schedule = dot ? GEMM_DOT : forced ? forced : nt == 1 ? (narrow ? GEMM_NARROW : GEMM_PRIVATE)
