@@ -27,79 +27,102 @@ static void wave_after(const tf_decoder *d, tf_wave *w, long row)
     else beam_after(w->d, w->beam, &w->loop, logits);
 }
 
-/* The part of segment s in step-buffer rows [lo, hi) (0: none of it). */
-static int clip(const step_segment *s, long lo, long hi, step_segment *out)
+/* The waves mine[0 .. n) stepped together on the calling thread, their rows from step-buffer row
+ * row0 on, until *stop is set (by this thread or another: the call's end) or max_steps; this
+ * thread sets it once, after min_steps of its steps, one of its sentences has finished or
+ * *arrived is nonzero. seg, live: room for n. Returns the steps taken. */
+static long run_waves(const tf_decoder *d, tf_wave *const *mine, int n, long row0, step_segment *seg,
+                      tf_wave **live, long min_steps, long max_steps, const int *arrived, int *stop)
 {
-    const long a = s->row > lo ? s->row : lo, b = s->row + s->n < hi ? s->row + s->n : hi;
-    if (a >= b) return 0;
-    const long off = a - s->row;
-    *out = *s;
-    out->ids += off;
-    out->slot += off;
-    out->sentence += off;
-    out->origin += off * s->ld_origin;
-    if (out->argmax) out->argmax += off;
-    out->n = b - a;
-    out->row = a;
-    return 1;
-}
-
-long decoder_stream(const tf_decoder *d, tf_wave *const *waves, int n_waves, long max_steps,
-                    const int *arrived, int groups)
-{
-    if (n_waves <= 0 || max_steps <= 0) return 0;
-    if (groups < 1) groups = 1;
-    step_segment *seg = malloc((size_t)n_waves * (size_t)(groups + 1) * sizeof *seg);
-    tf_wave **live = malloc((size_t)n_waves * sizeof *live);
-    long *first_row = malloc((size_t)n_waves * sizeof *first_row);
-    long steps = 0;
-    if (!seg || !live || !first_row) goto out;   /* the caller sees 0 steps with waves live */
-    step_segment *parts = seg + n_waves;
-    while (steps < max_steps) {
+    long steps = 0, finished = 0;
+    while (steps < max_steps && !__atomic_load_n(stop, __ATOMIC_RELAXED)) {
         int n_live = 0;
-        long rows = 0;
-        for (int i = 0; i < n_waves; i++) {
-            if (waves[i]->loop.n <= 0) continue;
-            live[n_live] = waves[i];
-            first_row[n_live] = rows;
-            seg[n_live] = wave_segment(waves[i], rows);
+        long rows = row0;
+        for (int i = 0; i < n; i++) {
+            if (mine[i]->loop.n <= 0) continue;
+            live[n_live] = mine[i];
+            seg[n_live] = wave_segment(mine[i], rows);
             rows += seg[n_live].n;
             n_live++;
         }
         if (!n_live) break;
-        const int G = groups < rows ? groups : (int)rows;
-        if (G <= 1) {
-            step_segments(d, seg, n_live);
-        } else {
-            /* Each thread the whole step for its block of rows, every kernel inside on it alone
-             * (decoder.h: decoder_step's groups); a block may cut a wave anywhere. */
-#pragma omp parallel for num_threads(G) schedule(static, 1)
-            for (int k = 0; k < G; k++) {
-                step_segment *mine = parts + (size_t)k * (size_t)n_live;
-                int m = 0;
-                for (int i = 0; i < n_live; i++) m += clip(&seg[i], rows * k / G, rows * (k + 1) / G, &mine[m]);
-                if (m) step_segments(d, mine, m);
-            }
-        }
-        long finished = 0;
-        if (G <= 1 || n_live == 1) {
-            for (int i = 0; i < n_live; i++) {
-                wave_after(d, live[i], first_row[i]);
-                finished += live[i]->loop.finished;
-            }
-        } else {
-#pragma omp parallel for num_threads(G < n_live ? G : n_live) schedule(dynamic, 1) reduction(+ : finished)
-            for (int i = 0; i < n_live; i++) {
-                wave_after(d, live[i], first_row[i]);
-                finished += live[i]->loop.finished;
-            }
+        step_segments(d, seg, n_live);
+        for (int i = 0; i < n_live; i++) {
+            wave_after(d, live[i], seg[i].row);
+            finished += live[i]->loop.finished;
         }
         steps++;
-        if (finished || (arrived && __atomic_load_n(arrived, __ATOMIC_ACQUIRE))) break;
+        if (steps >= min_steps && (finished || (arrived && __atomic_load_n(arrived, __ATOMIC_ACQUIRE)))) {
+            __atomic_store_n(stop, 1, __ATOMIC_RELAXED);
+            break;
+        }
     }
+    return steps;
+}
+
+static long wave_rows(const tf_wave *w)
+{
+    return w->greedy ? w->loop.n : w->loop.n * w->beam->K;
+}
+
+long decoder_stream(const tf_decoder *d, tf_wave *const *waves, int n_waves, long min_steps, long max_steps,
+                    const int *arrived, int groups)
+{
+    if (n_waves <= 0 || max_steps <= 0) return 0;
+    int n_live = 0;
+    for (int i = 0; i < n_waves; i++) n_live += waves[i]->loop.n > 0;
+    const int G = groups < n_live ? groups : n_live;
+    tf_wave **order = malloc((size_t)n_waves * 3 * sizeof *order);   /* order, mine, live */
+    step_segment *seg = malloc((size_t)n_waves * sizeof *seg);
+    int *owner = malloc((size_t)n_waves * sizeof *owner);
+    long steps = 0;
+    int stop = 0;
+    if (!order || !seg || !owner) goto out;   /* the caller sees 0 steps with waves live */
+    if (G <= 1) {
+        /* one block: every kernel with the process's team */
+        steps = run_waves(d, waves, n_waves, 0, seg, order + 2 * (size_t)n_waves, min_steps, max_steps, arrived,
+                          &stop);
+        goto out;
+    }
+    /* G threads, each stepping its own waves to the call's end without meeting the others (as
+     * decoder_greedy's blocks: a thread that the system takes away for a while does not hold the
+     * others up at every step). Waves go whole to the thread with the fewest rows, biggest
+     * first; each thread's rows follow the threads' before it in the step buffers (waves only
+     * shrink within a call). */
+    long load[64] = {0};
+    const int T = G < 64 ? G : 64;   /* threads: tf_team caps the process's at far fewer */
+    int m = 0;
+    for (int i = 0; i < n_waves; i++)
+        if (waves[i]->loop.n > 0) order[m++] = waves[i];
+    for (int i = 1; i < m; i++)            /* biggest first (insertion sort: few waves) */
+        for (int j = i; j > 0 && wave_rows(order[j]) > wave_rows(order[j - 1]); j--) {
+            tf_wave *t = order[j]; order[j] = order[j - 1]; order[j - 1] = t;
+        }
+    for (int i = 0; i < m; i++) {
+        int k = 0;
+        for (int t = 1; t < T; t++) if (load[t] < load[k]) k = t;
+        owner[i] = k;
+        load[k] += wave_rows(order[i]);
+    }
+    tf_wave **mine = order + n_waves;      /* grouped by thread */
+    int first[65] = {0};
+    for (int t = 0, at = 0; t < T; t++) {
+        first[t] = at;
+        for (int i = 0; i < m; i++) if (owner[i] == t) mine[at++] = order[i];
+        first[t + 1] = at;
+    }
+    long taken[64] = {0};
+#pragma omp parallel for num_threads(T) schedule(static, 1)
+    for (int t = 0; t < T; t++) {
+        long row0 = 0;
+        for (int u = 0; u < t; u++) row0 += load[u];
+        taken[t] = run_waves(d, mine + first[t], first[t + 1] - first[t], row0, seg + first[t],
+                             order + 2 * (size_t)n_waves + first[t], min_steps, max_steps, arrived, &stop);
+    }
+    for (int t = 0; t < T; t++) steps = taken[t] > steps ? taken[t] : steps;
 out:
+    free(order);
     free(seg);
-    free(live);
-    free(first_row);
+    free(owner);
     return steps;
 }

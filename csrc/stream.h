@@ -28,13 +28,17 @@ typedef struct {
 /* The wave's sentences before their first step (every sentence of it, one block). */
 void decoder_wave_begin(tf_wave *w);
 
-/* Steps the live waves (loop.n > 0) together until, after a step, one of their sentences has
- * finished (its finished flag set), *arrived is nonzero (the caller has a wave to add), or
- * max_steps steps are done; returns the steps taken. d: the weights and the step buffers, whose
+/* Steps the live waves (loop.n > 0) together until, after at least min_steps steps, a sentence
+ * has finished since the call began (its finished flag set) or *arrived is nonzero (the caller
+ * has a wave to add), or until max_steps steps are done; returns the steps taken. min_steps > 1
+ * lets sentences that finish or arrive a few steps apart be answered or admitted together: each
+ * return costs the caller its interpreter's work, every step when requests keep arriving. d: the weights and the step buffers, whose
  * N rows must hold the live waves' rows (greedy: their live sentences; beam: K per live
- * sentence). groups: blocks of rows, one per thread, each running the whole step for its block
- * (1: every kernel with the process's team). The caller checks. */
-long decoder_stream(const tf_decoder *d, tf_wave *const *waves, int n_waves, long max_steps,
+ * sentence). groups: threads, each stepping whole waves (the fewest rows first) to the call's end
+ * without meeting the others, every kernel inside on it alone, as decoder_greedy's blocks (1, or
+ * one live wave: every kernel with the process's team); the caller splits a big wave in as many
+ * (streaming.py). The caller checks. */
+long decoder_stream(const tf_decoder *d, tf_wave *const *waves, int n_waves, long min_steps, long max_steps,
                     const int *arrived, int groups);
 
 #endif

@@ -214,8 +214,8 @@ cdef extern from "stream.h" nogil:
         const tf_beam *beam
         tf_loop loop
     void c_decoder_wave_begin "decoder_wave_begin"(tf_wave *w)
-    long c_decoder_stream "decoder_stream"(const tf_decoder *d, tf_wave **waves, int n_waves, long max_steps,
-                                           const int *arrived, int groups)
+    long c_decoder_stream "decoder_stream"(const tf_decoder *d, tf_wave **waves, int n_waves, long min_steps,
+                                           long max_steps, const int *arrived, int groups)
 
 
 cdef class DecoderLoop:

@@ -18,10 +18,10 @@ cdef class DecoderStream:
         self.buffers = {name: buffers[name] for name in _DS_BUFFERS}
         self.rows = rows
 
-    def run(self, list waves, long max_steps, arrived=None, int groups=1):
-        """Steps the live waves together until one of their sentences finishes (its wave's
-        finished flag set), arrived[0] (int32 [1], set by another thread) is nonzero, or max_steps
-        steps are done; returns the steps taken. Every wave must come from a DecoderStep over the
+    def run(self, list waves, long max_steps, arrived=None, int groups=1, long min_steps=1):
+        """Steps the live waves together until, after at least min_steps steps, one of their
+        sentences has finished (its wave's finished flag set) or arrived[0] (int32 [1], set by
+        another thread) is nonzero, or until max_steps steps are done; returns the steps taken. Every wave must come from a DecoderStep over the
         same prepared weights at the instruction set in use, and the live waves' rows must fit
         the buffers' rows. groups: blocks of rows, one per thread (1: every kernel with the
         process's team)."""
@@ -29,6 +29,8 @@ cdef class DecoderStream:
             raise ValueError(f"groups must be >= 1, got {groups}")
         if max_steps < 0:
             raise ValueError(f"max_steps must be >= 0, got {max_steps}")
+        if min_steps < 1:
+            raise ValueError(f"min_steps must be >= 1, got {min_steps}")
         cdef const int *pa = NULL
         if arrived is not None:
             _check(arrived, "arrived", np.dtype(np.int32), 1)
@@ -78,6 +80,6 @@ cdef class DecoderStream:
             pw[i] = &(<DecoderLoop>w).wave
         cdef long steps
         with nogil:
-            steps = c_decoder_stream(&d, pw, n, max_steps, pa, groups)
+            steps = c_decoder_stream(&d, pw, n, min_steps, max_steps, pa, groups)
         free(pw)
         return steps

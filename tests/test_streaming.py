@@ -103,9 +103,10 @@ def test_a_cancelled_sentence_leaves_and_is_never_returned_while_the_others_go_o
     pieces = _pieces(rng, model.cfg.src_vocab_size, 4)
     for beam in (1, 2):
         stream = DecodingStream(model, rows=32)
-        wave = stream.add(pieces, list(range(4)), beam=beam, max_len=12)
+        waves = stream.add(pieces, list(range(4)), beam=beam, max_len=12)
         stream.run(max_steps=1)
-        wave.cancel(1)
+        wave = next(w for w in waves if 1 in w.tags)
+        wave.cancel(wave.tags.index(1))
         got = {}
         while stream.waves:
             got.update(stream.run(max_steps=1))
@@ -128,7 +129,7 @@ def test_waves_of_two_models_are_refused_in_one_stream():
     one, other = make_model(seed=3), make_model(seed=4)
     stream = DecodingStream(one, rows=8)
     stream.add([[4, 5]], ["a"])
-    foreign = DecodingStream(other, rows=8).add([[4, 5]], ["b"])
+    foreign, = DecodingStream(other, rows=8).add([[4, 5]], ["b"])
     stream.waves.append(foreign)
     with pytest.raises(ValueError, match="same prepared weights"):
         stream.run()

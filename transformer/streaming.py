@@ -15,6 +15,8 @@ calls for waves that join at every step.
 
 One thread drives a stream (the server's scheduler): it is not safe to call from two at once.
 """
+import time
+
 import numpy as np
 
 from . import _C
@@ -70,6 +72,7 @@ class DecodingStream:
         buffers.update(mean=np.empty(rows, np.float32), rstd=np.empty(rows, np.float32))
         self._stream = _C.DecoderStream(buffers, rows)
         self.waves = []
+        self.step_seconds = None        # the last run's seconds a step
         # set to 1 by another thread when it has a wave to add: run() returns after its step
         self.arrived = np.zeros(1, np.int32)
 
@@ -78,12 +81,24 @@ class DecodingStream:
         return sum(wave.loop.rows for wave in self.waves)
 
     def add(self, pieces, tags, beam=1, max_len=None, no_repeat_ngram=0):
-        """Start decoding `pieces` (source id lists) as one wave; tags[i] comes back with piece i's
-        tokens. beam 1: greedy decoding; else beam search of `beam` beams, with the model's
-        generation settings as beam_search takes them; max_len and no_repeat_ngram as there."""
-        model = self.model
+        """Start decoding `pieces` (source id lists); tags[i] comes back with piece i's tokens.
+        beam 1: greedy decoding; else beam search of `beam` beams, with the model's generation
+        settings as beam_search takes them; max_len and no_repeat_ngram as there. Returns the
+        waves: one, or one per thread when the pieces are enough to split a step's rows across
+        threads (step_groups; a wave is stepped whole by one thread, csrc/stream.h), the pieces
+        dealt to them in turn, as decoder_greedy deals sentences to its blocks."""
         if len(tags) != len(pieces) or not pieces:
             raise ValueError(f"pieces and tags must be as many, at least one: got {len(pieces)} and {len(tags)}")
+        need = len(pieces) * max(1, beam)
+        if self.rows_in_use() + need > self.rows:
+            raise ValueError(f"a wave of {need} rows does not fit: {self.rows_in_use()} of {self.rows} in use")
+        parts = min(len(pieces), step_groups(self.model.cfg, self.precision, _C.get_num_threads(), need))
+        return [self._add([pieces[i] for i in range(k, len(pieces), parts)],
+                          [tags[i] for i in range(k, len(pieces), parts)], beam, max_len, no_repeat_ngram)
+                for k in range(parts)]
+
+    def _add(self, pieces, tags, beam, max_len, no_repeat_ngram):
+        model = self.model
         max_len, rules = model._generation_rules(max_len, None, None)
         src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), model.cfg.pad_id)[0]
         if beam > 1:
@@ -97,9 +112,6 @@ class DecodingStream:
             src, limits, min_len, ngram, rules = greedy_args(model, src, max_len, 0, no_repeat_ngram,
                                                              rules["forced_eos"], rules["banned"])
             K, length_penalty = 1, 0.0
-        need = len(pieces) * K
-        if self.rows_in_use() + need > self.rows:
-            raise ValueError(f"a wave of {need} rows does not fit: {self.rows_in_use()} of {self.rows} in use")
         workspace = self._spare_workspaces.pop() if self._spare_workspaces else {}
         workspace["prepared"] = self._prepared
         shared, src_pad = _encode_once(model, src, self.precision, workspace)
@@ -113,14 +125,16 @@ class DecodingStream:
         self.waves.append(wave)
         return wave
 
-    def run(self, max_steps=64):
-        """Steps every live wave together until a sentence finishes, `arrived` is set, or
-        max_steps; returns [(tag, tokens)] of the sentences finished since the last run (tokens
+    def run(self, max_steps=64, min_steps=1):
+        """Steps every live wave together until, after at least min_steps steps, a sentence has
+        finished or `arrived` is set, or until max_steps steps; returns [(tag, tokens)] of the sentences finished since the last run (tokens
         None for those cancelled), and drops the waves that are done."""
         if any(wave.live for wave in self.waves):
-            rows = self.rows_in_use()
-            groups = step_groups(self.model.cfg, self.precision, _C.get_num_threads(), rows)
-            self._stream.run([wave.loop for wave in self.waves], max_steps, self.arrived, groups)
+            groups = step_groups(self.model.cfg, self.precision, _C.get_num_threads(), self.rows_in_use())
+            started = time.perf_counter()
+            steps = self._stream.run([wave.loop for wave in self.waves], max_steps, self.arrived, groups, min_steps)
+            if steps:
+                self.step_seconds = (time.perf_counter() - started) / steps
         finished = []
         for wave in self.waves:
             new = np.flatnonzero(wave.loop.finished[:len(wave.tags)].astype(bool) & ~wave.delivered)

@@ -37,6 +37,16 @@ from ..train import text_pieces
 BATCHING = ("step", "batch")
 # A stream returns to the thread at least this often (steps), so a stop or a cancel is seen.
 MAX_STEPS = 64
+# ... and at most every MIN_INTERVAL seconds (in whole steps, from the stream's last seconds a
+# step) while sentences finish or requests arrive: those that finish or arrive within it are
+# answered or admitted together. Each return costs the thread's Python work, which competes with
+# the HTTP side for the interpreter while requests keep arriving. Measured on the tiny model's
+# server at 64 clients (Zen 4, family 25 model 17, 2 threads, int8, beam 4), against batching
+# between batches in the same run: returning after every step 0.80-0.85x its throughput; every
+# 8 ms 0.83x, with a short request among long ones answered in 0.46-0.64x its p50; every 20 ms
+# 0.90-0.97x, the short requests' latency no better than batching's. 10 ms keeps most of the
+# latency. A base step is longer than the interval: it returns after every step.
+MIN_INTERVAL = 0.01
 
 
 class QueueFull(RuntimeError):
@@ -252,7 +262,9 @@ class Scheduler:
             started = time.monotonic()
             rows = stream.rows_in_use()
             try:
-                finished = stream.run(MAX_STEPS)
+                per_step = stream.step_seconds
+                finished = stream.run(MAX_STEPS, max(1, min(MAX_STEPS, round(MIN_INTERVAL / per_step)))
+                                      if per_step else 1)
             except Exception as exc:    # a bug: every sentence in the stream hears it
                 self._fail([p for p in self._decoding if p.wave in stream.waves], exc)
                 self._drop(stream)
@@ -298,15 +310,16 @@ class Scheduler:
     def _start(self, stream, group, pieces):
         options = dict(group[1])
         try:
-            wave = stream.add([p.ids for p in pieces], pieces, beam=options["beam"], max_len=options["max_len"],
-                              no_repeat_ngram=options["no_repeat_ngram"])
+            waves = stream.add([p.ids for p in pieces], pieces, beam=options["beam"], max_len=options["max_len"],
+                               no_repeat_ngram=options["no_repeat_ngram"])
         except Exception as exc:        # a refused option: its requests hear it
             self._fail(pieces, exc)
             return
         with self._condition:
-            for slot, piece in enumerate(pieces):
-                piece.wave, piece.slot = wave, slot
-                self._decoding.add(piece)
+            for wave in waves:
+                for slot, piece in enumerate(wave.tags):
+                    piece.wave, piece.slot = wave, slot
+                    self._decoding.add(piece)
 
     def _finish(self, piece, tokens):
         with self._condition:
