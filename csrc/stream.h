@@ -32,11 +32,13 @@ void decoder_wave_begin(tf_wave *w);
  * has finished since the call began (its finished flag set) or *arrived is nonzero (the caller
  * has a wave to add), or until max_steps steps are done; returns the steps taken. min_steps > 1
  * lets sentences that finish or arrive a few steps apart be answered or admitted together: each
- * return costs the caller its interpreter's work, every step when requests keep arriving. d: the weights and the step buffers, whose
- * N rows must hold the live waves' rows (greedy: their live sentences; beam: K per live
- * sentence). groups: threads, each stepping whole waves (the fewest rows first) to the call's end
- * without meeting the others, every kernel inside on it alone, as decoder_greedy's blocks (1, or
- * one live wave: every kernel with the process's team); the caller splits a big wave in as many
+ * return costs the caller its interpreter's work, every step when requests keep arriving.
+ *
+ * d: the weights and the step buffers, whose N rows must hold the live waves' rows (greedy:
+ * their live sentences; beam: K per live sentence). groups: threads, each stepping whole waves
+ * (dealt biggest first to the thread with the fewest rows) to the call's end without meeting the
+ * others, every kernel inside on it alone, as decoder_greedy's blocks; 1, or one live wave: every
+ * kernel with the process's team. The caller splits a big wave in one per thread
  * (streaming.py). The caller checks. */
 long decoder_stream(const tf_decoder *d, tf_wave *const *waves, int n_waves, long min_steps, long max_steps,
                     const int *arrived, int groups);
