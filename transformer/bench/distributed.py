@@ -16,12 +16,12 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
+from .harness import free_port
 from .train import CONFIGS, LABEL_SMOOTHING, _batch, _config
 
 WARMUP_STEPS = 1
@@ -45,12 +45,6 @@ def _mpiexec():
     if path is None:
         raise RuntimeError('--what distributed needs mpiexec: pip install "transformer-cpu[mpi]"')
     return path
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(threads=(1, 2), configs=("base",), against="torch", steps=None, stream=None):
@@ -96,7 +90,7 @@ def run(threads=(1, 2), configs=("base",), against="torch", steps=None, stream=N
 def _launch(engine, name, ranks, nthreads, steps):
     cmd = [sys.executable, "-m", "transformer.bench.distributed", "--worker", engine, "--config", name,
            "--sizes", json.dumps(CONFIGS[name]), "--threads", str(nthreads), "--steps", str(steps)]
-    env = {**os.environ, "OMP_NUM_THREADS": str(nthreads), "MASTER_PORT": str(_free_port())}
+    env = {**os.environ, "OMP_NUM_THREADS": str(nthreads), "MASTER_PORT": str(free_port())}
     if ranks > 1:
         cmd = [_mpiexec(), "-n", str(ranks), *cmd]
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3600)

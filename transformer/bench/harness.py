@@ -139,6 +139,17 @@ def engine_threads(torch=None):
             torch.set_num_threads(saved[1])
 
 
+# -- peers in processes of their own ---------------------------------------------------------------
+
+def free_port():
+    """A TCP port of 127.0.0.1 free now (a peer server's, or a rendezvous)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 # -- records ----------------------------------------------------------------------------------------
 
 def cpu_model():

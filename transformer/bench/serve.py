@@ -33,10 +33,8 @@ ones of its batch, and of the batch before it.
 Nothing here is timed in tests.
 """
 import asyncio
-import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -45,6 +43,7 @@ import time
 import numpy as np
 
 from ..serve.models import ServedModel
+from .harness import free_port
 
 CONFIGS = {
     "tiny": dict(sizes=dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2), vocab=4000),
@@ -91,17 +90,11 @@ def build_model(name, directory, pairs, seed=0):
     return [s for s, _ in dev if 0 < len(src_tok.encode(s)) <= MAX_SOURCE]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class ServerProcess:
     """A server in a process of its own, up once it says "listening on"."""
 
     def __init__(self, argv):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen([*argv, "--port", str(self.port)], stderr=subprocess.PIPE, text=True,
                                         cwd=tempfile.gettempdir())
@@ -236,7 +229,7 @@ def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", 
     from ..checkpoint import load_for_inference
     from ..train import translate_texts
     from .decode import ctranslate2_compute_type
-    from .kernels import cpu_model
+    from .harness import cpu_model, emit as keep
 
     import transformer as T
 
@@ -254,9 +247,7 @@ def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", 
         texts = texts[:max(counts)]                 # every sample below cycles through these
 
         def emit(record):
-            records.append(record)
-            if stream is not None:
-                print(json.dumps(record), file=stream, flush=True)
+            keep(record, records, stream)
 
         def tokens(answers):
             return sum(len(tgt_tok.encode(a)) for a in answers)
