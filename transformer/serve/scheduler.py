@@ -40,13 +40,14 @@ MAX_STEPS = 64
 # ... and at most every MIN_INTERVAL seconds (in whole steps, from the stream's last seconds a
 # step) while sentences finish or requests arrive: those that finish or arrive within it are
 # answered or admitted together. Each return costs the thread's Python work, which competes with
-# the HTTP side for the interpreter while requests keep arriving. Measured on the tiny model's
-# server at 64 clients (Zen 4, family 25 model 17, 2 threads, int8, beam 4), against batching
-# between batches in the same run: returning after every step 0.80-0.85x its throughput; every
-# 8 ms 0.83x, with a short request among long ones answered in 0.46-0.64x its p50; every 20 ms
-# 0.90-0.97x, the short requests' latency no better than batching's. 10 ms keeps most of the
-# latency. A base step is longer than the interval: it returns after every step.
-MIN_INTERVAL = 0.01
+# the HTTP side for the interpreter while requests keep arriving, and each step of waiting delays
+# an answer or an admission. Measured on the tiny model's server at 64 clients (Zen 4, family 25
+# model 17, 2 threads, int8, beam 4; a step about 2 ms), against batching between batches in the
+# same run: returning after every step gave 0.80-0.88x its throughput and a short request among
+# long ones its answer in 0.38-0.47x the p50; every 10 ms (5 steps) 0.86x, and the short requests'
+# p50 1.18x, no better than batching's; every 20 ms 0.90-0.97x. A few milliseconds keep the
+# latency. A base step (about 40 ms) is longer than the interval: it returns after every step.
+MIN_INTERVAL = 0.004
 
 
 class QueueFull(RuntimeError):
