@@ -1,17 +1,19 @@
 """Iteration-level batching: sentences join a running decoding batch between two decoder steps and
 leave it when they finish (Orca, Yu et al., OSDI 2022), the loop in C (csrc/stream.h).
 
-A DecodingStream holds waves. add() starts one: its sentences are encoded together (the encoder
-runs once per wave), and from the next run() on their decoder steps go with every other live
-wave's. Each step multiplies the rows of all waves by every weight at once, while each wave's
-rows attend over their own caches and encoder output at their own position. run() returns as soon
-as a sentence finishes (or the caller flags a new arrival, or after max_steps), with the
-finished sentences' tokens: a short sentence that arrives during a long batch starts at the next
-step and leaves at its own end, instead of waiting for the batch.
+A DecodingStream holds waves. add() starts one (or one per thread, when its rows are enough to
+split): its sentences are encoded together, and from the next run() on their decoder steps go
+with the other live waves'. Each step multiplies the rows of all waves by every weight at once
+(with several threads: each thread the rows of its own waves, without meeting the others until
+run() returns), while each wave's rows attend over their own caches and encoder output at their
+own position. run() returns once a sentence has finished (or the caller flags a new arrival, or
+after max_steps), with the finished sentences' tokens: a short sentence that arrives during a
+long batch starts at the next step and leaves at its own end, instead of waiting for the batch.
 
-A sentence's tokens are those greedy_decode or beam_search give it (the same kernels in the same
-order on each row, and no kernel mixes rows); tests/test_streaming.py checks them against those
-calls for waves that join at every step.
+A sentence's tokens are those greedy_decode or beam_search give it, alone or in any batch: the
+same kernels in the same order on each row, no kernel mixes rows, and the encoder computes each
+row apart (decoding.rows_apart). tests/test_streaming.py checks them against those calls for
+waves that join at every step.
 
 One thread drives a stream (the server's scheduler): it is not safe to call from two at once.
 """
@@ -73,7 +75,8 @@ class DecodingStream:
         self._stream = _C.DecoderStream(buffers, rows)
         self.waves = []
         self.step_seconds = None        # the last run's seconds a step
-        # set to 1 by another thread when it has a wave to add: run() returns after its step
+        # set to 1 by another thread when it has a wave to add: run() returns after its step (once
+        # min_steps are done)
         self.arrived = np.zeros(1, np.int32)
 
     def rows_in_use(self):
@@ -127,8 +130,9 @@ class DecodingStream:
 
     def run(self, max_steps=64, min_steps=1):
         """Steps every live wave together until, after at least min_steps steps, a sentence has
-        finished or `arrived` is set, or until max_steps steps; returns [(tag, tokens)] of the sentences finished since the last run (tokens
-        None for those cancelled), and drops the waves that are done."""
+        finished or `arrived` is set, or until max_steps steps; returns [(tag, tokens)] of the
+        sentences finished since the last run (tokens None for those cancelled), and drops the
+        waves that are done."""
         if any(wave.live for wave in self.waves):
             groups = step_groups(self.model.cfg, self.precision, _C.get_num_threads(), self.rows_in_use())
             started = time.perf_counter()
