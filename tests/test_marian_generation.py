@@ -285,3 +285,31 @@ def test_serve_answers_an_imported_model_as_generate_does_with_its_own_settings(
     finally:
         server.stop()
     assert status == 200 and body["translatedText"] == want
+
+
+def test_an_imported_models_languages_come_from_its_directory_and_go_back_out(opus, tmp_path):
+    """MarianTokenizer's source_lang / target_lang (tokenizer_config.json), else the OPUS-MT name
+    the config was saved from: convert writes them to languages.json, serve answers for them, and
+    an export writes them back."""
+    from transformer.checkpoint import load_for_inference, read_languages
+    from transformer.marian import marian_languages
+    from transformer.serve import load_models
+
+    root = tmp_path / "hf"
+    shutil.copytree(opus["dir"], root)
+    config = json.load(open(root / "config.json"))
+    assert marian_languages(str(root), {**config, "_name_or_path": "Helsinki-NLP/opus-mt-en-de"}) == ("en", "de")
+    assert marian_languages(str(root), {**config, "_name_or_path": "my-model"}) is None
+    tokenizer_config = root / "tokenizer_config.json"
+    settings = json.load(open(tokenizer_config)) if tokenizer_config.exists() else {}
+    tokenizer_config.write_text(json.dumps({**settings, "source_lang": "eng", "target_lang": "deu"}))
+    out = str(tmp_path / "ours")
+    r = _cli("convert", "--from", "marian", str(root), "--out", out)
+    assert r.returncode == 0 and "languages eng -> deu" in r.stderr, r.stderr
+    assert read_languages(out) == ("eng", "deu")
+    served = load_models([out], load=load_for_inference)
+    assert list(served) == ["eng-deu"] and (served["eng-deu"].source, served["eng-deu"].target) == ("eng", "deu")
+    back = tmp_path / "back"
+    assert _cli("convert", "--to", "marian", out, "--out", str(back)).returncode == 0
+    exported = json.load(open(back / "tokenizer_config.json"))
+    assert (exported["source_lang"], exported["target_lang"]) == ("eng", "deu")

@@ -732,7 +732,8 @@ def _quantize(args):
 
 def _convert(args):
     from .checkpoint import save_inference_files
-    from .marian import config_to_marian, export_marian, import_marian
+    from .checkpoint import read_languages
+    from .marian import config_to_marian, export_marian, import_marian, marian_languages
 
     if (args.source is None) == (args.to is None):
         raise FlagError("give exactly one of --from marian HF_DIR (import) and --to marian DIR (export)")
@@ -747,9 +748,12 @@ def _convert(args):
             model, src_tok, tgt_tok = import_marian(directory)
         with blame("--out", args.out):
             _replace(args)
-            save_inference_files(args.out, model, src_tok, tgt_tok)
+            languages = marian_languages(directory)
+            save_inference_files(args.out, model, src_tok, tgt_tok, languages=languages)
+        said = f"; languages {languages[0]} -> {languages[1]}" if languages else \
+            "; its languages are not in it (serve it as --model SRC-TGT=DIR)"
         print(f"wrote {args.out}: a MarianMT model with {model.num_parameters():,} parameters "
-              f"(translate, evaluate and train --init-from read it)", file=sys.stderr)
+              f"(translate, evaluate and train --init-from read it){said}", file=sys.stderr)
         return 0
     fmt, directory = args.to
     if fmt != "marian":
@@ -760,7 +764,7 @@ def _convert(args):
         config_to_marian(model.cfg)
     with blame("--out", args.out):
         _replace(args)
-        export_marian(model, src_tok, tgt_tok, args.out)
+        export_marian(model, src_tok, tgt_tok, args.out, languages=read_languages(directory))
     print(f"wrote {args.out}: MarianMTModel.from_pretrained and MarianTokenizer.from_pretrained read it",
           file=sys.stderr)
     return 0

@@ -13,6 +13,7 @@ torch and transformers are never imported here: weights are read by transformer/
 """
 import json
 import os
+import re
 import reprlib
 
 import numpy as np
@@ -268,6 +269,34 @@ def state_dict_to_marian(model):
     return {k: np.ascontiguousarray(v, dtype=np.float32) for k, v in out.items()}
 
 
+def marian_languages(hf_dir, hf=None):
+    """(source, target) language codes of a MarianMT directory, or None: tokenizer_config.json's
+    source_lang and target_lang (MarianTokenizer's), else the OPUS-MT name the config was saved
+    from (_name_or_path "Helsinki-NLP/opus-mt-en-de"); codes only (checkpoint.is_language_code)."""
+    from .checkpoint import is_language_code
+
+    try:
+        with open(os.path.join(hf_dir, "tokenizer_config.json"), encoding="utf-8") as f:
+            tokenizer = json.load(f)
+    except (OSError, ValueError):
+        tokenizer = {}
+    pair = (tokenizer.get("source_lang"), tokenizer.get("target_lang")) if isinstance(tokenizer, dict) else ()
+    if len(pair) == 2 and all(isinstance(code, str) and is_language_code(code) for code in pair):
+        return pair
+    if hf is None:
+        try:
+            with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
+                hf = json.load(f)
+        except (OSError, ValueError):
+            return None
+    name = hf.get("_name_or_path") or hf.get("name_or_path") if isinstance(hf, dict) else None
+    if isinstance(name, str):
+        match = re.search(r"opus-mt-([A-Za-z]{2,3})-([A-Za-z]{2,3})/?$", name)
+        if match and all(is_language_code(code) for code in match.groups()):
+            return match.groups()
+    return None
+
+
 def import_marian(hf_dir, out_dir=None):
     """Read a local MarianMT directory (config.json, model.safetensors or pytorch_model.bin,
     source.spm, target.spm, vocab.json, generation_config.json when present); returns (model,
@@ -303,14 +332,15 @@ def import_marian(hf_dir, out_dir=None):
     model.generation = settings
     if out_dir is not None:
         from .checkpoint import save_inference_files
-        save_inference_files(os.fspath(out_dir), model, src_tok, tgt_tok)
+        save_inference_files(os.fspath(out_dir), model, src_tok, tgt_tok, languages=marian_languages(hf_dir, hf))
     return model, src_tok, tgt_tok
 
 
-def export_marian(model, src_tokenizer, tgt_tokenizer, out_dir):
+def export_marian(model, src_tokenizer, tgt_tokenizer, out_dir, languages=None):
     """Write a MarianMT directory for `model` and its SentencePiece tokenizers: config.json,
     generation_config.json, model.safetensors, source.spm, target.spm, vocab.json,
-    tokenizer_config.json. ValueError when the model or its tokenizers have no MarianMT form."""
+    tokenizer_config.json (with source_lang and target_lang when `languages` are given). ValueError
+    when the model or its tokenizers have no MarianMT form."""
     from .tokenizer import SentencePieceTokenizer
 
     cfg = model.cfg
@@ -354,7 +384,8 @@ def export_marian(model, src_tokenizer, tgt_tokenizer, out_dir):
     write_json("tokenizer_config.json", {
         **names, "model_max_length": cfg.max_len, "separate_vocabs": False,
         "tokenizer_class": "MarianTokenizer",
-        "clean_up_tokenization_spaces": tgt_tokenizer.clean_up_tokenization_spaces})
+        "clean_up_tokenization_spaces": tgt_tokenizer.clean_up_tokenization_spaces,
+        **({"source_lang": languages[0], "target_lang": languages[1]} if languages else {})})
     atomic_write_bytes(os.path.join(out_dir, "source.spm"), src_tokenizer.model_bytes)
     atomic_write_bytes(os.path.join(out_dir, "target.spm"), tgt_tokenizer.model_bytes)
     with model._lock:
