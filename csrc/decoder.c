@@ -450,7 +450,7 @@ static void keep_finished(double *kept, int64_t *count, long K, double score)
     kept[i] = score;
 }
 
-void beam_begin(const tf_decoder *d, const tf_beam *g, tf_loop *run, long b0, long b1, long first, long stride)
+void beam_begin(const tf_beam *g, tf_loop *run, long b0, long b1, long first, long stride)
 {
     const long K = g->K, R0 = b0 * K;
     memset(run, 0, sizeof *run);
@@ -475,7 +475,6 @@ void beam_begin(const tf_decoder *d, const tf_beam *g, tf_loop *run, long b0, lo
             g->sentence[r] = s;
         }
     }
-    (void)d;
 }
 
 step_segment beam_segment(const tf_decoder *d, const tf_beam *g, const tf_loop *run, long row)
@@ -594,7 +593,7 @@ void beam_after(const tf_decoder *d, const tf_beam *g, tf_loop *run, float *logp
 static void beam_block(const tf_decoder *d, const tf_beam *g, long b0, long b1, long first, long stride)
 {
     tf_loop run;
-    beam_begin(d, g, &run, b0, b1, first, stride);
+    beam_begin(g, &run, b0, b1, first, stride);
     long next_poll = now_ms() + TF_POLL_MS;
     while (run.n > 0) {
         if (stop_asked(g->poll, &next_poll)) return;

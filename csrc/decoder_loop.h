@@ -30,7 +30,7 @@ void step_segments(const tf_decoder *d, const step_segment *seg, int n_seg);
 
 /* The sentences first, first + stride, ... in slots b0 .. b1 - 1, before their first step. */
 void greedy_begin(const tf_greedy *g, tf_loop *run, long b0, long b1, long first, long stride);
-void beam_begin(const tf_decoder *d, const tf_beam *g, tf_loop *run, long b0, long b1, long first, long stride);
+void beam_begin(const tf_beam *g, tf_loop *run, long b0, long b1, long first, long stride);
 
 /* The block's rows at its next step, as a segment starting at step-buffer row `row`. */
 step_segment greedy_segment(const tf_decoder *d, const tf_greedy *g, const tf_loop *run, long row);

@@ -11,7 +11,7 @@ void decoder_wave_begin(tf_wave *w)
         for (long b = 0; b < w->d->B; b++) w->greedy->lengths[b] = w->greedy->limits[b];
         greedy_begin(w->greedy, &w->loop, 0, w->d->B, 0, 1);
     } else {
-        beam_begin(w->d, w->beam, &w->loop, 0, w->d->B, 0, 1);
+        beam_begin(w->beam, &w->loop, 0, w->d->B, 0, 1);
     }
 }
 

@@ -172,6 +172,20 @@ cdef float *_ds_ptr(dict buffers, str name, long N, long width) except NULL:
     return <float *>cnp.PyArray_DATA(<cnp.ndarray>_ds_buffer(buffers, name, N, width))
 
 
+cdef int _ds_bind(tf_decoder *d, dict buffers, long N) except -1:
+    """d's step buffers: buffers' arrays (named as in _DS_BUFFERS) of N rows each, as wide as d's
+    D, d_ff and V need; d.N = N."""
+    d.N = N
+    d.x, d.h = _ds_ptr(buffers, "x", N, d.D), _ds_ptr(buffers, "h", N, d.D)
+    d.tmp, d.ctx, d.query = _ds_ptr(buffers, "tmp", N, d.D), _ds_ptr(buffers, "ctx", N, d.D), \
+        _ds_ptr(buffers, "query", N, d.D)
+    d.qkv = _ds_ptr(buffers, "qkv", N, 3 * d.D)
+    d.ff_pre, d.ff_act = _ds_ptr(buffers, "ff_pre", N, d.d_ff), _ds_ptr(buffers, "ff_act", N, d.d_ff)
+    d.logits = _ds_ptr(buffers, "logits", N, d.V)
+    d.mean, d.rstd = _ds_ptr(buffers, "mean", N, 0), _ds_ptr(buffers, "rstd", N, 0)
+    return 0
+
+
 cdef void _ds_linear(tf_linear *out, object pair, str name, long N, long K, list keep) except *:
     """(prepared weight, bias) -> out: a PackedMatrix from gemm_pack_b or int8 bytes from
     qgemm_pack, of op(W) = [N, K]^T; bias None or float32 [N]."""
@@ -328,13 +342,7 @@ cdef class DecoderStep:
         d.src_pad = <const uint8_t *>cnp.PyArray_DATA(<cnp.ndarray>src_pad)
         self.keep += [embed, pe, src_pad]
 
-        d.x, d.h = _ds_ptr(buffers, "x", N, D), _ds_ptr(buffers, "h", N, D)
-        d.tmp, d.ctx, d.query = _ds_ptr(buffers, "tmp", N, D), _ds_ptr(buffers, "ctx", N, D), \
-            _ds_ptr(buffers, "query", N, D)
-        d.qkv = _ds_ptr(buffers, "qkv", N, 3 * D)
-        d.ff_pre, d.ff_act = _ds_ptr(buffers, "ff_pre", N, F), _ds_ptr(buffers, "ff_act", N, F)
-        d.logits = _ds_ptr(buffers, "logits", N, V)
-        d.mean, d.rstd = _ds_ptr(buffers, "mean", N, 0), _ds_ptr(buffers, "rstd", N, 0)
+        _ds_bind(d, buffers, N)
         arrays = {name: buffers[name] for name in _DS_BUFFERS}
         written = [(f"buffers[{k!r}]", a) for k, a in arrays.items()]
         self.logits_buffer = arrays["logits"]

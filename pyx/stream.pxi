@@ -21,10 +21,10 @@ cdef class DecoderStream:
     def run(self, list waves, long max_steps, arrived=None, int groups=1, long min_steps=1):
         """Steps the live waves together until, after at least min_steps steps, one of their
         sentences has finished (its wave's finished flag set) or arrived[0] (int32 [1], set by
-        another thread) is nonzero, or until max_steps steps are done; returns the steps taken. Every wave must come from a DecoderStep over the
-        same prepared weights at the instruction set in use, and the live waves' rows must fit
-        the buffers' rows. groups: blocks of rows, one per thread (1: every kernel with the
-        process's team)."""
+        another thread) is nonzero, or until max_steps steps are done; returns the steps taken.
+        Every wave must come from a DecoderStep over the same prepared weights at the instruction
+        set in use, and the live waves' rows must fit the buffers' rows. groups: threads, each
+        stepping whole waves (csrc/stream.h; 1: every kernel with the process's team)."""
         if groups < 1:
             raise ValueError(f"groups must be >= 1, got {groups}")
         if max_steps < 0:
@@ -59,19 +59,7 @@ cdef class DecoderStream:
             total += (<DecoderLoop>w).rows
         if total > self.rows:
             raise ValueError(f"the live waves take {total} rows, the stream holds {self.rows}")
-        cdef long N = self.rows
-        for name, width in (("x", d.D), ("h", d.D), ("tmp", d.D), ("ctx", d.D), ("query", d.D), ("qkv", 3 * d.D),
-                            ("ff_pre", d.d_ff), ("ff_act", d.d_ff), ("logits", d.V)):
-            if self.buffers[name].shape[1] != width:
-                raise ValueError(f"buffers[{name!r}] must be [{N}, {width}] for this model, got "
-                                 f"{self.buffers[name].shape}")
-        d.N = N
-        d.x, d.h = _ds_ptr(self.buffers, "x", N, -1), _ds_ptr(self.buffers, "h", N, -1)
-        d.tmp, d.ctx = _ds_ptr(self.buffers, "tmp", N, -1), _ds_ptr(self.buffers, "ctx", N, -1)
-        d.query, d.qkv = _ds_ptr(self.buffers, "query", N, -1), _ds_ptr(self.buffers, "qkv", N, -1)
-        d.ff_pre, d.ff_act = _ds_ptr(self.buffers, "ff_pre", N, -1), _ds_ptr(self.buffers, "ff_act", N, -1)
-        d.logits = _ds_ptr(self.buffers, "logits", N, -1)
-        d.mean, d.rstd = _ds_ptr(self.buffers, "mean", N, 0), _ds_ptr(self.buffers, "rstd", N, 0)
+        _ds_bind(&d, self.buffers, self.rows)     # the stream's buffers, as wide as the waves' model
         cdef int n = len(live)
         cdef tf_wave **pw = <tf_wave **>calloc(n, sizeof(tf_wave *))
         if pw == NULL:

@@ -195,6 +195,12 @@ def test_bad_requests_are_400_naming_the_field(server, body, status, says):
     assert got == status and says in answer["error"], answer
 
 
+def test_a_beam_wider_than_the_servers_rows_is_400_naming_the_limit(server):
+    got, answer, _ = post(server.url, "/v1/translate", {"q": "a", "source": "eng", "target": "spa", "beam": 257,
+                                                        "api_key": "secret-1"})
+    assert got == 400 and "beam must be at most 256" in answer["error"], answer
+
+
 def test_bad_bodies_and_keys(server):
     status, answer, _ = post(server.url, "/translate", data=b'{"q": "\xff"}',
                              headers={"Content-Type": "application/json"})

@@ -26,7 +26,7 @@ import time
 from aiohttp import web
 
 from .models import LANGUAGE_NAMES
-from .scheduler import QueueFull, ShuttingDown
+from .scheduler import QueueFull, ShuttingDown, TooWide
 
 RETRY_AFTER_S = 1
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")   # the page and its assets
@@ -187,6 +187,8 @@ class Server:
                              {"Retry-After": str(RETRY_AFTER_S)}) from None
         except ShuttingDown:
             raise BadRequest("the server is stopping", 503) from None
+        except TooWide as exc:
+            raise BadRequest(str(exc)) from None
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -234,9 +236,6 @@ class Server:
                 raise BadRequest(f"{field} must be an integer >= {minimum}, got {value!r}")
             overrides[field] = value
         served = self.models[name]
-        if overrides.get("beam", 0) > self.scheduler.max_rows:
-            raise BadRequest(f"beam must be at most {self.scheduler.max_rows} (the decoder rows the server holds: "
-                             f"--batch-size x 4), got {overrides['beam']}")
         if overrides.get("max_len", 0) > served.model.cfg.max_len:
             raise BadRequest(f"max_len {overrides['max_len']}: the model has {served.model.cfg.max_len} positions")
         extras = {}

@@ -58,6 +58,10 @@ class ShuttingDown(RuntimeError):
     """The server is stopping: new requests are refused (HTTP 503)."""
 
 
+class TooWide(ValueError):
+    """A beam wider than the decoder rows the server holds (HTTP 400, naming the limit)."""
+
+
 class _Request:
     """A request's texts: its pieces' translations as they come, and the future of the whole."""
 
@@ -116,8 +120,8 @@ class Scheduler:
         served = self.models[model_name]
         beam = dict(options).get("beam", 1)
         if beam > self.max_rows:
-            raise ValueError(f"beam {beam}: the server decodes at most {self.max_rows} rows at once "
-                             "(--batch-size x 4)")
+            raise TooWide(f"beam must be at most {self.max_rows} (the decoder rows the server holds: "
+                          f"--batch-size x 4), got {beam}")
         future = concurrent.futures.Future()
         pieces, owners = [], []
         for index, text in enumerate(texts):
