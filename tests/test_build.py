@@ -142,3 +142,35 @@ def test_every_subpackage_is_installed():
                                                                         pyproject.read_text(), re.M)[1]))
     present = {".".join(p.parent.relative_to(root).parts) for p in (root / "transformer").rglob("__init__.py")}
     assert present <= listed, f"not in pyproject's packages: {sorted(present - listed)}"
+
+
+def test_everything_the_readmes_test_command_installs_is_here():
+    """The tests that need torch or a package of the test and mpi extras skip without it, so a
+    requirement missing from this environment would hide them all (CTranslate2's did, issue 48):
+    the README's command installs torch and ".[test,mpi]", and this test names what is missing."""
+    import importlib.metadata
+    import pathlib
+
+    from packaging.requirements import Requirement
+
+    try:
+        import tomllib
+    except ImportError:                      # Python < 3.11
+        pytest.skip("reads pyproject.toml with tomllib (Python 3.11+)")
+    pyproject = pathlib.Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if not pyproject.exists():
+        pytest.skip("not a source checkout")
+    extras = tomllib.loads(pyproject.read_text())["project"]["optional-dependencies"]
+    wanted = [Requirement("torch")] + [Requirement(r) for r in extras["test"] + extras["mpi"]]
+    missing = []
+    for requirement in wanted:
+        if requirement.marker is not None and not requirement.marker.evaluate():
+            continue
+        try:
+            version = importlib.metadata.version(requirement.name)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(str(requirement))
+            continue
+        if not requirement.specifier.contains(version, prereleases=True):
+            missing.append(f"{requirement} (found {version})")
+    assert not missing, f'not installed (pip install torch==2.13.0 ".[test,mpi]"): {missing}'
