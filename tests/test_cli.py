@@ -7,10 +7,11 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
 import pytest
 
 from transformer import cli
-from transformer.checkpoint import CHECKPOINT_FILE
+from transformer.checkpoint import CHECKPOINT_FILE, LOG_FILE
 from transformer.train import split_to_fit
 
 SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layers", "1",
@@ -307,10 +308,30 @@ def test_resume_refuses_a_setting_other_than_the_checkpoints(run, flag):
 
 
 def test_resume_accepts_the_checkpoints_own_settings(run, tmp_path):
+    """...and continues from the checkpoint's step: the two steps logged before stay as they were
+    (marked here: a run that started over would log them again, unmarked), one step is added, and
+    the run ends with the log line and the weights of an uninterrupted run of three steps."""
+    from safetensors.numpy import load_file
+
     copy = str(tmp_path / "copy")
     shutil.copytree(run["out"], copy)
+    log = os.path.join(copy, LOG_FILE)
+    before = [{**json.loads(line), "before_resume": True} for line in open(log, encoding="utf-8")]
+    assert [line["step"] for line in before] == [1, 2]
+    with open(log, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(line) + "\n" for line in before)
     done = run_cli("train", "--resume", copy, *SMALL, "--batch-size", "4", "--seed", "0", "--max-steps", "3")
     assert done.returncode == 0, done.stderr
+    after = [json.loads(line) for line in open(log, encoding="utf-8")]
+    assert after[:2] == before and [line["step"] for line in after] == [1, 2, 3], after
+    whole = str(tmp_path / "whole")
+    done = run_cli("train", *SMALL, "--batch-size", "4", "--max-steps", "3", "--out", whole)
+    assert done.returncode == 0, done.stderr
+    assert [json.loads(line) for line in open(os.path.join(whole, LOG_FILE), encoding="utf-8")][2] == after[2]
+    resumed, uninterrupted = (load_file(os.path.join(d, "model.safetensors")) for d in (copy, whole))
+    assert resumed.keys() == uninterrupted.keys()
+    for name in resumed:
+        np.testing.assert_array_equal(resumed[name], uninterrupted[name], err_msg=name)
 
 
 # -- precision -----------------------------------------------------------------------------------------
