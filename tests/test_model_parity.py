@@ -281,3 +281,85 @@ def test_forward_return_attention_must_be_bool():
     src, tgt_in, _ = batch("post_ln_relu")
     with pytest.raises(TypeError, match="return_attention"):
         ours.forward(src, tgt_in, return_attention="yes")
+
+
+# -- decoding: ours against the reference network decoding step by step ------------------------------
+
+DECODE_STEPS = 10
+# Our initialisation (torch's N(0, 1) embeddings, scaled, make a random model repeat one token),
+# with the generator's EOS bias raised so that some greedy outputs end early and others at the
+# limit; a case: its EOS bias
+DECODE_CASES = {"post_ln_relu": 1.0, "pre_ln_gelu": 1.5, "tied_target_unscaled": 1.5}
+
+
+def decode_pair(case):
+    """Ours, initialised by us, and the reference holding the same weights (eval mode)."""
+    from transformer.torch_compat import to_torch
+
+    ours = T.Seq2SeqTransformer(config(case), seed=0)
+    ours.params.data["generator.bias"][ours.cfg.eos_id] += DECODE_CASES[case]
+    return to_torch(ours).eval(), ours
+
+
+def torch_step_logp(tm, src, ys):
+    """The reference's log-probabilities of the next token after each prefix in ys [N, t],
+    the whole prefix re-run (no cache); padding and the start token never chosen."""
+    with torch.no_grad():
+        logits = tm(torch.from_numpy(src), torch.from_numpy(ys))[:, -1].double()
+    logp = torch.log_softmax(logits, -1)
+    logp[:, [tm.cfg.pad_id, tm.cfg.bos_id]] = -float("inf")
+    return logp
+
+
+def torch_greedy(tm, src, steps):
+    """Greedy decoding with the reference: the favourite token each step, a sentence ends at EOS."""
+    cfg = tm.cfg
+    ys = np.full((len(src), 1), cfg.bos_id, dtype=np.int64)
+    for _ in range(steps):
+        ys = np.concatenate([ys, torch_step_logp(tm, src, ys).argmax(-1).numpy()[:, None]], 1)
+    hyps = [row[1:] for row in ys.tolist()]
+    return [h[:h.index(cfg.eos_id)] if cfg.eos_id in h else h for h in hyps]
+
+
+def torch_beam(tm, src, beam, steps):
+    """Beam search with the reference at a fixed length (EOS never chosen, as with min_len =
+    max_len): each step keeps the `beam` best of every beam's extension by every token, scored by
+    the sum of the log-probabilities; the best beam at the end is the answer."""
+    cfg = tm.cfg
+    B = len(src)
+    rows = np.repeat(src, beam, axis=0)
+    ys = np.full((B * beam, 1), cfg.bos_id, dtype=np.int64)
+    scores = torch.full((B, beam), -float("inf"), dtype=torch.float64)
+    scores[:, 0] = 0.0
+    for _ in range(steps):
+        logp = torch_step_logp(tm, rows, ys)
+        logp[:, cfg.eos_id] = -float("inf")
+        V = logp.shape[-1]
+        candidates = (scores[:, :, None] + logp.view(B, beam, V)).view(B, -1)
+        scores, index = candidates.topk(beam, dim=1)
+        parents = (index // V + torch.arange(B)[:, None] * beam).view(-1).numpy()
+        ys = np.concatenate([ys[parents], (index % V).view(-1, 1).numpy()], 1)
+    best = scores.argmax(1).numpy() + np.arange(B) * beam
+    return [ys[row, 1:].tolist() for row in best]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_greedy_decoding_gives_the_tokens_of_the_torch_reference(case):
+    tm, ours = decode_pair(case)
+    src, _, _ = batch(case)
+    want = torch_greedy(tm, src, DECODE_STEPS)
+    got = ours.greedy_decode(src, max_len=DECODE_STEPS)
+    print(want, got, sep="\n")
+    assert got == want
+    assert len({len(h) for h in want}) > 1, "some sentences end at EOS, others at the limit"
+
+
+@pytest.mark.parametrize("case", DECODE_CASES)
+def test_beam_search_gives_the_hypothesis_of_the_torch_reference(case):
+    tm, ours = decode_pair(case)
+    src, _, _ = batch(case)
+    want = torch_beam(tm, src, 3, DECODE_STEPS)
+    got = ours.beam_search(src, beam_size=3, max_len=DECODE_STEPS, min_len=DECODE_STEPS)
+    print(want, got, sep="\n")
+    assert got == want
+    assert want != torch_beam(tm, src, 1, DECODE_STEPS), "the beams found what greedy search did not"
