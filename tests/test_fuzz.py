@@ -246,7 +246,9 @@ def test_beam_topk_refuses_a_list_as_output():
             "    _C.beam_topk(np.zeros((6, 4), np.float32), np.zeros((3, 2)), 0, 3,\n"
             "                 np.zeros((3, 3), np.int64), [[0.0] * 3] * 3)\n"
             "except TypeError as exc:\n"
-            "    assert 'top_score' in str(exc)\n")
+            "    assert 'top_score' in str(exc), exc\n"
+            "else:\n"
+            "    raise SystemExit('a list as top_score was accepted')\n")
     env = dict(os.environ, PYTHONPATH=PACKAGE_ROOT)
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=60, cwd=tempfile.gettempdir())

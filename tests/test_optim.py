@@ -120,8 +120,15 @@ def test_grads_are_not_modified():
 
 
 def test_empty_buffers_are_a_no_op():
-    e = np.zeros(0, np.float32)
-    _C.adam_step(e, e.copy(), e.copy(), e.copy(), 1, 1e-3)
+    # empty views into the middle of larger buffers: nothing around them may be written, the
+    # buffers stay empty, and nothing is returned
+    backings = [np.arange(40, dtype=np.float32) + 100 * k for k in range(4)]
+    before = [b.copy() for b in backings]
+    params, grads, exp_avg, exp_avg_sq = (b[16:16] for b in backings)
+    assert _C.adam_step(params, grads, exp_avg, exp_avg_sq, 1, 1e-3, weight_decay=0.1) is None
+    assert params.shape == grads.shape == exp_avg.shape == exp_avg_sq.shape == (0,)
+    for name, b, was in zip(("params", "grads", "exp_avg", "exp_avg_sq"), backings, before):
+        np.testing.assert_array_equal(b, was, err_msg=f"{name}'s buffer was written")
 
 
 # --------------------------------------------------------------------------------------------
