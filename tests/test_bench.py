@@ -414,11 +414,17 @@ def test_the_converted_ctranslate2_model_gives_our_log_probabilities(norm_first,
 def test_the_ctranslate2_worker_decodes_our_greedy_tokens(norm_first, tmp_path):
     """The translator process the decode bench times (ctranslate2_decoder) generates, from the
     converted model, the very tokens of our greedy decoding."""
+    import gc
+
     from transformer.bench import decode
 
     model, vocab, src = converted_pair(norm_first, tmp_path)
     translate = decode.ctranslate2_decoder(str(tmp_path), vocab, 1, steps=12, pad_id=model.cfg.pad_id)
+    process = translate._process
     got = [ct2_ids(r.hypotheses[0]) for r in translate(src, 1)]
+    del translate                                          # its process ends with it, not at exit
+    gc.collect()
+    assert process.wait(10) == 0
     want = model.greedy_decode(src, max_len=12, min_len=12)
     print(got, want, sep="\n")
     assert got == want
