@@ -454,7 +454,7 @@ def test_bf16_run_resumes_bit_exactly_in_bf16_and_its_checkpoints_load_in_any_pr
     assert cli.main([*base, "--precision", "bf16", "--max-steps", "8", "--out", straight]) == 0
     assert "precision: bf16" in capsys.readouterr().err
     assert load_checkpoint(straight).args["precision"] == "bf16"
-    assert cli.main([*base, "--max-steps", "8", "--out", fp32]) == 0
+    assert cli.main([*base, "--precision", "fp32", "--max-steps", "8", "--out", fp32]) == 0
     assert losses(fp32) != losses(straight)
     assert losses(fp32)[0] == pytest.approx(losses(straight)[0], rel=1e-2)
     # --schedule noam: the plan does not depend on the step count, so 4 + 4 steps is 8 steps

@@ -21,7 +21,7 @@ from ..data import collate, length_batches, make_example
 from ..model import Seq2SeqTransformer
 from ..optim import clip_grad_norm
 from ..translation import score_translations, translate_texts
-from . import schedule
+from . import precision, schedule
 from .report import rounded, say
 
 
@@ -247,7 +247,7 @@ class Trainer:
     def save(self):
         if not self.checkpoints or not self.leader:
             return
-        args = {k: v for k, v in vars(self.args).items() if k not in ("checkpoint", "initial", "func")}
+        args = {k: v for k, v in vars(self.args).items() if k not in ("checkpoint", "initial", "func", "precision_why", "size_why")}
         save_checkpoint(self.args.out, self.model, self.optimizer, self.state.__dict__,
                         self.src_tokenizer, self.tgt_tokenizer, args)
         save_inference_files(self.args.out, self.model, self.src_tokenizer, self.tgt_tokenizer,
@@ -315,9 +315,7 @@ class Trainer:
                 self.state.schedule["budget_seconds"] = 60.0 * args.minutes
             self.choose_dropout(stream)
         say(self.describe_schedule(), stream)
-        if self.precision != "fp32":
-            say(f"precision: {self.precision} (GEMM operands in bfloat16, float32 sums; weights, optimizer "
-                 "and checkpoints float32)", stream)
+        say(precision.describe(self.precision, getattr(args, "precision_why", None) or "--precision"), stream)
         run_start, run_start_step = time.monotonic(), self.state.step
         from tqdm import tqdm
 
