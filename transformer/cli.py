@@ -6,7 +6,7 @@ import math
 import os
 import sys
 
-from .config import (BPE_SAMPLE_PAIRS, DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES,
+from .config import (PRESETS, BPE_SAMPLE_PAIRS, DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES,
                      TRAIN_DEFAULTS)
 from .data import HEADER_CHOICES
 from .errors import FlagError, blame, describe
@@ -911,7 +911,10 @@ def build_parser():
                        help="with --data: fine-tune the model in DIR (a training run's --out, or a MarianMT "
                             "model imported with `transformer convert --from marian`) with its own "
                             "tokenizers; its sizes are the run's")
-    train.add_argument("--preset", choices=["tiny", "small", "base"], help="model sizes (default tiny)")
+    train.add_argument("--preset", choices=["auto", *PRESETS],
+                       help="model sizes. auto (the default with --data and a time budget): each shape's step "
+                            "measured in the first seconds of the budget, and the one whose learning curve is "
+                            "highest at the steps left trained; tiny otherwise. Any size flag overrides it")
     train.add_argument("--d-model", dest="d_model", type=_positive_int)
     train.add_argument("--n-heads", dest="n_heads", type=_positive_int)
     train.add_argument("--d-ff", dest="d_ff", type=_positive_int)
@@ -936,8 +939,9 @@ def build_parser():
                        help=f"with --data: tokens per batch, padding included (default {TRAIN_DEFAULTS['batch_tokens']})")
     train.add_argument("--batch-size", type=_positive_int,
                        help=f"built-in task: sentences per batch (default {TRAIN_DEFAULTS['batch_size']})")
-    train.add_argument("--precision", choices=["fp32", "bf16", "int8"],
-                       help="fp32 (default), or bf16 mixed precision: every GEMM of forward and backward "
+    train.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"],
+                       help="auto (default): bf16 where the CPU multiplies bfloat16 natively (AMX, avx512_bf16), "
+                            "fp32 elsewhere. fp32, or bf16 mixed precision: every GEMM of forward and backward "
                             "multiplies bfloat16 operands with float32 sums; weights, gradients, Adam, "
                             "softmax, layer norm and loss stay float32, and checkpoints are the same. "
                             "With --resume: the interrupted run's precision unless given")

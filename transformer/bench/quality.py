@@ -282,7 +282,8 @@ def main(argv=None):
     final = report["record"].get("final", report["record"])    # the raw weights, with --average-last too
     beam = trainer.evaluate(beam=4)
     samples = [s for s, _ in trainer.dev[:5]] + ["How are you?", "The king went to the city."]
-    record = {"engine": engine, "data": os.path.basename(train.describe_data(args)), "preset": args.preset, "cpu": cpu_model(),
+    record = {"engine": engine, "data": os.path.basename(train.describe_data(args)), "preset": args.preset,
+              "precision": args.precision, "size": report["record"].get("size"), "cpu": cpu_model(),
               "threads": args.threads, "minutes": args.minutes, "schedule": trainer.state.schedule,
               "batch_tokens": args.batch_tokens, "vocab": args.vocab_size, "dropout": trainer.model.cfg.dropout,
               "steps": trainer.state.step, "tokens": trainer.state.tokens, "seconds": trainer.state.seconds,

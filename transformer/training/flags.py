@@ -1,10 +1,16 @@
 """The `train` command's flags as a run reads them: which apply to it (the built-in task or a corpus),
 which fix its trajectory (a resumed run keeps them), the defaults that depend on other flags, and
 the model sizes they give."""
+import argparse
+
 from ..config import PRESETS, TRAIN_DEFAULTS, ModelConfig
 from ..errors import FlagError, blame
+from . import precision
 
 
+# The flags that set a model's shape: with none of them (and no --preset), a run on data sizes its
+# model to its budget (--preset auto, training/sizing.py).
+SHAPE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers")
 SIZE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout", "activation",
               "norm_first", "tie_embeddings")
 
@@ -90,6 +96,9 @@ def apply_defaults(args):
             if value:
                 raise FlagError(f"{flag} {value}: --dev-fraction 0 holds no pairs out, so there is no dev "
                                 "split to evaluate on")
+    if args.preset is None and has_data(args) and args.checkpoint is None and getattr(args, "init_from", None) is None \
+            and all(getattr(args, key, None) is None for key in SHAPE_FLAGS):
+        args.preset = "auto"     # sized to the budget once the corpus is open (training/sizing.py)
     for key, value in TRAIN_DEFAULTS.items():
         if getattr(args, key, None) is None:
             setattr(args, key, value)
@@ -99,12 +108,14 @@ def apply_defaults(args):
         # Pre-LN escapes the early unigram plateau sooner: on the Bible corpus, preset small, 150
         # steps of the budget schedule, dev loss 6.00 against post-LN's 6.28 (same data and seed).
         args.norm_first = True
-    if args.precision is None:   # resume: the interrupted run's precision, unless another is asked for
-        started = args.checkpoint.args.get("precision") if args.checkpoint is not None else None
-        args.precision = started or "fp32"
     if args.precision == "int8":
-        raise FlagError("--precision int8 is for decoding (translate, evaluate); train takes fp32 or bf16 "
+        raise FlagError("--precision int8 is for decoding (translate, evaluate); train takes auto, fp32 or bf16 "
                         "(bf16: every GEMM's operands in bfloat16, weights and optimizer in float32)")
+    started = args.checkpoint.args.get("precision") if args.checkpoint is not None else None
+    if args.precision is None and started:   # resume: the interrupted run's precision, unless asked for another
+        args.precision, args.precision_why = started, f"the run's own, from its checkpoint in {args.resume}"
+    else:                                    # a new run: auto (the default) decided on this CPU
+        args.precision, args.precision_why = precision.resolve(args.precision or "auto")
     if args.minutes is None and args.max_steps is None:
         plan = args.checkpoint.train_state.get("schedule") if args.checkpoint is not None else None
         if plan and "budget_seconds" in plan:        # resume: finish the interrupted run's budget
@@ -114,11 +125,18 @@ def apply_defaults(args):
             args.max_steps = plan["total"]
         else:
             args.minutes = 2.0 if not has_data(args) else 10.0
+    if args.preset == "auto":
+        world = getattr(args, "world", None)
+        if args.minutes is None:
+            args.preset, args.size_why = "tiny", "--max-steps without --minutes: no time budget to size the model to"
+        elif world is not None and world[1] > 1:
+            args.preset, args.size_why = "tiny", f"{world[1]} data-parallel ranks: sizing measures one process"
     if args.warmup is None and args.schedule == "noam":
         args.warmup = 300 if not has_data(args) else 4000
     if args.checkpoint is None and getattr(args, "initial", None) is None:
         try:        # the sizes, checked before any data is read or vocabulary learned
-            model_config_from_args(args, 16, 16, max_len=args.max_sentence_tokens + 1)
+            model_config_from_args(args if args.preset != "auto" else argparse.Namespace(**{**vars(args), "preset": "tiny"}),
+                                   16, 16, max_len=args.max_sentence_tokens + 1)
         except ValueError as exc:
             raise FlagError(f"model sizes: {exc}") from None
     if args.keep_best and not args.eval_every:

@@ -6,6 +6,7 @@ from ..config import ModelConfig
 from ..errors import FlagError, blame
 from ..model import Seq2SeqTransformer
 from ..optim import clip_grad_norm
+from . import sizing
 from .data import choose_languages, open_corpus
 from .flags import describe_data, model_config_from_args
 from .loop import Trainer, TrainState
@@ -61,6 +62,12 @@ def train_on_data(args, engine=None, result=None):
         with blame("--data", describe_data(args)):
             raise ValueError(f"no training pairs left after tokenisation (--max-sentence-tokens {max_tokens})")
 
+    sized = None
+    if args.preset == "auto":      # no size flag: the shape this budget trains best (training/sizing.py)
+        sized = sizing.size_run(args, data, src_tok.vocab_size, tgt_tok.vocab_size, max_tokens + 1, engine)
+    elif getattr(args, "size_why", None):
+        say(f"model size: {args.preset} ({args.size_why}; --preset or a size flag to choose)")
+
     def make_model():
         if initial is not None:
             if args.dropout is not None:      # the model's stored rate otherwise (choose_dropout)
@@ -90,6 +97,8 @@ def train_on_data(args, engine=None, result=None):
             metrics = {"final": rounded(metrics), **trainer.evaluate()}
     record = {"step": trainer.state.step, "seconds": round(trainer.state.seconds, 1),
               "tokens": trainer.state.tokens, **rounded(metrics)}
+    if sized is not None:               # the figures behind the size: each candidate's step and prediction
+        record["size"] = sized.record()
     print(json.dumps(record))
     if result is not None:
         result.update(record=record, trainer=trainer)

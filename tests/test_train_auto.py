@@ -1,0 +1,219 @@
+"""The run's own choices (issue 44): --precision auto resolved on the CPU at hand, and a model sized
+to the budget when no size flag is given; every choice printed, kept in the checkpoint, and
+overruled by any flag the user gives."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+from transformer import _C, cli
+from transformer.checkpoint import load_checkpoint
+from transformer.training import precision, sizing
+
+BASE = ["--src-col", "eng", "--tgt-col", "fake", "--vocab-size", "60", "--batch-tokens", "300", "--quiet",
+        "--threads", "1", "--dev-fraction", "0.1"]
+SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layers", "1", "--n-decoder-layers", "1"]
+OUTSIDE = tempfile.gettempdir()
+
+
+def write_corpus(path, n=120, seed=0):
+    rng = np.random.default_rng(seed)
+    words = ["red", "blue", "cat", "dog", "runs", "sleeps", "the", "a", "big", "small"]
+    lines = ["eng\tfake"] + [" ".join(rng.choice(words, size=rng.integers(2, 7))) for _ in range(n)]
+    path.write_text("\n".join(lines[:1] + [f"{s}\t{s[::-1]}" for s in lines[1:]]) + "\n", encoding="utf-8")
+    return str(path)
+
+
+# -- --precision auto ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("level, expected", [("amx", "bf16"), ("avx512_bf16", "bf16"), ("avx512", "fp32"),
+                                             ("avx2", "fp32"), ("generic", "fp32")])
+def test_auto_is_bf16_exactly_where_the_level_multiplies_bf16_natively(level, expected):
+    chosen, why = precision.resolve("auto", level=level)
+    assert chosen == expected, why
+    assert why.startswith("auto: ") and (level in why or "natively" in why)
+
+
+@pytest.mark.parametrize("given", ["fp32", "bf16"])
+def test_a_precision_given_wins_over_auto_on_every_level(given):
+    for level in ("amx", "avx2"):
+        assert precision.resolve(given, level=level)[0] == given
+
+
+def test_bf16_asked_on_a_level_without_it_is_honoured_and_warned_about():
+    chosen, why = precision.resolve("bf16", level="avx2")
+    assert chosen == "bf16" and "slower than fp32" in why
+
+
+def test_a_new_run_says_its_precision_and_why_and_its_checkpoint_keeps_it(tmp_path, capsys):
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    assert cli.main(["train", "--data", data, *BASE, *SMALL, "--max-steps", "2", "--out", out]) == 0
+    expected = "bf16" if _C.isa() in precision.NATIVE_BF16 else "fp32"
+    err = capsys.readouterr().err
+    assert f"precision: {expected} (auto: " in err
+    assert load_checkpoint(out).args["precision"] == expected
+    assert "precision_why" not in load_checkpoint(out).args
+
+
+@pytest.mark.parametrize("level", ["avx2", "amx"])
+def test_auto_follows_the_dispatch_level_forced_by_transformer_isa(tmp_path, level):
+    if level not in _C.isa_levels() or _C.isa_levels().index(level) > _C.isa_levels().index(_C.best_isa()):
+        pytest.skip(f"this CPU cannot run the {level} level")
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    done = subprocess.run([sys.executable, "-m", "transformer", "train", "--data", data, *BASE, *SMALL,
+                           "--max-steps", "1", "--out", out], capture_output=True, text=True, timeout=300,
+                          cwd=OUTSIDE, env={**os.environ, "TRANSFORMER_ISA": level})
+    assert done.returncode == 0, done.stderr
+    expected = "bf16" if level in precision.NATIVE_BF16 else "fp32"
+    assert f"precision: {expected} (auto: " in done.stderr
+    assert load_checkpoint(out).args["precision"] == expected
+
+
+def test_a_resumed_run_keeps_its_precision_and_says_whence(tmp_path, capsys):
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    assert cli.main(["train", "--data", data, *BASE, *SMALL, "--precision", "fp32", "--schedule", "noam",
+                     "--max-steps", "2", "--out", out]) == 0
+    capsys.readouterr()
+    assert cli.main(["train", "--resume", out, "--max-steps", "3", "--quiet"]) == 0
+    assert "precision: fp32 (the run's own, from its checkpoint" in capsys.readouterr().err
+    assert load_checkpoint(out).args["precision"] == "fp32"
+
+
+# -- the model sized to the budget ---------------------------------------------------------------
+
+def fake_clock(costs):
+    """A step timer that reports `costs[name]` seconds."""
+    return lambda name, sizes: costs[name]
+
+
+COSTS = {"tiny": 0.1, "tiny-6-2": 0.15, "medium-4-2": 0.2, "small": 0.3}
+
+
+def test_choose_takes_the_highest_predicted_curve_and_the_cheaper_one_within_a_tie(monkeypatch):
+    monkeypatch.setattr(sizing, "CURVES", {"tiny": (30, 0), "tiny-6-2": (31, 0), "medium-4-2": (33, 0),
+                                           "small": (33.4, 0)})
+    choice = sizing.choose(600, fake_clock(COSTS), clock=lambda: 0.0)
+    assert choice.name == "medium-4-2"       # small's 33.4 is within TIE of 33: the cheaper wins
+    assert [row[0] for row in choice.rows] == list(sizing.CANDIDATES)
+    assert [row[2] for row in choice.rows] == [int(600 / c) for c in COSTS.values()]
+
+
+def test_choose_stops_at_a_candidate_the_budget_cannot_train(monkeypatch):
+    monkeypatch.setattr(sizing, "CURVES", {name: (30 + i, 0) for i, name in enumerate(sizing.CANDIDATES)})
+    choice = sizing.choose(sizing.MIN_STEPS * 0.16, fake_clock(COSTS), clock=lambda: 0.0)
+    # tiny gets 480 steps, tiny-6-2 320, medium-4-2 240 < MIN_STEPS: measured, then nothing bigger
+    assert [row[0] for row in choice.rows] == ["tiny", "tiny-6-2"]
+    assert choice.name == "tiny-6-2"
+
+
+def test_choose_counts_steps_past_the_passes_cap_as_the_cap_and_respects_max_steps():
+    few = sizing.predicted_bleu("tiny", 10_000, steps_per_pass=10)
+    assert few == sizing.predicted_bleu("tiny", sizing.MAX_PASSES * 10)
+    assert sizing.predicted_bleu("tiny", 10_000) > few
+    choice = sizing.choose(600, fake_clock(COSTS), max_steps=400, clock=lambda: 0.0)
+    assert all(row[2] <= 400 for row in choice.rows)
+
+
+def test_the_fitted_curves_rise_with_steps_and_cover_every_candidate():
+    assert set(sizing.CURVES) == set(sizing.CANDIDATES)
+    for name in sizing.CANDIDATES:
+        values = [sizing.predicted_bleu(name, s) for s in (300, 1000, 3000, 10000)]
+        assert values == sorted(values), name
+
+
+def test_a_run_without_size_flags_measures_the_candidates_and_trains_the_pick(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sizing, "MIN_STEPS", 1)
+    monkeypatch.setattr(sizing, "CURVES", {"tiny": (10, 0), "tiny-6-2": (11, 0), "medium-4-2": (30, 0),
+                                           "small": (12, 0)})
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    assert cli.main(["train", "--data", data, *BASE, "--minutes", "0.1", "--max-steps", "3", "--out", out]) == 0
+    err = capsys.readouterr().err
+    assert "model size: auto picked medium-4-2 (d_model 192" in err
+    for name in sizing.CANDIDATES:
+        assert f"\n  {name} " in err
+    ckpt = load_checkpoint(out)
+    assert ckpt.args["preset"] == "medium-4-2"
+    cfg = ckpt.model.cfg
+    assert (cfg.d_model, cfg.n_encoder_layers, cfg.n_decoder_layers) == (192, 4, 2)
+    # the seconds spent measuring came off the budget
+    assert ckpt.train_state["schedule"]["budget_seconds"] < 6.0
+    # and the resumed run keeps the size without being told
+    assert cli.main(["train", "--resume", out, "--max-steps", "4", "--quiet"]) == 0
+    assert load_checkpoint(out).model.cfg.d_model == 192
+    assert "model size" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags", [["--preset", "tiny"], ["--d-model", "32", "--n-heads", "2"],
+                                   ["--n-encoder-layers", "1"]])
+def test_any_size_flag_wins_and_nothing_is_measured(tmp_path, capsys, flags):
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    assert cli.main(["train", "--data", data, *BASE, *flags, "--minutes", "0.05", "--max-steps", "2",
+                     "--out", out]) == 0
+    assert "model size" not in capsys.readouterr().err
+    assert load_checkpoint(out).args["preset"] == "tiny"
+
+
+def test_without_a_time_budget_the_run_says_it_trains_tiny(tmp_path, capsys):
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    assert cli.main(["train", "--data", data, *BASE, "--max-steps", "2", "--out", out]) == 0
+    assert "model size: tiny (--max-steps without --minutes" in capsys.readouterr().err
+    assert load_checkpoint(out).args["preset"] == "tiny"
+    assert "size_why" not in load_checkpoint(out).args
+
+
+# -- the race (bench/race.py) ----------------------------------------------------------------------
+
+def race_record(system, minutes, bleu, curve, data="bible.tsv", step_seconds=None):
+    record = {"engine": "ours" if system == "ours" else "torch", "system": system, "budget_minutes": minutes,
+              "data": data, "cpu": "test CPU", "threads": 2, "preset": "tiny", "steps": 100,
+              "greedy": {"bleu": bleu, "chrf": 40.0}, "beam4": {"bleu": bleu + 1, "chrf": 41.0}, "curve": curve}
+    if step_seconds:
+        record["step_seconds"] = step_seconds
+    return record
+
+
+def test_minutes_to_reach_interpolates_between_budgets_and_says_when_it_cannot():
+    from transformer.bench.race import minutes_to_reach
+
+    finals = [(2, 10.0), (5, 20.0), (10, 26.0)]
+    assert minutes_to_reach(finals, 15.0) == (3.5, "interpolated")
+    assert minutes_to_reach(finals, 8.0) == (2, "at most")
+    assert minutes_to_reach(finals, 30.0) is None
+
+
+def test_race_table_times_ours_to_the_references_ten_minute_bleu():
+    from transformer.bench.race import table
+
+    # ours' curve in steps of 0.6 s each (a run standing for a budget), the reference's in seconds
+    ours = [race_record("ours", 2, 18.0, []), race_record("ours", 5, 24.0, []),
+            race_record("ours", 10, 27.0, [[999.0, 100, 10.0], [999.0, 200, 20.0], [999.0, 300, 25.0]],
+                        step_seconds=0.6)]
+    ref = race_record("torch", 10, 21.0, [[300.0, 50, 15.0], [600.0, 100, 22.0]])
+    rows = table(ours + [ref])
+    assert [r["system"] for r in rows[:4]] == ["ours", "ours", "ours", "torch"]
+    ratio = rows[-1]
+    assert ratio["reference"] == "torch" and ratio["reference_10min_bleu"] == 21.0
+    assert ratio["ours_minutes_by_budgets"] == pytest.approx(3.5)   # 18 at 2 min, 24 at 5: 21 at 3.5
+    # periodic: the reference's last dev BLEU 22 at minute 10; ours passes it between steps 200 (2 min)
+    # and 300 (3 min): 2.4 minutes
+    assert ratio["ours_minutes_by_curve"] == pytest.approx(2.4)
+    assert ratio["time_ratio_by_curve"] == pytest.approx(10 / 2.4, rel=1e-2)
+
+
+def test_race_plot_draws_every_system(tmp_path):
+    pytest.importorskip("matplotlib")
+    from transformer.bench.race import plot
+
+    path = tmp_path / "race.png"
+    plot([race_record("ours", 2, 18.0, [[60.0, 10, 9.0]]), race_record("torch", 2, 12.0, [[60.0, 5, 7.0]])], path)
+    assert path.stat().st_size > 1000

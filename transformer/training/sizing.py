@@ -1,0 +1,159 @@
+"""A model sized to the budget: with no size flag, a run on data measures what a step of each
+candidate shape costs on this CPU, at this precision and thread count, in the first seconds of its
+budget, and trains the one whose learning curve is highest at the steps the rest of the budget buys.
+
+The curves are measured (benchmarks/notes/2026-12-01-time-to-quality.md): dev BLEU (greedy) against
+optimizer steps of the budget schedule on the Bible corpus, 2048-token batches, for each
+candidate; a run's quality at a given step does not depend on the CPU or the thread count (the
+kernels are deterministic in both), so the curves travel and only the clock is measured here.
+Each is fitted as bleu(steps) = A - B * steps ** -ALPHA. A corpus seen many times over
+(Tatoeba's 2,580 pairs are seen ~150 times in ten minutes) stops rewarding steps long before the
+budget ends: steps beyond MAX_PASSES passes over the training pairs count as MAX_PASSES passes, so
+there the cheaper shape wins ties and decodes faster."""
+import argparse
+import time
+from dataclasses import dataclass, field
+
+from ..config import PRESETS
+
+# The shapes a run may pick, cheapest step first: the presets, and deep-encoder / shallow-decoder
+# shapes (the decoder runs once per output token when translating, the encoder once per sentence,
+# so these also decode faster than a balanced model of the same cost).
+CANDIDATES = {
+    "tiny": PRESETS["tiny"],
+    "tiny-6-2": PRESETS["tiny-6-2"],
+    "medium-4-2": PRESETS["medium-4-2"],
+    "small": PRESETS["small"],
+}
+
+# bleu(steps) = A - B * steps ** -ALPHA per candidate, least squares over the measured curves
+# (benchmarks/size_curves.py fits them from the records named in the note).
+ALPHA = 0.5
+CURVES = {
+    "tiny": (40.0, 900.0),
+    "tiny-6-2": (42.0, 1000.0),
+    "medium-4-2": (43.0, 1100.0),
+    "small": (44.0, 1300.0),
+}
+MAX_PASSES = 15.0       # beyond this, a pass over the training pairs adds nothing measurable
+MIN_STEPS = 300         # a candidate the budget gives fewer steps is not worth its probe
+TIE = 0.5               # predicted dev BLEU within this of the best: the cheaper candidate wins
+PROBE_PASSES = 2        # timed forward/backward passes a candidate (after one untimed, which allocates)
+
+
+@dataclass
+class Choice:
+    name: str
+    sizes: dict
+    step_seconds: float
+    rows: list = field(default_factory=list)   # (name, step seconds, steps, predicted BLEU) per candidate
+    probe_seconds: float = 0.0
+
+    def record(self):
+        return {"picked": self.name, "probe_seconds": round(self.probe_seconds, 2),
+                "candidates": [{"name": name, "step_seconds": round(seconds, 4), "steps": steps,
+                                "predicted_bleu": round(bleu, 2)} for name, seconds, steps, bleu in self.rows]}
+
+    def describe(self, budget_seconds):
+        lines = [f"model size: auto picked {self.name} ({describe_sizes(self.sizes)}) for the "
+                 f"{budget_seconds / 60:.1f} minutes left on this CPU; measured in {self.probe_seconds:.1f} s "
+                 "(counted in the budget):"]
+        lines.append(f"  {'candidate':<12}{'s a step':>10}{'steps':>8}{'predicted dev BLEU':>20}")
+        for name, seconds, steps, bleu in self.rows:
+            mark = " <" if name == self.name else ""
+            lines.append(f"  {name:<12}{seconds:>10.3f}{steps:>8}{bleu:>20.1f}{mark}")
+        lines.append("  (learning curves measured on the Bible corpus, benchmarks/notes/2026-12-01-time-to-quality.md; "
+                     "--preset or a size flag to choose)")
+        return "\n".join(lines)
+
+
+def describe_sizes(sizes):
+    return (f"d_model {sizes['d_model']}, {sizes['n_heads']} heads, d_ff {sizes['d_ff']}, "
+            f"{sizes['n_encoder_layers']}+{sizes['n_decoder_layers']} layers")
+
+
+def predicted_bleu(name, steps, steps_per_pass=None):
+    """The candidate's dev BLEU after `steps` steps of a budget schedule planned for them, from its
+    fitted curve; steps past MAX_PASSES passes over the training pairs count as MAX_PASSES passes."""
+    a, b = CURVES[name]
+    if steps_per_pass:
+        steps = min(steps, MAX_PASSES * steps_per_pass)
+    return max(a - b * max(steps, 1) ** -ALPHA, 0.0)
+
+
+def pick(rows):
+    """The candidate (of rows: name, step seconds, steps, predicted BLEU; cheapest first) with the
+    best prediction, the cheapest within TIE of it."""
+    best = max(bleu for *_, bleu in rows)
+    return next(row for row in rows if row[3] >= best - TIE)
+
+
+def choose(budget_seconds, step_seconds_of, steps_per_pass=None, max_steps=None, clock=time.monotonic):
+    """The Choice for a budget: step_seconds_of(name, sizes) measures a candidate's step; the
+    candidates are tried cheapest first, and none after one the budget gives fewer than MIN_STEPS."""
+    started = clock()
+    rows = []
+    for name, sizes in CANDIDATES.items():
+        seconds = step_seconds_of(name, sizes)
+        left = budget_seconds - (clock() - started)
+        steps = max(int(left / seconds), 0)
+        if max_steps is not None:
+            steps = min(steps, max_steps)
+        if rows and steps < MIN_STEPS:
+            break
+        rows.append((name, seconds, steps, predicted_bleu(name, steps, steps_per_pass)))
+    name, seconds, _, _ = pick(rows)
+    return Choice(name, dict(CANDIDATES[name]), seconds, rows, clock() - started)
+
+
+def step_timer(data, make, precision, label_smoothing, clip_norm):
+    """step_seconds_of for choose(): a candidate built by make(sizes) -> (model, clip), timed on
+    batches spread over the corpus's first epoch (forward, backward, clipping), then dropped."""
+    import numpy as np
+
+    batches = data.batches(0)
+    picks = [batches[i * 97 % len(batches)] for i in range(PROBE_PASSES + 1)]
+
+    def step_seconds_of(name, sizes):
+        model, clip = make(sizes)
+        times = []
+        for positions in picks:
+            src, tgt_in, tgt_out = data.collate(positions)
+            started = time.perf_counter()
+            model.zero_grad()
+            model.forward_backward(src, tgt_in, tgt_out, label_smoothing=label_smoothing, precision=precision)
+            if clip_norm > 0:
+                clip(model, clip_norm)
+            times.append(time.perf_counter() - started)
+        # + the optimizer step and bookkeeping, a few percent of a step (as the schedule's probe)
+        return 1.03 * float(np.median(times[1:]))
+
+    return step_seconds_of
+
+
+def size_run(args, data, src_vocab, tgt_vocab, max_len, engine=None, stream=None):
+    """--preset auto: measure the candidates (step_timer), pick one (choose), and make it the run's
+    preset; the seconds spent measuring come off --minutes, so the budget counts them. `engine`
+    (train_on_data's, for comparisons) measures its own model instead of ours."""
+    from ..model import Seq2SeqTransformer
+    from ..optim import clip_grad_norm
+    from .flags import model_config_from_args
+    from .report import say
+
+    def make(sizes):
+        probe_args = argparse.Namespace(**{**vars(args), **sizes, "preset": "tiny"})
+        if probe_args.dropout is None:
+            probe_args.dropout = 0.1      # a rate the run may take; what it takes is chosen later
+        cfg = model_config_from_args(probe_args, src_vocab, tgt_vocab, max_len=max_len)
+        if engine is not None:
+            model, _, clip = engine(cfg)
+            return model, clip
+        return Seq2SeqTransformer(cfg, seed=args.seed), clip_grad_norm
+
+    budget = 60.0 * args.minutes
+    timer = step_timer(data, make, args.precision, args.label_smoothing, args.clip_norm)
+    choice = choose(budget, timer, steps_per_pass=len(data.batches(0)), max_steps=args.max_steps)
+    args.preset = choice.name
+    args.minutes = max(args.minutes - choice.probe_seconds / 60.0, 0.0)
+    say(choice.describe(budget - choice.probe_seconds), stream)
+    return choice
