@@ -121,6 +121,17 @@ def test_choose_counts_steps_past_the_passes_cap_as_the_cap_and_respects_max_ste
     assert all(row[2] <= 400 for row in choice.rows)
 
 
+def test_a_corpus_every_candidate_would_see_past_the_cap_trains_the_cheapest(monkeypatch):
+    monkeypatch.setattr(sizing, "CURVES", {name: (30 + i, 0) for i, name in enumerate(sizing.CANDIDATES)})
+    # 10 steps a pass: small's 2000 steps are 200 passes, beyond MAX_PASSES for every candidate
+    choice = sizing.choose(600, fake_clock(COSTS), steps_per_pass=10, clock=lambda: 0.0)
+    assert choice.name == "tiny" and "the corpus, not the budget, is the limit" in choice.why
+    assert choice.why in choice.describe(600)
+    # a corpus small's budget sees fewer times: the curves decide
+    choice = sizing.choose(600, fake_clock(COSTS), steps_per_pass=1000, clock=lambda: 0.0)
+    assert choice.name == "small" and choice.why is None
+
+
 def test_the_fitted_curves_rise_with_steps_and_cover_every_candidate():
     assert set(sizing.CURVES) == set(sizing.CANDIDATES)
     for name in sizing.CANDIDATES:

@@ -6,10 +6,13 @@ The curves are measured (benchmarks/notes/2026-12-01-time-to-quality.md): dev BL
 optimizer steps of the budget schedule on the Bible corpus, 2048-token batches, for each
 candidate; a run's quality at a given step does not depend on the CPU or the thread count (the
 kernels are deterministic in both), so the curves travel and only the clock is measured here.
-Each is fitted as bleu(steps) = A - B * steps ** -ALPHA. A corpus seen many times over
-(Tatoeba's 2,580 pairs are seen ~150 times in ten minutes) stops rewarding steps long before the
-budget ends: steps beyond MAX_PASSES passes over the training pairs count as MAX_PASSES passes, so
-there the cheaper shape wins ties and decodes faster."""
+Each is fitted as bleu(steps) = A - B * steps ** -ALPHA.
+
+A corpus seen many times over stops rewarding steps long before the budget ends (Tatoeba's 2,580
+pairs are seen ~200 times in ten minutes, and every shape sits on the same plateau from the second
+minute on): steps beyond MAX_PASSES passes over the training pairs count as MAX_PASSES passes, and
+when the budget gives every candidate more than that, the corpus and not the budget is the limit,
+and the cheapest candidate (the fastest to decode) is the pick."""
 import argparse
 import time
 from dataclasses import dataclass, field
@@ -35,7 +38,9 @@ CURVES = {
     "medium-4-2": (43.0, 1100.0),
     "small": (44.0, 1300.0),
 }
-MAX_PASSES = 15.0       # beyond this, a pass over the training pairs adds nothing measurable
+MAX_PASSES = 20.0       # beyond this, a pass over the training pairs adds nothing measurable (the
+                        # passes from which a run trains with config.HEAVY_DROPOUT: a corpus to learn,
+                        # not to memorise)
 MIN_STEPS = 300         # a candidate the budget gives fewer steps is not worth its probe
 TIE = 0.5               # predicted dev BLEU within this of the best: the cheaper candidate wins
 PROBE_PASSES = 2        # timed forward/backward passes a candidate (after one untimed, which allocates)
@@ -48,9 +53,10 @@ class Choice:
     step_seconds: float
     rows: list = field(default_factory=list)   # (name, step seconds, steps, predicted BLEU) per candidate
     probe_seconds: float = 0.0
+    why: str = None                             # a reason other than the highest prediction
 
     def record(self):
-        return {"picked": self.name, "probe_seconds": round(self.probe_seconds, 2),
+        return {"picked": self.name, "why": self.why, "probe_seconds": round(self.probe_seconds, 2),
                 "candidates": [{"name": name, "step_seconds": round(seconds, 4), "steps": steps,
                                 "predicted_bleu": round(bleu, 2)} for name, seconds, steps, bleu in self.rows]}
 
@@ -62,6 +68,8 @@ class Choice:
         for name, seconds, steps, bleu in self.rows:
             mark = " <" if name == self.name else ""
             lines.append(f"  {name:<12}{seconds:>10.3f}{steps:>8}{bleu:>20.1f}{mark}")
+        if self.why:
+            lines.append(f"  {self.name}: {self.why}")
         lines.append("  (learning curves measured on the Bible corpus, benchmarks/notes/2026-12-01-time-to-quality.md; "
                      "--preset or a size flag to choose)")
         return "\n".join(lines)
@@ -102,8 +110,11 @@ def choose(budget_seconds, step_seconds_of, steps_per_pass=None, max_steps=None,
         if rows and steps < MIN_STEPS:
             break
         rows.append((name, seconds, steps, predicted_bleu(name, steps, steps_per_pass)))
-    name, seconds, _, _ = pick(rows)
-    return Choice(name, dict(CANDIDATES[name]), seconds, rows, clock() - started)
+    limited = steps_per_pass is not None and all(steps > MAX_PASSES * steps_per_pass for _, _, steps, _ in rows)
+    name, seconds, _, _ = rows[0] if limited else pick(rows)
+    why = (f"every candidate would see the training pairs more than {MAX_PASSES:g} times: the corpus, not the "
+           "budget, is the limit, and the cheapest decodes fastest") if limited else None
+    return Choice(name, dict(CANDIDATES[name]), seconds, rows, clock() - started, why)
 
 
 def step_timer(data, make, precision, label_smoothing, clip_norm):
