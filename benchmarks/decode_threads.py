@@ -9,7 +9,7 @@ batches (transformer/bench/decode.py: random weights, every sentence 64 tokens).
 (config, precision, threads): the median seconds of the encoder alone (what greedy_decode runs
 before its first step, on the same prepared weights) and of the whole greedy decode, each after
 SETTLE_S of sleep; the step loop is their difference. With `groups`: the blocks of sentences the
-loop runs in at that count (transformer/decoding.py, step_groups).
+loop runs in at that count (transformer/decoding/tuning.py, step_groups).
 
 --python-loops: also the step-by-step loop in Python (decoding._PYTHON_LOOPS, the threads
 meeting once per step) next to the loop in C (each block of sentences on one thread from its

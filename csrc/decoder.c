@@ -1,5 +1,5 @@
 /* The decoder's step in C (see decoder.h). Each call below is the kernel that
- * transformer/decoding.py's DecoderCache._step_python makes, with the same arguments. */
+ * transformer/decoding/cache.py's DecoderCache._step_python makes, with the same arguments. */
 #include "decoder.h"
 #include "decoder_loop.h"
 
@@ -36,7 +36,7 @@ static rows_view rows_at(const tf_decoder *d, long r0)
     return v;
 }
 
-/* out = x @ W^T, plus the bias when with_bias (decoding.py: _linear; _mul without it). */
+/* out = x @ W^T, plus the bias when with_bias (decoding/cache.py: _linear; _mul without it). */
 static void linear(const tf_linear *l, const float *x, long n, float *out, int with_bias)
 {
     const float *bias = with_bias ? l->bias : NULL;
@@ -255,7 +255,7 @@ void decoder_step(const tf_decoder *d, const int64_t *ids, long n, long t, const
                    log_softmax, banned, n_banned, argmax);
 }
 
-/* decoding.py's _forbid_eos for one row: EOS at -inf unless nothing else is left above -inf. */
+/* decoding/greedy.py's _forbid_eos for one row: EOS at -inf unless nothing else is left above -inf. */
 static void forbid_eos(float *row, long V, int64_t eos)
 {
     const float saved = row[eos];

@@ -3,7 +3,7 @@
  * feed-forward network, residuals and layer norms), the final norm and the output projection,
  * for n rows at once ("Attention Is All You Need" section 3, one query row per hypothesis).
  *
- * It calls the same kernels, in the same order, as transformer/decoding.py's step in Python, so
+ * It calls the same kernels, in the same order, as transformer/decoding/cache.py's step in Python, so
  * its logits have exactly those bits. Two things it adds:
  *
  * - no interpreter between the kernels (a tiny model's step is a few hundred microseconds, and
@@ -83,10 +83,10 @@ typedef struct {
     int stopped;
 } tf_poll;
 
-/* Greedy decoding's whole loop (transformer/decoding.py, _greedy_decode without return_attention):
+/* Greedy decoding's whole loop (transformer/decoding/greedy.py, _greedy_decode without return_attention):
  * one row per sentence, B = N rows. Sentence b starts from `bos` and takes at each step t the
  * argmax of its logits, with pad and bos banned, EOS banned while t < min_len (with ngram > 0:
- * after the no-repeat-n-gram bans, and only where another token is left, as decoding.py's
+ * after the no-repeat-n-gram bans, and only where another token is left, as decoding/greedy.py's
  * _forbid_eos), and ngram > 0 banning what would repeat an n-gram of its own tokens
  * (no_repeat_ngram_ban, EOS kept). out[b, t] receives the token; the sentence stops at EOS
  * (lengths[b] = t) or after limits[b] tokens (lengths[b] = limits[b]); a stopped sentence's row
@@ -122,7 +122,7 @@ typedef struct {
 
 void decoder_greedy(const tf_decoder *d, const tf_greedy *g, int groups);
 
-/* Beam search's whole loop (transformer/decoding.py, _beam_search, the same steps and bits): K
+/* Beam search's whole loop (transformer/decoding/beam.py, _beam_search, the same steps and bits): K
  * rows a sentence, N = B * K. Each step takes the log_softmax of the live rows' logits (pad and
  * bos banned after it), with ngram > 0 the no-repeat-n-gram bans of each row's own tokens (and
  * EOS banned before min_len only where another token is left), else EOS banned before min_len,

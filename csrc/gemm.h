@@ -98,7 +98,7 @@ enum { GEMM_AUTO = 0, GEMM_DOT, GEMM_PRIVATE, GEMM_NARROW, GEMM_BY_BATCH, GEMM_T
  * products, whose sums run in another order than the packed kernels'), so each row of C has the
  * bits it has in any other call, whatever the other rows: inference's encoder asks for it, so
  * that a sentence's translation does not depend on what it was batched with (transformer/
- * decoding.py: rows_apart). Returns the previous setting. The packed path (gemm_packed) never
+ * decoding/cache.py: rows_apart). Returns the previous setting. The packed path (gemm_packed) never
  * depends on the other rows. */
 int gemm_rows_apart(int on);
 

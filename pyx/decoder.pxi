@@ -285,7 +285,7 @@ cdef class DecoderLoop:
 
 
 cdef class DecoderStep:
-    """The decoder's step in C over arrays decoding.py's DecoderCache holds (csrc/decoder.h): the
+    """The decoder's step in C over arrays decoding/cache.py's DecoderCache holds (csrc/decoder.h): the
     same kernels and bits as its Python step. Made once per decoding call; holds every array it
     reads or writes (nothing is copied: the caller must not resize them)."""
     cdef tf_decoder d

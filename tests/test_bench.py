@@ -10,6 +10,7 @@ import pytest
 
 import transformer as T
 from transformer import _C, cli
+from transformer.commands import bench as bench_command
 from transformer.bench.kernels import cpu_model
 from transformer import decoding as dec
 from transformer.bench import masking
@@ -109,12 +110,12 @@ def test_bench_command_rejects_a_bad_config(capsys):
 
 
 def test_default_threads_go_up_to_the_cores_present(monkeypatch):
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 12)
-    assert cli._default_threads() == [1, 2, 4, 8, 12]
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 16)
-    assert cli._default_threads() == [1, 2, 4, 8, 16]
-    monkeypatch.setattr(cli.os, "cpu_count", lambda: 1)
-    assert cli._default_threads() == [1]
+    monkeypatch.setattr(bench_command.os, "cpu_count", lambda: 12)
+    assert bench_command._default_threads() == [1, 2, 4, 8, 12]
+    monkeypatch.setattr(bench_command.os, "cpu_count", lambda: 16)
+    assert bench_command._default_threads() == [1, 2, 4, 8, 16]
+    monkeypatch.setattr(bench_command.os, "cpu_count", lambda: 1)
+    assert bench_command._default_threads() == [1]
 
 
 def test_scaling_runs_ours_alone_without_a_reference():

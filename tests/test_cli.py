@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from transformer import cli
+from transformer.commands import info, translate, world
 from transformer.checkpoint import CHECKPOINT_FILE, LOG_FILE
 from transformer.train import split_to_fit
 
@@ -144,16 +145,16 @@ def test_a_train_that_fails_before_writing_leaves_no_empty_out_behind(run, tmp_p
 
 
 def test_more_threads_than_cores_is_honoured_with_a_warning(run, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "_cores", lambda: 2)
+    monkeypatch.setattr(world, "_cores", lambda: 2)
     calls = []
     monkeypatch.setattr("transformer.set_num_threads", calls.append)
     args = cli.build_parser().parse_args(["translate", "--model", run["out"], "--threads", "3", "hi"])
-    cli._apply_threads(args)
+    world._apply_threads(args)
     assert calls == [3]
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("transformer translate: warning: --threads 3 is more than the 2 cores")
     args = cli.build_parser().parse_args(["translate", "--model", run["out"], "--threads", "2", "hi"])
-    cli._apply_threads(args)
+    world._apply_threads(args)
     assert calls == [3, 2] and capsys.readouterr().err == ""
 
 
@@ -174,7 +175,7 @@ def test_an_interruption_is_one_line_and_status_130(monkeypatch, capsys):
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(cli, "_info", interrupted)
+    monkeypatch.setattr(info, "run", interrupted)
     assert cli.main(["info"]) == 130
     assert capsys.readouterr().err == "transformer info: error: interrupted\n"
 
@@ -183,7 +184,7 @@ def test_a_bug_keeps_its_traceback(monkeypatch):
     def buggy(args):
         raise ValueError("an unexpected ValueError is a bug, not a user's mistake")
 
-    monkeypatch.setattr(cli, "_info", buggy)
+    monkeypatch.setattr(info, "run", buggy)
     with pytest.raises(ValueError, match="a bug"):
         cli.main(["info"])
 
@@ -483,7 +484,7 @@ def test_running_out_of_memory_is_one_line(monkeypatch, capsys):
     def too_big(args):
         raise MemoryError
 
-    monkeypatch.setattr(cli, "_info", too_big)
+    monkeypatch.setattr(info, "run", too_big)
     assert cli.main(["info"]) == 1
     assert capsys.readouterr().err.startswith("transformer info: error: out of memory")
 
@@ -646,14 +647,14 @@ def test_a_terminal_gets_each_translation_when_its_line_is_entered(run):
 def test_a_long_input_streams_in_blocks_in_order(run):
     """A pipe's lines are translated STDIN_BLOCK_LINES at a time; the output keeps the input's order
     and a warning numbers the line in the whole input."""
-    count = 2 * cli.STDIN_BLOCK_LINES + 5
+    count = 2 * translate.STDIN_BLOCK_LINES + 5
     lines = [("abc" if i % 3 else "hello") + "x" * (i % 5) for i in range(count)]
-    lines[cli.STDIN_BLOCK_LINES + 9] = "abcdefghijklmnopqrstuvwxyz"   # more subwords than its 14 positions
+    lines[translate.STDIN_BLOCK_LINES + 9] = "abcdefghijklmnopqrstuvwxyz"   # more subwords than its 14 positions
     whole = run_cli("translate", "--model", run["out"], "--beam", "1", *lines)
     piped = run_cli("translate", "--model", run["out"], "--beam", "1", stdin="\n".join(lines) + "\n")
     assert piped.returncode == 0, piped.stderr
     assert piped.stdout == whole.stdout and len(piped.stdout.splitlines()) == count
-    assert f"line {cli.STDIN_BLOCK_LINES + 10} has 26 subwords" in piped.stderr
+    assert f"line {translate.STDIN_BLOCK_LINES + 10} has 26 subwords" in piped.stderr
 
 
 def test_evaluate_writes_its_translations_and_the_scores_signatures(run, tmp_path):

@@ -209,8 +209,8 @@ class Seq2SeqTransformer:
         max_len counts new tokens, EOS included (generate's max_new_tokens); None: the model's
         own limit (an imported model's generation settings, generation.py), else each
         sentence's min(2 * its source length + 10, cfg.max_len);
-        no_repeat_ngram N > 0: no n-gram of N tokens twice (decoding.py: greedy_decode).
-        precision: "fp32", "bf16" or "int8" (decoding.py). With return_attention, also each
+        no_repeat_ngram N > 0: no n-gram of N tokens twice (decoding/greedy.py: greedy_decode).
+        precision: "fp32", "bf16" or "int8" (transformer/decoding). With return_attention, also each
         sentence's last-layer cross-attention [steps, H, S]. forced_eos (EOS at the limit) and
         banned (token ids never chosen): None takes the model's generation settings (off for
         the models trained here)."""
@@ -257,7 +257,7 @@ class Seq2SeqTransformer:
     def forward(self, src, tgt_in, return_attention=False, precision="fp32"):
         """Logits float32 [B, T, tgt_vocab] for src [B, S] and the shifted target tgt_in [B, T]
         (teacher forcing), in eval mode (no dropout). precision: "fp32", "bf16" or "int8", as in
-        decoding (decoding.py: the linear maps reduced, attention float32), so these are the
+        decoding (transformer/decoding: the linear maps reduced, attention float32), so these are the
         logits that greedy_decode(precision=...) computes step by step.
 
         With return_attention, returns (logits, attention): attention["encoder"],

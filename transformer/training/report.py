@@ -5,7 +5,7 @@ import sys
 from .. import _C
 
 
-# Under mpirun, only rank 0 talks: the command line sets this on the others (cli._train).
+# Under mpirun, only rank 0 talks: the command line sets this on the others (commands/train.py).
 SILENT = False
 
 

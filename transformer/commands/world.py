@@ -1,0 +1,59 @@
+"""The threads a command runs on, and under mpirun its place among the ranks and the cores it
+shares with them (train and info)."""
+import os
+import sys
+
+from ..errors import FlagError
+
+
+def _cores():
+    """The cores this process may run on (a launcher's or a container's binding counts)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _apply_threads(args):
+    if getattr(args, "threads", None):
+        import transformer as T
+
+        threads = args.threads[0] if isinstance(args.threads, list) else args.threads
+        cores = _cores()
+        if threads > cores:   # honoured, but every thread past the cores slows all of them down
+            print(f"transformer {args.command}: warning: --threads {threads} is more than the {cores} "
+                  f"core{'s' if cores > 1 else ''} this process may run on; threads past the cores take turns "
+                  f"on them and make every step slower", file=sys.stderr)
+        T.set_num_threads(threads)
+
+
+def _mpi_world():
+    """Under mpirun/mpiexec: (rank, size, ranks on this machine, the cores this rank may use, how
+    many ranks on this machine may use exactly those cores); None for a plain process (importing
+    no MPI)."""
+    from ..distributed import import_mpi, launched_ranks
+
+    rank, size = launched_ranks()
+    if size == 1:
+        return None
+    try:
+        MPI = import_mpi()
+    except ImportError as exc:
+        raise FlagError(f"started by an MPI launcher with {size} ranks, but {exc}") from None
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() != size:
+        raise FlagError(f"the MPI launcher started {size} ranks but mpi4py sees {comm.Get_size()}: mpi4py was "
+                        "built for another MPI than the mpirun used (use the mpirun of the same installation, "
+                        "e.g. the one `pip install \"transformer-cpu[mpi]\"` puts in the virtual environment)")
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    cores = sorted(os.sched_getaffinity(0))
+    sharing = sum(other == cores for other in local.allgather(cores))
+    return comm.Get_rank(), size, local.Get_size(), cores, sharing
+
+
+def _rank_share(world):
+    """(bound, threads): whether this rank may run on fewer than all the machine's cores (pinned by
+    the launcher, or a container's limit), and the threads it may run without oversubscribing: its
+    share of the cores it may use, among the ranks here that may use the same ones."""
+    cores, sharing = world[3], world[4]
+    return len(cores) < (os.cpu_count() or len(cores)), max(1, len(cores) // sharing)
