@@ -93,12 +93,11 @@ def fake_clock(costs):
     return lambda name, sizes: costs[name]
 
 
-COSTS = {"tiny": 0.1, "tiny-6-2": 0.15, "medium-4-2": 0.2, "small": 0.3}
+COSTS = {"tiny": 0.1, "medium-4-2": 0.2, "small": 0.3}
 
 
 def test_choose_takes_the_highest_predicted_curve_and_the_cheaper_one_within_a_tie(monkeypatch):
-    monkeypatch.setattr(sizing, "CURVES", {"tiny": (30, 0), "tiny-6-2": (31, 0), "medium-4-2": (33, 0),
-                                           "small": (33.4, 0)})
+    monkeypatch.setattr(sizing, "CURVES", {"tiny": (30, 0), "medium-4-2": (33, 0), "small": (33.4, 0)})
     choice = sizing.choose(600, fake_clock(COSTS), clock=lambda: 0.0)
     assert choice.name == "medium-4-2"       # small's 33.4 is within TIE of 33: the cheaper wins
     assert [row[0] for row in choice.rows] == list(sizing.CANDIDATES)
@@ -107,10 +106,10 @@ def test_choose_takes_the_highest_predicted_curve_and_the_cheaper_one_within_a_t
 
 def test_choose_stops_at_a_candidate_the_budget_cannot_train(monkeypatch):
     monkeypatch.setattr(sizing, "CURVES", {name: (30 + i, 0) for i, name in enumerate(sizing.CANDIDATES)})
-    choice = sizing.choose(sizing.MIN_STEPS * 0.16, fake_clock(COSTS), clock=lambda: 0.0)
-    # tiny gets 480 steps, tiny-6-2 320, medium-4-2 240 < MIN_STEPS: measured, then nothing bigger
-    assert [row[0] for row in choice.rows] == ["tiny", "tiny-6-2"]
-    assert choice.name == "tiny-6-2"
+    choice = sizing.choose(sizing.MIN_STEPS * 0.2, fake_clock(COSTS), clock=lambda: 0.0)
+    # tiny gets 600 steps, medium-4-2 300, small 200 < MIN_STEPS: measured, and not a candidate
+    assert [row[0] for row in choice.rows] == ["tiny", "medium-4-2"]
+    assert choice.name == "medium-4-2"
 
 
 def test_choose_counts_steps_past_the_passes_cap_as_the_cap_and_respects_max_steps():
@@ -141,8 +140,7 @@ def test_the_fitted_curves_rise_with_steps_and_cover_every_candidate():
 
 def test_a_run_without_size_flags_measures_the_candidates_and_trains_the_pick(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(sizing, "MIN_STEPS", 1)
-    monkeypatch.setattr(sizing, "CURVES", {"tiny": (10, 0), "tiny-6-2": (11, 0), "medium-4-2": (30, 0),
-                                           "small": (12, 0)})
+    monkeypatch.setattr(sizing, "CURVES", {"tiny": (10, 0), "medium-4-2": (30, 0), "small": (12, 0)})
     data = write_corpus(tmp_path / "pairs.tsv")
     out = str(tmp_path / "run")
     assert cli.main(["train", "--data", data, *BASE, "--minutes", "0.1", "--max-steps", "3", "--out", out]) == 0

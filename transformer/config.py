@@ -121,8 +121,8 @@ class ModelConfig:
 # Target and source share the sizes; vocabularies are set by the data (DESIGN, Command line).
 PRESETS = {
     "tiny": dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2),
-    # deep encoder, shallow decoder: the candidates a run on data may size itself to (training/sizing.py)
-    "tiny-6-2": dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=6, n_decoder_layers=2),
+    # a deeper encoder than decoder (4 + 2): between tiny and small in cost, and faster to decode than
+    # a balanced model of its cost; one of the shapes a run on data may size itself to (training/sizing.py)
     "medium-4-2": dict(d_model=192, n_heads=4, d_ff=768, n_encoder_layers=4, n_decoder_layers=2),
     "small": dict(d_model=256, n_heads=4, d_ff=1024, n_encoder_layers=3, n_decoder_layers=3),
     "base": dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6),
