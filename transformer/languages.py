@@ -93,6 +93,7 @@ def match(asked, served):
     return None if tag is None else _best(tag, tuple(sorted(served)))
 
 
+@functools.lru_cache(maxsize=1024)
 def alpha2(code):
     """The ISO 639-1 two-letter language of a tag where it has one ("pt-BR" -> "pt"), else its
     three letters: what identifiers (py3langid, sentence splitters) take."""

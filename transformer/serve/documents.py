@@ -15,12 +15,17 @@ import re
 _LINES = re.compile(r"(\n)")
 
 
+_SEGMENT = []
+
+
 def _segment():
-    try:
-        from sentencex import segment
-    except ImportError:
-        raise ImportError('transformer serve needs sentencex: pip install "transformer-cpu[serve]"') from None
-    return segment
+    if not _SEGMENT:
+        try:
+            from sentencex import segment
+        except ImportError:
+            raise ImportError('transformer serve needs sentencex: pip install "transformer-cpu[serve]"') from None
+        _SEGMENT.append(segment)
+    return _SEGMENT[0]
 
 
 class Document:
