@@ -81,6 +81,8 @@ class Server:
         self.models = scheduler.models
         self.detector = detector or Detector({m.source for m in self.models.values()})
         self.pairs = Pairs(self.models, self.detector)
+        self._defaults = {name: served.options() for name, served in self.models.items()}   # each model's options
+        self._splitting = {name: alpha2(served.source) for name, served in self.models.items()}   # its rules' language
 
     def app(self):
         app = web.Application(client_max_size=self.limits.max_body, middlewares=[self._errors])
@@ -149,23 +151,27 @@ class Server:
 
     def _document(self, text, fmt, name):
         """A text's Document, split by the rules of its model's source language."""
-        language = alpha2(self.models[name].source)
+        language = self._splitting[name]
         return of_html(text, language) if fmt == "html" else of_text(text, language)
 
     async def _documents(self, routes, documents, options, join=None):
         """Each document's sentences' translations, in order: the sentences of every document a
         model translates go to the scheduler as one request. options(name): its decoding options."""
-        indices = {}
-        for i, (name, _) in enumerate(routes):
-            indices.setdefault(name, []).append(i)
-        jobs = {name: [s for i in chosen for s in documents[i].sentences] for name, chosen in indices.items()}
-        jobs = {name: sentences for name, sentences in jobs.items() if sentences}
-        if len(jobs) == 1:
-            name, sentences = next(iter(jobs.items()))
-            done = {name: await self._translate(name, sentences, options(name), join)}
+        first = routes[0][0]
+        if all(name == first for name, _ in routes):          # one model (the usual case): one request
+            jobs = {first: range(len(documents))}
+        else:
+            jobs = {}
+            for i, (name, _) in enumerate(routes):
+                jobs.setdefault(name, []).append(i)
+        flat = {name: [s for i in chosen for s in documents[i].sentences] for name, chosen in jobs.items()}
+        flat = {name: sentences for name, sentences in flat.items() if sentences}
+        if len(flat) <= 1:
+            done = {name: await self._translate(name, sentences, options(name), join)
+                    for name, sentences in flat.items()}
         else:
             tasks = {name: asyncio.ensure_future(self._translate(name, sentences, options(name), join))
-                     for name, sentences in jobs.items()}
+                     for name, sentences in flat.items()}
             try:
                 await asyncio.gather(*tasks.values())
             finally:                    # one refused or failed: the others leave the scheduler
@@ -173,8 +179,8 @@ class Server:
                     task.cancel()
             done = {name: task.result() for name, task in tasks.items()}
         results = [None] * len(documents)
-        for name, chosen in indices.items():
-            translated, position = done.get(name, []), 0
+        for name, chosen in jobs.items():
+            translated, position = done.get(name, ()), 0
             for i in chosen:
                 count = len(documents[i].sentences)
                 results[i] = translated[position:position + count]
@@ -190,9 +196,8 @@ class Server:
         decoded = alternatives if fmt == "text" else 0       # LibreTranslate gives none for html
         routes = await self._routes(fields, texts)
         documents = [self._document(text, fmt, name) for text, (name, _) in zip(texts, routes)]
-        results = await self._documents(routes, documents,
-                                        lambda name: self.models[name].options(alternatives=decoded or None),
-                                        join=_join_alternatives if decoded else None)
+        options = (lambda name: self.models[name].options(alternatives=decoded)) if decoded else self._defaults.get
+        results = await self._documents(routes, documents, options, join=_join_alternatives if decoded else None)
         out, others = [], []
         for document, sentences in zip(documents, results):
             if decoded:

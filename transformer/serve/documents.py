@@ -13,6 +13,7 @@ import html
 import re
 
 _LINES = re.compile(r"(\n)")
+_WORD = re.compile(r"[^\W_]")         # a letter or digit: something to translate
 
 
 _SEGMENT = []
@@ -56,7 +57,7 @@ class Document:
                 continue
             for piece in segment(language, line):
                 core = piece.strip()
-                if not any(ch.isalnum() for ch in core):   # nothing to translate: "", "&", "...", an emoji
+                if not _WORD.search(core):      # nothing to translate: "", "&", "...", an emoji
                     keep(piece)
                     continue
                 start = len(piece) - len(piece.lstrip())

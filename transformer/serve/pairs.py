@@ -17,6 +17,7 @@ class Pairs:
             self.targets.setdefault(m.source, set()).add(m.target)
         self.targets = {source: tuple(sorted(t)) for source, t in self.targets.items()}
         self.languages = sorted(set(self.targets) | {m.target for m in models.values()})
+        self._named = {}                # (source, target) as asked -> model name
 
     def listing(self):
         """GET /languages as LibreTranslate lists them: every language served, from or to, with its
@@ -61,8 +62,13 @@ class Pairs:
                 raise BadRequest(f"missing field {field} (a language code"
                                  f"{' or auto' if field == 'source' else ''})")
         if source != "auto":
-            source_tag = self._source(source)
-            return [(self.by_pair[(source_tag, self._target(source_tag, target))], None)] * len(texts)
+            name = self._named.get((source, target))
+            if name is None:            # resolved once for each spelling a client uses
+                source_tag = self._source(source)
+                name = self.by_pair[(source_tag, self._target(source_tag, target))]
+                if len(self._named) < 4096:
+                    self._named[(source, target)] = name
+            return [(name, None)] * len(texts)
         candidates = self.sources_to(target)
         if not candidates:
             raise BadRequest(f"{target} is not supported (this server translates to "
