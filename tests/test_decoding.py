@@ -192,6 +192,21 @@ def test_beam_search_with_no_repeat_ngram_gives_the_hypothesis_of_full_recomputa
     assert got != plain
 
 
+@pytest.mark.parametrize("K", [2, 4])
+def test_n_best_gives_the_best_hypothesis_first_then_the_next_best_distinct_ones(K):
+    """LibreTranslate's alternatives: n_best's first hypothesis is beam search's own (the C loop's),
+    the others follow in score order, distinct, at most n_best; n_best 0 is refused."""
+    model = make_model(seed=5)
+    src = padded_source(np.random.default_rng(2), 40, [5, 9, 3, 7])
+    best = model.beam_search(src, beam_size=K, max_len=10)
+    lists = model.beam_search(src, beam_size=K, max_len=10, n_best=K)
+    assert [hyps[0] for hyps in lists] == best
+    assert all(1 <= len(hyps) <= K and len({tuple(h) for h in hyps}) == len(hyps) for hyps in lists)
+    assert any(len(hyps) > 1 for hyps in lists)
+    with pytest.raises(ValueError, match="n_best must be an int >= 1"):
+        model.beam_search(src, beam_size=K, n_best=0)
+
+
 def test_no_repeat_ngram_with_nothing_left_to_say_ends_the_sentence():
     # Two words and N = 1: after both, every word is banned; before min_len EOS is too, and then
     # EOS is what remains (never padding or BOS, never a repeat).

@@ -305,11 +305,11 @@ def test_an_imported_models_languages_come_from_its_directory_and_go_back_out(op
     tokenizer_config.write_text(json.dumps({**settings, "source_lang": "eng", "target_lang": "deu"}))
     out = str(tmp_path / "ours")
     r = _cli("convert", "--from", "marian", str(root), "--out", out)
-    assert r.returncode == 0 and "languages eng -> deu" in r.stderr, r.stderr
-    assert read_languages(out) == ("eng", "deu")
+    assert r.returncode == 0 and "languages en -> de" in r.stderr, r.stderr     # normalised (languages.py)
+    assert read_languages(out) == ("en", "de")
     served = load_models([out], load=load_for_inference)
-    assert list(served) == ["eng-deu"] and (served["eng-deu"].source, served["eng-deu"].target) == ("eng", "deu")
+    assert list(served) == ["en-de"] and (served["en-de"].source, served["en-de"].target) == ("en", "de")
     back = tmp_path / "back"
     assert _cli("convert", "--to", "marian", out, "--out", str(back)).returncode == 0
     exported = json.load(open(back / "tokenizer_config.json"))
-    assert (exported["source_lang"], exported["target_lang"]) == ("eng", "deu")
+    assert (exported["source_lang"], exported["target_lang"]) == ("en", "de")

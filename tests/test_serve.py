@@ -45,7 +45,7 @@ def model_dir(tmp_path_factory):
                            "--tgt-col", "spa", *SMALL, "--vocab-size", "60", "--max-steps", "40", "--out", out],
                           capture_output=True, text=True, timeout=300, cwd=OUTSIDE)
     assert done.returncode == 0, done.stderr
-    assert "languages: eng -> spa" in done.stderr
+    assert "languages: en -> es" in done.stderr
     return out
 
 
@@ -152,7 +152,8 @@ def test_a_list_keeps_its_order_and_lines_are_sentences(server, model_dir):
 def test_the_real_libretranslate_client(server, model_dir):
     libretranslatepy = pytest.importorskip("libretranslatepy")
     client = libretranslatepy.LibreTranslateAPI(server.url + "/", api_key="secret-1")
-    assert client.languages() == [{"code": "eng", "name": "English", "targets": ["spa"]}]
+    assert client.languages() == [{"code": "en", "name": "English", "targets": ["es"]},
+                                  {"code": "es", "name": "Spanish", "targets": []}]
     assert client.translate("the small dog sleeps", "eng", "spa") == offline(model_dir, ["the small dog sleeps"])[0]
     assert client.translate("a cat", "auto", "spa") == offline(model_dir, ["a cat"])[0]
 
@@ -162,7 +163,7 @@ def test_form_bodies_and_source_auto(server, model_dir):
                                                           "api_key": "secret-1"})
     assert status == 200
     assert body == {"translatedText": offline(model_dir, ["blue house"])[0],
-                    "detectedLanguage": {"language": "eng", "confidence": 100.0}}
+                    "detectedLanguage": {"language": "en", "confidence": 100.0}}
 
 
 def test_scores_and_attention(server, model_dir):
@@ -185,8 +186,11 @@ def test_scores_and_attention(server, model_dir):
     ({"q": 5, "source": "eng", "target": "spa"}, 400, "q must be a string, got int"),
     ({"q": ["a", 3], "source": "eng", "target": "spa"}, 400, "q[1] must be a string"),
     ({"q": "a", "target": "spa"}, 400, "missing field source"),
-    ({"q": "a", "source": "eng", "target": "deu"}, 400, "no model translates eng to deu"),
-    ({"q": "a", "source": "eng", "target": "spa", "format": "html"}, 400, "format 'html' is not supported"),
+    ({"q": "a", "source": "eng", "target": "deu"}, 400, "deu is not supported"),
+    ({"q": "a", "source": "eng", "target": "eng"}, 400, "English (en) is not available as a target language from English (en)"),
+    ({"q": "a", "source": "xx", "target": "spa"}, 400, "xx is not supported"),
+    ({"q": "a", "source": "eng", "target": "spa", "format": "xml"}, 400, "xml format is not supported"),
+    ({"q": "a", "source": "eng", "target": "spa", "alternatives": "two"}, 400, "alternatives parameter is not a number"),
     ({"q": "a" * 5001, "source": "eng", "target": "spa"}, 400, "at most 5000 a request (--char-limit)"),
     ({"q": ["a"] * 65, "source": "eng", "target": "spa"}, 400, "at most 64 a request (--max-texts)"),
 ])
@@ -221,7 +225,7 @@ def test_bad_bodies_and_keys(server):
 def test_health_languages_and_metrics(server):
     status, text = asyncio.run(_get(server.url + "/health"))
     health = json.loads(text)
-    assert status == 200 and health["status"] == "ok" and health["models"][0]["source"] == "eng"
+    assert status == 200 and health["status"] == "ok" and health["models"][0]["source"] == "en"
     status, text = asyncio.run(_get(server.url + "/metrics"))
     assert status == 200 and "# TYPE transformer_requests_total counter" in text
     assert 'transformer_requests_total{endpoint="/translate",status="200"}' in text
@@ -244,16 +248,16 @@ class Held:
 
 def test_the_queue_is_bounded_and_a_cancelled_request_is_dropped(model_dir):
     served = load_models([model_dir], load=load_for_inference)
-    held = Held(served["eng-spa"])
-    scheduler = Scheduler({"eng-spa": held}, max_queue=5, batching="batch")   # Held stands in for decode
-    options = served["eng-spa"].options()
+    held = Held(served["en-es"])
+    scheduler = Scheduler({"en-es": held}, max_queue=5, batching="batch")   # Held stands in for decode
+    options = served["en-es"].options()
     try:
-        first = scheduler.submit("eng-spa", ["the cat"], options)          # taken at once: the thread waits
+        first = scheduler.submit("en-es", ["the cat"], options)          # taken at once: the thread waits
         time.sleep(0.2)
-        dropped = scheduler.submit("eng-spa", ["a dog", "red tree"], options)
-        kept = scheduler.submit("eng-spa", ["blue house", "a", "big"], options)
+        dropped = scheduler.submit("en-es", ["a dog", "red tree"], options)
+        kept = scheduler.submit("en-es", ["blue house", "a", "big"], options)
         with pytest.raises(QueueFull, match="at most 5"):
-            scheduler.submit("eng-spa", ["one too many"], options)
+            scheduler.submit("en-es", ["one too many"], options)
         scheduler.cancel(dropped)
         held.release.set()
         assert first.result(30) == offline(model_dir, ["the cat"])
@@ -276,7 +280,7 @@ def test_the_scheduler_answers_each_text_with_its_offline_translation(model_dir,
         futures = []
         for i, text in enumerate(texts):
             beam = 1 if i % 3 == 2 else 4
-            futures.append((i, beam, scheduler.submit("eng-spa", [text], served["eng-spa"].options(beam=beam))))
+            futures.append((i, beam, scheduler.submit("en-es", [text], served["en-es"].options(beam=beam))))
             time.sleep(0.001 * (i % 4))
         for i, beam, future in futures:
             assert future.result(60) == [want[beam][i]], (i, beam)
@@ -287,7 +291,7 @@ def test_the_scheduler_answers_each_text_with_its_offline_translation(model_dir,
 def _never_ending(model_dir):
     """The served models with EOS's logit pushed down: every sentence decodes to its length limit."""
     served = load_models([model_dir], load=load_for_inference)
-    model = served["eng-spa"].model
+    model = served["en-es"].model
     model.params.data["generator.bias"][model.cfg.eos_id] -= 1e4
     return served
 
@@ -301,16 +305,16 @@ def test_a_short_request_during_a_long_batch_is_answered_at_its_own_end_only_wit
     scheduler = Scheduler(served, batching=batching)
     done = []
     try:
-        long = scheduler.submit("eng-spa", sentences(48, seed=12), served["eng-spa"].options(max_len=100))
+        long = scheduler.submit("en-es", sentences(48, seed=12), served["en-es"].options(max_len=100))
         long.add_done_callback(lambda _: done.append("long"))
         deadline = time.monotonic() + 30
         while not (scheduler._decoding or long.done()) and time.monotonic() < deadline and batching == "step":
             time.sleep(0.0005)
         time.sleep(0.005)
-        short = scheduler.submit("eng-spa", ["a"], served["eng-spa"].options(max_len=2))
+        short = scheduler.submit("en-es", ["a"], served["en-es"].options(max_len=2))
         short.add_done_callback(lambda _: done.append("short"))
-        assert short.result(60) == translate_texts(served["eng-spa"].model, served["eng-spa"].src_tokenizer,
-                                                   served["eng-spa"].tgt_tokenizer, ["a"], beam=4, max_len=2)
+        assert short.result(60) == translate_texts(served["en-es"].model, served["en-es"].src_tokenizer,
+                                                   served["en-es"].tgt_tokenizer, ["a"], beam=4, max_len=2)
         long.result(60)
     finally:
         scheduler.stop()
@@ -320,14 +324,14 @@ def test_a_short_request_during_a_long_batch_is_answered_at_its_own_end_only_wit
 def test_a_request_cancelled_while_decoding_leaves_the_batch(model_dir):
     served = _never_ending(model_dir)
     scheduler = Scheduler(served)
-    model, src_tok, tgt_tok = served["eng-spa"].model, served["eng-spa"].src_tokenizer, served["eng-spa"].tgt_tokenizer
+    model, src_tok, tgt_tok = served["en-es"].model, served["en-es"].src_tokenizer, served["en-es"].tgt_tokenizer
     try:
-        gone = scheduler.submit("eng-spa", sentences(16, seed=13), served["eng-spa"].options(max_len=100))
+        gone = scheduler.submit("en-es", sentences(16, seed=13), served["en-es"].options(max_len=100))
         deadline = time.monotonic() + 30
         while not scheduler._decoding and time.monotonic() < deadline:
             time.sleep(0.0005)
         scheduler.cancel(gone)
-        kept = scheduler.submit("eng-spa", ["the cat", "a dog"], served["eng-spa"].options())
+        kept = scheduler.submit("en-es", ["the cat", "a dog"], served["en-es"].options())
         assert kept.result(60) == translate_texts(model, src_tok, tgt_tok, ["the cat", "a dog"], beam=4)
         while scheduler._decoding and time.monotonic() < deadline:
             time.sleep(0.001)

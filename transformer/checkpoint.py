@@ -15,7 +15,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import reprlib
 import shutil
 from dataclasses import dataclass
@@ -171,23 +170,27 @@ def save_inference_files(directory, model, src_tokenizer, tgt_tokenizer, precisi
 
 
 def write_languages(directory, source, target):
-    """languages.json: the model's source and target language codes."""
+    """languages.json: the model's source and target languages, each as its normalised tag
+    (languages.py: "eng" is written "en")."""
+    from .languages import normalise
+
+    source, target = (normalise(code) or code for code in (source, target))
     atomic_write_bytes(os.path.join(directory, LANGUAGES_FILE),
                        (json.dumps({"source": source, "target": target}) + "\n").encode("utf-8"))
 
 
-_CODE = re.compile(r"^[a-z]{2,3}(-[A-Za-z0-9]{2,8})?$")
-# Two- and three-letter names that columns and files take and that name no language here.
-NOT_LANGUAGES = {"src", "tgt", "ref", "id", "idx", "key", "url", "txt", "tsv", "raw", "out", "inp", "gz"}
-
-
 def is_language_code(text):
-    """An ISO 639-1/639-3 code, optionally with a region or script ("en", "spa", "pt-BR")."""
-    return isinstance(text, str) and bool(_CODE.match(text)) and text.split("-")[0] not in NOT_LANGUAGES
+    """A standard code of a language: ISO 639-1/2/3 or a BCP-47 tag ("en", "spa", "ger", "pt-BR").
+    transformer/languages.py."""
+    from .languages import is_language_code
+    return is_language_code(text)
 
 
 def read_languages(directory):
-    """(source, target) codes recorded in a model directory's languages.json, or None."""
+    """(source, target) normalised tags (languages.py) of a model directory's languages.json, or
+    None. A model written before the tags were normalised ("eng", "spa") reads as "en", "es"."""
+    from .languages import normalise
+
     path = os.path.join(directory, LANGUAGES_FILE)
     if not os.path.isfile(path):
         return None
@@ -197,10 +200,11 @@ def read_languages(directory):
         pair = (data["source"], data["target"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: damaged ({exc})") from None
-    for code in pair:
-        if not is_language_code(code):
+    tags = tuple(normalise(code) for code in pair)
+    for code, tag in zip(pair, tags):
+        if tag is None:
             raise ValueError(f"{path}: {code!r} is not a language code")
-    return pair
+    return tags
 
 
 def copy_languages(source_dir, target_dir):

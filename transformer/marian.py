@@ -272,8 +272,9 @@ def state_dict_to_marian(model):
 def marian_languages(hf_dir, hf=None):
     """(source, target) language codes of a MarianMT directory, or None: tokenizer_config.json's
     source_lang and target_lang (MarianTokenizer's), else the OPUS-MT name the config was saved
-    from (_name_or_path "Helsinki-NLP/opus-mt-en-de"); codes only (checkpoint.is_language_code)."""
-    from .checkpoint import is_language_code
+    from (_name_or_path "Helsinki-NLP/opus-mt-en-de"); codes only, each as its normalised tag
+    (languages.py: "eng" is "en")."""
+    from .languages import normalise
 
     try:
         with open(os.path.join(hf_dir, "tokenizer_config.json"), encoding="utf-8") as f:
@@ -281,8 +282,9 @@ def marian_languages(hf_dir, hf=None):
     except (OSError, ValueError):
         tokenizer = {}
     pair = (tokenizer.get("source_lang"), tokenizer.get("target_lang")) if isinstance(tokenizer, dict) else ()
-    if len(pair) == 2 and all(isinstance(code, str) and is_language_code(code) for code in pair):
-        return pair
+    tags = tuple(normalise(code) for code in pair)
+    if len(tags) == 2 and None not in tags:
+        return tags
     if hf is None:
         try:
             with open(os.path.join(hf_dir, "config.json"), encoding="utf-8") as f:
@@ -292,8 +294,9 @@ def marian_languages(hf_dir, hf=None):
     name = hf.get("_name_or_path") or hf.get("name_or_path") if isinstance(hf, dict) else None
     if isinstance(name, str):
         match = re.search(r"opus-mt-([A-Za-z]{2,3})-([A-Za-z]{2,3})/?$", name)
-        if match and all(is_language_code(code) for code in match.groups()):
-            return match.groups()
+        tags = tuple(normalise(code) for code in match.groups()) if match else (None,)
+        if None not in tags:
+            return tags
     return None
 
 

@@ -222,7 +222,7 @@ class Seq2SeqTransformer:
                              precision=precision, **rules)
 
     def beam_search(self, src, beam_size=None, max_len=None, length_penalty=None, min_len=0, no_repeat_ngram=0,
-                    precision="fp32", forced_eos=None, banned=None, renormalize=None, early_stopping=None):
+                    precision="fp32", forced_eos=None, banned=None, renormalize=None, early_stopping=None, n_best=1):
         """Beam search with a key/value cache: the best hypothesis per sentence (max_len,
         no_repeat_ngram, precision, forced_eos and banned as in greedy_decode).
 
@@ -230,14 +230,15 @@ class Seq2SeqTransformer:
         imported MarianMT model, generation.py: num_beams, length_penalty, renormalize_logits,
         early_stopping, ranked as generate ranks: score / length ** length_penalty), else this
         engine's defaults: beam_size 4, GNMT's length_penalty 0.6, no renormalisation,
-        early_stopping True (done at beam_size finished hypotheses)."""
+        early_stopping True (done at beam_size finished hypotheses). n_best > 1: a list of each
+        sentence's best hypotheses, best first (decoding.beam_search)."""
         from .decoding import beam_search
         if isinstance(length_penalty, np.floating):     # np.float32(0.6) is a number too
             length_penalty = float(length_penalty)
         max_len, rules = self._generation_rules(max_len, forced_eos, banned)
         options = self._beam_options(beam_size, length_penalty, renormalize, early_stopping)
         return beam_search(self, src, max_len=max_len, min_len=min_len, no_repeat_ngram=no_repeat_ngram,
-                           precision=precision, **rules, **options)
+                           precision=precision, n_best=n_best, **rules, **options)
 
     def _beam_options(self, beam_size, length_penalty, renormalize, early_stopping):
         """beam_search's options: what the caller passed, else the model's generation settings,

@@ -55,13 +55,14 @@ def text_pieces(model, src_tokenizer, text):
     return split_to_fit(ids, model.cfg.max_len, src_tokenizer)
 
 
-def decode_pieces(model, pieces, beam, max_len, no_repeat_ngram, precision):
+def decode_pieces(model, pieces, beam, max_len, no_repeat_ngram, precision, n_best=1):
     """(padded src, hypotheses) of source id lists decoded together: beam search for beam > 1,
-    else greedy; max_len None: the model's own limit per sentence, relative to its source length."""
+    else greedy; max_len None: the model's own limit per sentence, relative to its source length.
+    n_best > 1 (beam search): each piece's list of its best hypotheses, best first."""
     src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), model.cfg.pad_id)[0]
     if beam > 1:
         return src, model.beam_search(src, beam_size=beam, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
-                                      precision=precision)
+                                      precision=precision, n_best=n_best)
     return src, model.greedy_decode(src, max_len=max_len, no_repeat_ngram=no_repeat_ngram, precision=precision)
 
 

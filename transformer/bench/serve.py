@@ -6,7 +6,8 @@ the sentences of its dev split as requests, every output at most MAX_LEN tokens 
 engine does the same work: random weights seldom stop earlier) and each count of concurrent
 clients, each client sending one sentence a request, one after the other:
 
-    offline      the same sentences through translate_texts, batched: the limit, no HTTP
+    offline      the same texts through translate_texts, batched: the limit, no HTTP (each text cut
+                 into sentences as the server cuts it, serve/documents.py, and joined back)
     step         our server as it ships: the sentences of concurrent requests decoded together,
                  joining and leaving the running batch between decoder steps (--batching step)
     batch        our server batching between batches (--batching batch): a batch decoded to its
@@ -227,6 +228,7 @@ def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", 
     """The records (one JSON-able dict per config, engine, workload and client count) and a summary
     per config."""
     from ..checkpoint import load_for_inference
+    from ..serve.documents import translate_documents
     from ..train import translate_texts
     from .decode import ctranslate2_compute_type
     from .harness import cpu_model, emit as keep
@@ -253,7 +255,8 @@ def run(configs=("tiny", "base"), threads=2, clients=CLIENTS, precision="int8", 
             return sum(len(tgt_tok.encode(a)) for a in answers)
 
         def translate(sample, max_len=MAX_LEN):
-            return translate_texts(model, src_tok, tgt_tok, sample, beam=beam, max_len=max_len, precision=precision)
+            return translate_documents(sample, "en", lambda sentences: translate_texts(
+                model, src_tok, tgt_tok, sentences, beam=beam, max_len=max_len, precision=precision))
         # the oracle of every answer of ours: each text's offline translation, at each max_len asked
         offline = {MAX_LEN: dict(zip(texts, translate(texts)))}
         if mixed:

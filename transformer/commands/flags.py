@@ -88,11 +88,12 @@ def _non_negative_float(text):
 
 
 def _language_code(text):
-    from ..checkpoint import is_language_code
+    from ..languages import normalise
 
-    if not is_language_code(text):
+    tag = normalise(text)
+    if tag is None:
         raise argparse.ArgumentTypeError(f"must be a language code such as en, spa or pt-BR, got {text!r}")
-    return text
+    return tag
 
 
 def _fraction(text):

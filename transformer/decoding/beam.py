@@ -12,7 +12,7 @@ from .greedy import _forbid_eos
 
 def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0,
                 precision="fp32", *, forced_eos=False, banned=(), renormalize=False, length_form="gnmt",
-                early_stopping=True):
+                early_stopping=True, n_best=1):
     """Batched beam search. Returns the best hypothesis per sentence (token-id lists, BOS dropped,
     cut before EOS), ranked by log-probability / ((5 + length) / 6) ** length_penalty.
 
@@ -32,27 +32,34 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
     renormalize_logits); length_form "generate": scores divided by length ** length_penalty
     instead of GNMT's; early_stopping False or "never": generate's stopping rules instead of
     stopping at beam_size finished hypotheses.
+
+    n_best > 1: for each sentence, a list of its best finished hypotheses, at most n_best, best
+    first (the first is the one n_best 1 gives; LibreTranslate's alternatives). The C loop keeps
+    only the best, so these run the same steps in Python (the same kernels, the same bits).
     """
     precision = check_precision(precision)
+    if isinstance(n_best, bool) or not isinstance(n_best, (int, np.integer)) or n_best < 1:
+        raise ValueError(f"n_best must be an int >= 1, got {n_best!r}")
     src, K, limits, min_len, no_repeat_ngram, rules = beam_args(
         model, src, beam_size, max_len, length_penalty, min_len, no_repeat_ngram, precision, forced_eos, banned,
         renormalize, length_form, early_stopping)
     workspace = _lend_workspace(model)
     try:
         return _beam_search(model, src, K, limits, float(length_penalty), min_len, no_repeat_ngram,
-                            workspace, precision, rules)
+                            workspace, precision, rules, int(n_best))
     finally:
         _return_workspace(model, workspace)
 
 
-def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace, precision, rules):
+def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace, precision, rules,
+                 n_best=1):
     cfg = model.cfg
     shared, src_pad = _encode_once(model, src, precision, workspace)
     eos = cfg.eos_id
     B = src.shape[0]
     max_len = int(limits.max())
     cache = DecoderCache(model, shared, src_pad, K, max_len, workspace=workspace)
-    if cache._native is not None and not tuning._PYTHON_LOOPS:   # the whole loop in C (decoder_beam)
+    if cache._native is not None and not tuning._PYTHON_LOOPS and n_best == 1:   # the whole loop in C (decoder_beam)
         best, best_len = cache._native.beam(limits, K, length_penalty, min_len, no_repeat_ngram, cfg.bos_id, eos,
                                             cfg.pad_id, min(cache._groups(B * K), B), **rules)
         return [best[b, :best_len[b]].tolist() if best_len[b] >= 0 else [] for b in range(B)]   # -1: none finished
@@ -139,6 +146,8 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
         np.take(hyps[:, :t], chosen, axis=0, out=spare[:m, :t])
         spare[:m, t] = ids
         hyps, spare = spare, hyps
+    if n_best > 1:              # a stable sort: among equal scores the first finished, as max() takes
+        return [[h for _, h in sorted(f, key=lambda item: item[0], reverse=True)[:n_best]] or [[]] for f in finished]
     return [max(f, key=lambda item: item[0])[1] if f else [] for f in finished]
 
 

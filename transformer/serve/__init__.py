@@ -5,13 +5,19 @@ LibreTranslate API (aiohttp, the [serve] extra).
     scheduler.py  the one thread that owns them: every waiting request's sentences in one running batch,
                   joining and leaving it between decoder steps (transformer/streaming.py)
     app.py        the HTTP side: LibreTranslate's endpoints, ours, health, metrics, errors
+    fields.py     a request's fields, from JSON, a form or the query string, within the limits
+    pairs.py      which model answers a source and target (any standard code; "auto")
+    detect.py     which served source language a text is in (py3langid)
+    documents.py  a text as sentences to translate and what is kept around them (sentencex)
+    markup.py     HTML's text runs, the markup kept as it is
     metrics.py    counters in Prometheus' text format
 """
 import os
 import re
 import sys
 
-from ..checkpoint import is_language_code, read_languages
+from ..checkpoint import read_languages
+from ..languages import normalise
 from .models import ServedModel
 
 __all__ = ["ServedModel", "build", "listen", "load_models", "parse_model_spec", "run"]
@@ -35,12 +41,14 @@ def parse_model_spec(spec):
 
 
 def _pair_of_name(name):
-    """(source, target) when a --model name is SRC-TGT language codes ("en-de", "eng-spa")."""
+    """(source, target) normalised tags when a --model name is SRC-TGT language codes ("en-de",
+    "eng-spa": en, es)."""
     if name is None:
         return None
     parts = name.split("-")
-    if len(parts) == 2 and all(is_language_code(part) for part in parts):
-        return tuple(parts)
+    tags = tuple(normalise(part) for part in parts)
+    if len(tags) == 2 and None not in tags:
+        return tags
     return None
 
 
@@ -71,13 +79,17 @@ def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5
     """(aiohttp application, scheduler) serving `models`."""
     _aiohttp()
     from .app import Limits, Server
+    from .detect import Detector
     from .metrics import Metrics
     from .scheduler import Scheduler
 
     metrics = Metrics()
     scheduler = Scheduler(models, batch_tokens=batch_tokens, batch_size=batch_size, max_queue=max_queue,
                           metrics=metrics, batching=batching)
-    server = Server(scheduler, Limits(char_limit, max_texts, max_body), metrics, api_keys)
+    detector = Detector({served.source for served in models.values()})
+    if len(detector.languages) > 1:     # source "auto" detects: its model loads now, not in a request
+        detector.warm()
+    server = Server(scheduler, Limits(char_limit, max_texts, max_body), metrics, api_keys, detector)
     return server.app(), scheduler
 
 
@@ -112,7 +124,8 @@ def listen(app, host, port, shutdown_timeout=60.0, banner=()):
         for line in banner:
             print(line, file=sys.stderr)
         shown = f"[{host}]" if ":" in host else host
-        print(f"listening on http://{shown}:{port}  (LibreTranslate API: POST /translate, GET /languages; "
+        print(f"listening on http://{shown}:{port}  (LibreTranslate API: POST /translate, POST /detect, "
+              "GET /languages, GET /frontend/settings; "
               "POST /v1/translate, GET /health, GET /metrics, the page at /; Ctrl-C stops)", file=sys.stderr, flush=True)
         try:
             await stop.wait()

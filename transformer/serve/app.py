@@ -2,11 +2,16 @@
 
 Handlers parse, validate and wait; the Scheduler owns the models. Endpoints:
 
-    POST /translate      LibreTranslate's: JSON or form; q (a string or a list of strings), source
-                         (a code or "auto"), target, format ("text"), api_key. Answers
-                         {"translatedText": ...} (a string or a list, as q was), and for source
-                         "auto" {"detectedLanguage": {"language": ..., "confidence": 100.0}}.
-    GET  /languages      [{"code", "name", "targets"}]
+    POST /translate      LibreTranslate's: fields from JSON, or the query string and a form
+                         (fields.py); q (a string or a list of strings), source (any standard code
+                         of a language, or "auto"), target, format ("text" or "html"), alternatives,
+                         api_key. Each text is cut into sentences (documents.py), every sentence
+                         translated alone in the shared batches, and joined back. Answers
+                         {"translatedText": ...} (a string or a list, as q was), with
+                         "detectedLanguage" for source "auto" and "alternatives" when asked.
+    POST /detect         [{"confidence", "language"}], best first, among the served sources
+    GET  /languages      [{"code", "name", "targets"}]: every served language (pairs.py)
+    GET  /frontend/settings  LibreTranslate's: charLimit, keyRequired, the default languages...
     POST /v1/translate   ours: q, source/target or model, beam, max_len, no_repeat_ngram, scores
                          (log-probabilities), attention (each sentence's cross-attention matrix)
     GET  /health         {"status": "ok", "models": [...], "queue": n, "api_keys": bool}
@@ -19,25 +24,22 @@ for a missing or wrong API key, 413 for a body over the limit, 429 (with Retry-A
 queue is full, 503 while the server stops, 500 for a failure of ours.
 """
 import asyncio
-import json
 import os
 import time
 
 from aiohttp import web
 
-from .models import LANGUAGE_NAMES
+from ..languages import alpha2, english_name
+from .documents import of_html, of_text
+from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, texts_of
+from .pairs import Pairs
 from .scheduler import QueueFull, ShuttingDown, TooWide
+
+__all__ = ["BadRequest", "Limits", "Server"]
 
 RETRY_AFTER_S = 1
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")   # the page and its assets
-
-
-class BadRequest(ValueError):
-    """A request the server will not take: HTTP `status` with LibreTranslate's {"error": ...}."""
-
-    def __init__(self, message, status=400, headers=None):
-        super().__init__(message)
-        self.status, self.headers = status, headers
+FRONTEND_TIMEOUT_MS = 500           # LibreTranslate's default frontendTimeout
 
 
 def _error(message, status, headers=None):
@@ -45,28 +47,47 @@ def _error(message, status, headers=None):
 
 
 def _join_details(parts):
-    """A text's native result from its pieces' details (ServedModel._details)."""
+    """A sentence's native result from its pieces' details (ServedModel._details)."""
     return {"translatedText": " ".join(part["text"] for part in parts), "sentences": parts}
 
 
-class Limits:
-    """What one request may hold (each refused with the limit named)."""
+def _join_alternatives(parts):
+    """A sentence's hypotheses from its pieces' (each a list, best first): the k-th of each piece
+    joined, a piece with fewer giving its best."""
+    if not parts:
+        return [""]
+    return [" ".join(piece[k] if k < len(piece) else piece[0] for piece in parts)
+            for k in range(max(len(piece) for piece in parts))]
 
-    def __init__(self, char_limit=5000, max_texts=64, max_body=1 << 20):
-        self.char_limit, self.max_texts, self.max_body = char_limit, max_texts, max_body
+
+def _unique(texts, main, n):
+    """LibreTranslate's filter_unique: the texts other than the main one and "", once each, at most n."""
+    seen, out = {main, ""}, []
+    for text in texts:
+        if text not in seen:
+            seen.add(text)
+            out.append(text)
+    return out[:n]
 
 
 class Server:
-    """The aiohttp application around a Scheduler."""
+    """The aiohttp application around a Scheduler. detector: a Detector of the served sources."""
 
-    def __init__(self, scheduler, limits, metrics, api_keys=None):
+    def __init__(self, scheduler, limits, metrics, api_keys=None, detector=None):
+        from .detect import Detector
+
         self.scheduler, self.limits, self.metrics = scheduler, limits, metrics
-        self.api_keys = api_keys             # a set of valid keys, or None: no key needed
+        self.api_keys = api_keys             # a set of valid keys, or None: no key needed (any is ignored)
         self.models = scheduler.models
+        self.detector = detector or Detector({m.source for m in self.models.values()})
+        self.pairs = Pairs(self.models, self.detector)
+        self._defaults = {name: served.options() for name, served in self.models.items()}   # each model's options
+        self._splitting = {name: alpha2(served.source) for name, served in self.models.items()}   # its rules' language
 
     def app(self):
         app = web.Application(client_max_size=self.limits.max_body, middlewares=[self._errors])
-        app.add_routes([web.post("/translate", self.translate), web.get("/languages", self.languages),
+        app.add_routes([web.post("/translate", self.translate), web.post("/detect", self.detect),
+                        web.get("/languages", self.languages), web.get("/frontend/settings", self.settings),
                         web.post("/v1/translate", self.native), web.get("/health", self.health),
                         web.get("/metrics", self.metrics_text), web.get("/", self.page)])
         app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)
@@ -98,85 +119,18 @@ class Server:
 
     # -- reading a request ---------------------------------------------------------------------------
     async def _fields(self, request, json_only=False):
-        """The request's fields: a JSON object, or (LibreTranslate's clients send both) a form."""
-        kind = request.content_type
-        if kind == "application/json" or json_only:
-            try:
-                body = await request.read()
-                data = json.loads(body.decode("utf-8"))
-            except UnicodeDecodeError:
-                raise BadRequest("the request body is not valid UTF-8") from None
-            except ValueError as exc:
-                raise BadRequest(f"the request body is not valid JSON ({exc})") from None
-            if not isinstance(data, dict):
-                raise BadRequest("the request body must be a JSON object")
-            return data
-        if kind in ("application/x-www-form-urlencoded", "multipart/form-data"):
-            try:
-                form = await request.post()
-            except UnicodeDecodeError:
-                raise BadRequest("the form is not valid UTF-8") from None
-            data = {}
-            for key in form:
-                values = form.getall(key)
-                data[key] = values if key == "q" and len(values) > 1 else values[0]
-            return data
-        raise BadRequest(f"unsupported Content-Type {kind!r}: send application/json or a form")
+        fields = await read_fields(request, json_only)
+        if self.api_keys is not None:
+            key = fields.get("api_key")
+            if not isinstance(key, str) or key not in self.api_keys:
+                raise BadRequest("Invalid API key" if key else "an API key is needed (api_key)", 403)
+        return fields
 
-    def _check_key(self, fields):
-        if self.api_keys is None:
-            return
-        key = fields.get("api_key")
-        if not isinstance(key, str) or key not in self.api_keys:
-            raise BadRequest("Invalid API key" if key else "an API key is needed (api_key)", 403)
-
-    def _texts(self, fields):
-        """(texts, was_list) from the field q, within the limits."""
-        if "q" not in fields:
-            raise BadRequest("missing field q (the text to translate)")
-        q = fields["q"]
-        was_list = isinstance(q, list)
-        texts = q if was_list else [q]
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                where = f"q[{i}]" if was_list else "q"
-                raise BadRequest(f"{where} must be a string, got {type(text).__name__}")
-        if len(texts) > self.limits.max_texts:
-            raise BadRequest(f"q holds {len(texts)} texts; at most {self.limits.max_texts} a request (--max-texts)")
-        chars = sum(len(text) for text in texts)
-        if self.limits.char_limit and chars > self.limits.char_limit:
-            raise BadRequest(f"q holds {chars} characters; at most {self.limits.char_limit} a request (--char-limit)")
-        for i, text in enumerate(texts):
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise BadRequest(f"q{f'[{i}]' if was_list else ''} is not valid Unicode") from None
-        return texts, was_list
-
-    def _model(self, fields):
-        """(model name, detected source or None) from source/target (or our `model`)."""
-        name = fields.get("model")
-        if name is not None:
-            if name not in self.models:
-                raise BadRequest(f"model {name!r} is not served (served: {', '.join(self.models)})")
-            return name, None
-        source, target = fields.get("source"), fields.get("target")
-        for field, value in (("source", source), ("target", target)):
-            if not isinstance(value, str) or not value:
-                raise BadRequest(f"missing field {field} (a language code"
-                                 f"{' or auto' if field == 'source' else ''})")
-        detected = None
-        if source == "auto":
-            sources = sorted({m.source for m in self.models.values()})
-            if len(sources) != 1:
-                raise BadRequest(f"source auto: this server serves {len(sources)} source languages "
-                                 f"({', '.join(sources)}) and detects none; give the source's code")
-            source = detected = sources[0]
-        for name, served in self.models.items():
-            if served.source == source and served.target == target:
-                return name, detected
-        pairs = ", ".join(f"{m.source}->{m.target}" for m in self.models.values())
-        raise BadRequest(f"no model translates {source} to {target} (served: {pairs})")
+    async def _routes(self, fields, texts):
+        """[(model name, detectedLanguage or None)] per text (pairs.py); detection off the loop."""
+        if fields.get("source") == "auto" and "model" not in fields:
+            return await asyncio.to_thread(self.pairs.route, fields, texts, self.detector.detect)
+        return self.pairs.route(fields, texts, None)
 
     async def _translate(self, name, texts, options, join=None):
         """The translations of texts by the scheduler; a client that goes away cancels its part."""
@@ -195,38 +149,81 @@ class Server:
             self.scheduler.cancel(future)
             raise
 
+    def _document(self, text, fmt, name):
+        """A text's Document, split by the rules of its model's source language."""
+        language = self._splitting[name]
+        return of_html(text, language) if fmt == "html" else of_text(text, language)
+
+    async def _documents(self, routes, documents, options, join=None):
+        """Each document's sentences' translations, in order: the sentences of every document a
+        model translates go to the scheduler as one request. options(name): its decoding options."""
+        first = routes[0][0]
+        if all(name == first for name, _ in routes):          # one model (the usual case): one request
+            jobs = {first: range(len(documents))}
+        else:
+            jobs = {}
+            for i, (name, _) in enumerate(routes):
+                jobs.setdefault(name, []).append(i)
+        flat = {name: [s for i in chosen for s in documents[i].sentences] for name, chosen in jobs.items()}
+        flat = {name: sentences for name, sentences in flat.items() if sentences}
+        if len(flat) <= 1:
+            done = {name: await self._translate(name, sentences, options(name), join)
+                    for name, sentences in flat.items()}
+        else:
+            tasks = {name: asyncio.ensure_future(self._translate(name, sentences, options(name), join))
+                     for name, sentences in flat.items()}
+            try:
+                await asyncio.gather(*tasks.values())
+            finally:                    # one refused or failed: the others leave the scheduler
+                for task in tasks.values():
+                    task.cancel()
+            done = {name: task.result() for name, task in tasks.items()}
+        results = [None] * len(documents)
+        for name, chosen in jobs.items():
+            translated, position = done.get(name, ()), 0
+            for i in chosen:
+                count = len(documents[i].sentences)
+                results[i] = translated[position:position + count]
+                position += count
+        return results
+
     # -- the endpoints ---------------------------------------------------------------------------------
     async def translate(self, request):
         fields = await self._fields(request)
-        self._check_key(fields)
-        texts, was_list = self._texts(fields)
-        fmt = fields.get("format", "text")
-        if fmt != "text":
-            raise BadRequest(f"format {fmt!r} is not supported: only text")
-        alternatives = fields.get("alternatives", 0)
-        if alternatives not in (0, "0", None):
-            raise BadRequest("alternatives are not supported (only one translation a text)")
-        name, detected = self._model(fields)
-        lines = [text.split("\n") for text in texts]      # one line a sentence, as translate reads them
-        flat = [line for group in lines for line in group]
-        translated = await self._translate(name, flat, self.models[name].options())
-        out, position = [], 0
-        for group in lines:
-            out.append("\n".join(translated[position:position + len(group)]))
-            position += len(group)
+        texts, was_list = texts_of(fields, self.limits)
+        fmt = format_of(fields)
+        alternatives = alternatives_of(fields)
+        decoded = alternatives if fmt == "text" else 0       # LibreTranslate gives none for html
+        routes = await self._routes(fields, texts)
+        documents = [self._document(text, fmt, name) for text, (name, _) in zip(texts, routes)]
+        options = (lambda name: self.models[name].options(alternatives=decoded)) if decoded else self._defaults.get
+        results = await self._documents(routes, documents, options, join=_join_alternatives if decoded else None)
+        out, others = [], []
+        for document, sentences in zip(documents, results):
+            if decoded:
+                main = document.render([hypotheses[0] for hypotheses in sentences])
+                candidates = (document.render([h[k] if k < len(h) else h[0] for h in sentences])
+                              for k in range(1, decoded + 1))
+                others.append(_unique(candidates, main, decoded))
+            else:
+                main = document.render(sentences)
+                others.append([])
+            out.append(main)
         body = {"translatedText": out if was_list else out[0]}
-        if detected is not None:
-            body["detectedLanguage"] = ({"language": detected, "confidence": 100.0} if not was_list else
-                                        [{"language": detected, "confidence": 100.0} for _ in out])
+        if fields.get("source") == "auto":
+            detected = [found for _, found in routes]
+            body["detectedLanguage"] = detected if was_list else detected[0]
+        if alternatives:
+            body["alternatives"] = others if was_list else others[0]
         response = web.json_response(body)
-        response.sentences = len(flat)
+        response.sentences = sum(len(document.sentences) for document in documents)
         return response
 
     async def native(self, request):
         fields = await self._fields(request, json_only=True)
-        self._check_key(fields)
-        texts, was_list = self._texts(fields)
-        name, _ = self._model(fields)
+        texts, was_list = texts_of(fields, self.limits)
+        routes = await self._routes(fields, texts)
+        name = routes[0][0]
         overrides = {}
         for field, minimum in (("beam", 1), ("max_len", 1), ("no_repeat_ngram", 0)):
             value = fields.get(field)
@@ -245,23 +242,53 @@ class Server:
                 raise BadRequest(f"{field} must be true or false, got {value!r}")
             extras[field] = value
         options = served.options(**overrides, **extras)
-        join = _join_details if extras["scores"] or extras["attention"] else None
-        results = await self._translate(name, texts, options, join=join)
-        if join is None:
-            results = [{"translatedText": text} for text in results]
+        detailed = extras["scores"] or extras["attention"]
+        documents = [self._document(text, "text", name) for text in texts]
+        results = await self._documents([(name, None)] * len(texts), documents, lambda _: options,
+                                        join=_join_details if detailed else None)
+        translations = []
+        for document, sentences in zip(documents, results):
+            if not detailed:
+                translations.append({"translatedText": document.render(sentences)})
+                continue
+            parts = [dict(part, source=source) for source, sentence in zip(document.sentences, sentences)
+                     for part in sentence["sentences"]]
+            translations.append({"translatedText": document.render([s["translatedText"] for s in sentences]),
+                                 "sentences": parts})
         body = {"model": name, "source": served.source, "target": served.target,
                 "options": {k: v for k, v in options if k not in ("scores", "attention")},
-                "translations": results if was_list else results[:1]}
+                "translations": translations if was_list else translations[:1]}
         response = web.json_response(body)
-        response.sentences = len(texts)
+        response.sentences = sum(len(document.sentences) for document in documents)
         return response
 
+    async def detect(self, request):
+        fields = await self._fields(request)
+        q = fields.get("q")
+        if isinstance(q, list) and all(isinstance(text, str) for text in q):
+            q = "\n".join(q)
+        if not isinstance(q, str) or not q.strip():
+            raise BadRequest("missing field q (the text whose language to detect)" if not q else
+                             f"q must be a string, got {type(q).__name__}")
+        if self.limits.char_limit and len(q) > self.limits.char_limit:
+            raise BadRequest(f"q holds {len(q)} characters; at most {self.limits.char_limit} a request (--char-limit)")
+        return web.json_response(await asyncio.to_thread(self.detector.detect, q))
+
     async def languages(self, request):
-        targets = {}
-        for served in self.models.values():
-            targets.setdefault(served.source, set()).add(served.target)
-        return web.json_response([{"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(t)}
-                                  for code, t in sorted(targets.items())])
+        return web.json_response(self.pairs.listing())
+
+    async def settings(self, request):
+        """LibreTranslate's /frontend/settings: what its own page and clients read."""
+        sources = sorted(self.pairs.targets)
+        source = ({"code": "auto", "name": "Auto Detect"} if len(sources) > 1 else
+                  {"code": sources[0], "name": english_name(sources[0])})
+        target = self.pairs.targets[sources[0]][0]
+        keys = self.api_keys is not None
+        return web.json_response({
+            "charLimit": self.limits.char_limit or -1, "frontendTimeout": FRONTEND_TIMEOUT_MS,
+            "apiKeys": keys, "keyRequired": keys, "suggestions": False, "filesTranslation": False,
+            "supportedFilesFormat": [],
+            "language": {"source": source, "target": {"code": target, "name": english_name(target)}}})
 
     async def page(self, request):
         return web.FileResponse(os.path.join(STATIC, "index.html"))

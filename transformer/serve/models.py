@@ -4,14 +4,6 @@ import numpy as np
 from ..data import collate
 from ..train import decode_pieces
 
-# Names for /languages (LibreTranslate's `name`); a code not here is its own name.
-LANGUAGE_NAMES = {"en": "English", "eng": "English", "es": "Spanish", "spa": "Spanish", "hi": "Hindi",
-                  "hin": "Hindi", "de": "German", "deu": "German", "fr": "French", "fra": "French",
-                  "it": "Italian", "ita": "Italian", "pt": "Portuguese", "por": "Portuguese", "ru": "Russian",
-                  "rus": "Russian", "zh": "Chinese", "zho": "Chinese", "ja": "Japanese", "jpn": "Japanese",
-                  "ar": "Arabic", "ara": "Arabic", "nl": "Dutch", "nld": "Dutch"}
-
-
 class ServedModel:
     """One model directory as the server decodes it: its defaults are translate's (an imported
     model's generation settings, else beam 4; the model's own precision and length rule), each
@@ -36,9 +28,17 @@ class ServedModel:
         chosen.update({key: value for key, value in overrides.items() if value is not None})
         return tuple(sorted(chosen.items()))
 
-    def decode(self, pieces, beam, max_len, no_repeat_ngram, precision, scores=False, attention=False):
+    def decode(self, pieces, beam, max_len, no_repeat_ngram, precision, scores=False, attention=False,
+               alternatives=0):
         """Translations of source id lists decoded together, as translate_texts decodes a batch;
-        with scores or attention, a dict per piece (text, tokens, score, attention) instead."""
+        with scores or attention, a dict per piece (text, tokens, score, attention) instead; with
+        alternatives N, a list per piece of its best translation and up to N others from the beam
+        (at least N + 1 wide), best first."""
+        if alternatives:
+            n_best = alternatives + 1
+            _, hyps = decode_pieces(self.model, pieces, max(beam, n_best), max_len, no_repeat_ngram, precision,
+                                    n_best=n_best)
+            return [[self.tgt_tokenizer.decode(hyp) for hyp in piece] for piece in hyps]
         src, hyps = decode_pieces(self.model, pieces, beam, max_len, no_repeat_ngram, precision)
         return self.outputs(pieces, hyps, precision, scores, attention, src)
 

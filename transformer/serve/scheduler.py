@@ -62,6 +62,18 @@ class TooWide(ValueError):
     """A beam wider than the decoder rows the server holds (HTTP 400, naming the limit)."""
 
 
+def _width(options):
+    """The beam a group decodes with: its beam, and at least alternatives + 1 (models.py)."""
+    chosen = dict(options)
+    return max(chosen.get("beam", 1), chosen.get("alternatives", 0) + 1)
+
+
+def _streams(options):
+    """Whether a stream decodes a group: not one with alternatives (the stream keeps only each
+    sentence's best hypothesis), which is decoded as a whole batch between the stream's runs."""
+    return "alternatives" not in dict(options)
+
+
 class _Request:
     """A request's texts: its pieces' translations as they come, and the future of the whole."""
 
@@ -118,9 +130,11 @@ class Scheduler:
         translate_texts joins them; an empty text has no pieces)."""
         join = join or " ".join
         served = self.models[model_name]
-        beam = dict(options).get("beam", 1)
+        chosen = dict(options)
+        beam = _width(options)
         if beam > self.max_rows:
-            raise TooWide(f"beam must be at most {self.max_rows} (the decoder rows the server holds: "
+            said = "alternatives + 1" if beam > chosen.get("beam", 1) else "beam"
+            raise TooWide(f"{said} must be at most {self.max_rows} (the decoder rows the server holds: "
                           f"--batch-size x 4), got {beam}")
         future = concurrent.futures.Future()
         pieces, owners = [], []
@@ -176,7 +190,7 @@ class Scheduler:
     def _fitting(self, group, sentences, rows, tokens=None):
         """The oldest pending pieces of `group` that fit `sentences` sentences, `rows` decoder rows
         and batch_tokens source tokens (rows x longest x beam), taken out of pending."""
-        beam = dict(group[1]).get("beam", 1)
+        beam = _width(group[1])
         sentences = min(sentences, rows // beam)
         batch, longest = [], 0
         for piece in self._pending:
@@ -255,7 +269,14 @@ class Scheduler:
                     if self._stopping:
                         return
                     continue
-                waves = self._admit()
+                whole = next((p for p in self._pending if not _streams(p.group[1])), None)
+                if whole is not None:
+                    whole = self._fitting(whole.group, self.batch_size, self.max_rows)
+                else:
+                    waves = self._admit()
+            if whole is not None:
+                self._decode(whole)
+                continue
             for stream, group, pieces in waves:
                 self._start(stream, group, pieces)
             live = [s for s in self._streams.values() if s.waves]
@@ -296,6 +317,8 @@ class Scheduler:
         while self._pending:
             for piece in self._pending:
                 name, options = piece.group
+                if not _streams(options):
+                    continue
                 stream = self._stream(name, dict(options)["precision"])
                 if stream not in room:
                     in_flight = sum(w.sentences_left for w in stream.waves)

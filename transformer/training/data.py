@@ -58,19 +58,17 @@ def check_prepared_flags(args, directory):
 
 
 def language_code_of(name):
-    """A language code named by a column header or a file's extension ("eng", "corpus.es"), or None."""
-    from ..checkpoint import is_language_code
-
-    name = str(name)
-    if "." in name:
-        name = os.path.splitext(name[:-3] if name.endswith(".gz") else name)[1][1:]
-    return name if is_language_code(name) else None
+    """The normalised language tag a column header or a file's extension names ("eng" and
+    "corpus.en" are "en"), or None (languages.guess_code)."""
+    from ..languages import guess_code
+    return guess_code(name)
 
 
 def choose_languages(args, manifest):
     """--src-lang / --tgt-lang, or by default the corpus's own names for its languages: the columns'
     header names (eng, hin) or the aligned files' extensions (corpus.en, corpus.es), when those are
-    language codes. Kept in the run's flags and written beside the model (languages.json)."""
+    language codes. Each is its normalised tag (languages.py: eng is en), kept in the run's flags and
+    written beside the model (languages.json)."""
     if args.src_lang and args.tgt_lang:
         return
     first = manifest["inputs"][0]

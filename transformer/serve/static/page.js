@@ -121,7 +121,8 @@ async function translate(event) {
     if (!response.ok) { setStatus(answer.error || `error ${response.status}`, true); return; }
     $("output").innerHTML = "";
     answer.translations.forEach((translation, i) => {
-      translation.sentences.forEach((sentence) => $("output").appendChild(renderSentence(lines[i], sentence)));
+      // a line of several sentences: each sentence apart, with its own source (the server's split)
+      translation.sentences.forEach((sentence) => $("output").appendChild(renderSentence(sentence.source || lines[i], sentence)));
     });
     setStatus(`${lines.length} line${lines.length > 1 ? "s" : ""} in ${Math.round(performance.now() - started)} ms`);
   } catch (error) {

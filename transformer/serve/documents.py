@@ -1,0 +1,114 @@
+"""A request's text as the model reads it: sentences to translate, and everything around them kept
+as it is (line and paragraph breaks, the spaces between sentences, HTML's markup).
+
+A model here was trained on sentences: a paragraph given to it whole comes back as one run-on
+translation that drops what does not fit. So a text is cut into lines, each line into sentences
+by sentencex (Wikimedia's rule-based splitter: about 300 languages, its rules in the package, no
+model and nothing downloaded; pysbd, the common alternative, has had no release since 2021), and
+each sentence is translated alone, as the scheduler batches every other. Joined back, a text's
+answer holds each sentence's own translation in its place. HTML (format "html") gives its text
+runs to the same splitter (markup.py).
+"""
+import html
+import re
+
+_LINES = re.compile(r"(\n)")
+_WORD = re.compile(r"[^\W_]")         # a letter or digit: something to translate
+
+
+_SEGMENT = []
+
+
+def _segment():
+    if not _SEGMENT:
+        try:
+            from sentencex import segment
+        except ImportError:
+            raise ImportError('transformer serve needs sentencex: pip install "transformer-cpu[serve]"') from None
+        _SEGMENT.append(segment)
+    return _SEGMENT[0]
+
+
+class Document:
+    """A text as parts kept verbatim and sentences: render(translations) puts each sentence's
+    translation in its place. markup: the translations are escaped for HTML (&, <, >)."""
+
+    def __init__(self, markup=False):
+        self.parts = []             # str (kept as it is) or int (a sentence's index)
+        self.sentences = []
+        self.markup = markup
+
+    def keep(self, raw):
+        if not raw:
+            return
+        if self.parts and isinstance(self.parts[-1], str):
+            self.parts[-1] += raw
+        else:
+            self.parts.append(raw)
+
+    def add_text(self, text, language, segment=None, escape=False):
+        """The sentences of a plain text, and the whitespace around them kept (escaped for HTML
+        with escape: the text came unescaped from markup, and a no-break space is &nbsp; again)."""
+        segment = segment or _segment()
+        keep = (lambda raw: self.keep(_escape(raw))) if escape else self.keep
+        for line in _LINES.split(text) if "\n" in text else (text,):
+            if not line.strip():
+                keep(line)
+                continue
+            for piece in segment(language, line):
+                core = piece.strip()
+                if not _WORD.search(core):      # nothing to translate: "", "&", "...", an emoji
+                    keep(piece)
+                    continue
+                start = len(piece) - len(piece.lstrip())
+                keep(piece[:start])
+                self.parts.append(len(self.sentences))
+                self.sentences.append(core)
+                keep(piece[start + len(core):])
+
+    def render(self, translations):
+        """The text with sentence i replaced by translations[i]."""
+        if self.markup:
+            translations = [_escape(t) for t in translations]
+        return "".join(part if isinstance(part, str) else translations[part] for part in self.parts)
+
+
+def _escape(text):
+    """Text for HTML: &, < and > escaped, a no-break space as &nbsp;."""
+    return html.escape(text, quote=False).replace("\u00a0", "&nbsp;")
+
+
+def of_text(text, language):
+    """A plain text's Document (language: the source's two-letter code, for the splitter's rules)."""
+    document = Document()
+    document.add_text(text, language)
+    return document
+
+
+def of_html(markup, language):
+    """An HTML text's Document: the text of its elements split into sentences, every tag,
+    attribute, entity and comment kept, and the elements that are not to be translated left as
+    they are (markup.py)."""
+    from .markup import text_runs
+
+    document = Document(markup=True)
+    segment = _segment()
+    for raw, text in text_runs(markup):
+        if text is None or not text.strip():
+            document.keep(raw)
+        else:
+            document.add_text(text, language, segment, escape=True)
+    return document
+
+
+def translate_documents(texts, language, translate, fmt="text"):
+    """The server's answers to `texts` the offline way: each text cut into sentences as the server
+    cuts it, translate(list of sentences) -> their translations (translate_texts), joined back.
+    What the tests and the bench check every answer against."""
+    documents = [of_html(text, language) if fmt == "html" else of_text(text, language) for text in texts]
+    flat = [sentence for document in documents for sentence in document.sentences]
+    translated, out, position = translate(flat) if flat else [], [], 0
+    for document in documents:
+        out.append(document.render(translated[position:position + len(document.sentences)]))
+        position += len(document.sentences)
+    return out
