@@ -120,15 +120,15 @@ def test_choose_counts_steps_past_the_passes_cap_as_the_cap_and_respects_max_ste
     assert all(row[2] <= 400 for row in choice.rows)
 
 
-def test_a_corpus_every_candidate_would_see_past_the_cap_trains_the_cheapest(monkeypatch):
-    monkeypatch.setattr(sizing, "CURVES", {name: (30 + i, 0) for i, name in enumerate(sizing.CANDIDATES)})
-    # 10 steps a pass: small's 2000 steps are 200 passes, beyond MAX_PASSES for every candidate
+def test_a_corpus_every_candidate_would_see_past_the_cap_is_judged_at_the_cap():
+    # 10 steps a pass: every candidate's steps are capped at MAX_PASSES * 10, where tiny's curve is highest
     choice = sizing.choose(600, fake_clock(COSTS), steps_per_pass=10, clock=lambda: 0.0)
-    assert choice.name == "tiny" and "the corpus, not the budget, is the limit" in choice.why
-    assert choice.why in choice.describe(600)
-    # a corpus small's budget sees fewer times: the curves decide
-    choice = sizing.choose(600, fake_clock(COSTS), steps_per_pass=1000, clock=lambda: 0.0)
-    assert choice.name == "small" and choice.why is None
+    capped = [sizing.predicted_bleu(name, sizing.MAX_PASSES * 10) for name in sizing.CANDIDATES]
+    assert [row[3] for row in choice.rows] == capped
+    assert choice.name == "tiny" and "its prediction counts" in choice.why and choice.why in choice.describe(600)
+    # a corpus the budget shows small fewer times: a longer budget's curves decide
+    choice = sizing.choose(6000, fake_clock(COSTS), steps_per_pass=10_000, clock=lambda: 0.0)
+    assert choice.why is None and choice.name != "tiny"
 
 
 def test_the_fitted_curves_rise_with_steps_and_cover_every_candidate():
