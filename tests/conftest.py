@@ -26,6 +26,24 @@ def isa_fixture(levels):
 
 isa = isa_fixture(ISA_LEVELS)
 
+# A build without OpenMP (setup.py found none: docs/platforms.md) runs on one thread and refuses
+# more. The tests that need more skip there, and only there: in-process through the hook below,
+# in subprocesses through this mark.
+SINGLE_THREADED = _C.openmp_version() == 0
+SINGLE_THREADED_REASON = "built without OpenMP (single-threaded): the test needs more than one thread"
+needs_threads = pytest.mark.skipif(SINGLE_THREADED, reason=SINGLE_THREADED_REASON)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In the single-threaded build, a test (or its fixture) that asks for more than one thread
+    and is refused (SingleThreadedBuild) is skipped with the reason, not failed."""
+    outcome = yield
+    if SINGLE_THREADED and call.excinfo is not None and call.excinfo.errisinstance(_C.SingleThreadedBuild):
+        report = outcome.get_result()
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, "Skipped: " + SINGLE_THREADED_REASON)
+
 
 @contextlib.contextmanager
 def num_threads(n):
