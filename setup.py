@@ -14,6 +14,7 @@ missing OpenMP an error (wheels, which must never ship single-threaded by accide
 """
 import glob
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -41,10 +42,40 @@ if os.environ.get("TRANSFORMER_EMULATE_X86"):
     define_macros.append(("TF_EMULATE_X86", "1"))
     compile_args = [a for a in compile_args if a != "-O3"] + ["-O1", "-Wno-uninitialized", "-Wno-psabi"]
 
+def simde_include():
+    """The folder holding SIMDe's simde/ headers: SIMDE_INCLUDE, the simde-py package (a build
+    requirement on aarch64, pyproject.toml), or the system's; None when there is none."""
+    candidates = [os.environ.get("SIMDE_INCLUDE", "")]
+    try:
+        import simde_py
+        candidates.append(simde_py.get_include())
+    except ImportError:
+        pass
+    candidates.append("/usr/include")
+    for folder in candidates:
+        if folder and os.path.isfile(os.path.join(folder, "simde", "x86", "avx2.h")):
+            return folder
+    return None
+
+
+include_dirs = ["csrc", "pyx", numpy.get_include()]
+machine = os.environ.get("TRANSFORMER_TARGET_MACHINE", platform.machine()).lower()
+if machine in ("aarch64", "arm64"):
+    # ARM64: the AVX2 kernels through SIMDe's NEON translation are the neon level (csrc/simd.h);
+    # without SIMDe's headers, the portable C kernels only (build_info() says isa "generic").
+    simde = simde_include()
+    if simde:
+        define_macros.append(("TF_SIMDE_NEON", "1"))
+        include_dirs.append(simde)
+        compile_args += ["-Wno-uninitialized", "-Wno-psabi"]
+    else:
+        print("setup.py: SIMDe not found (pip install simde-py, or SIMDE_INCLUDE): "
+              "the portable C kernels only, no neon level", file=sys.stderr)
+
 extension = Extension(
     "transformer._C",
     sources=["pyx/_C.pyx"] + sorted(glob.glob("csrc/**/*.c", recursive=True)),
-    include_dirs=["csrc", "pyx", numpy.get_include()],
+    include_dirs=include_dirs,
     depends=sorted(glob.glob("csrc/**/*.h", recursive=True) + glob.glob("pyx/*.pxi")),
     extra_compile_args=compile_args,
     extra_link_args=link_args,
