@@ -11,6 +11,10 @@ clang's -Xpreprocessor -fopenmp with Homebrew's libomp. A compiler with neither 
 single-threaded engine that says so (build_info()["openmp"] == 0) and refuses more than one
 thread. TRANSFORMER_OPENMP=0 builds that engine on purpose (tests); TRANSFORMER_OPENMP=1 makes a
 missing OpenMP an error (wheels, which must never ship single-threaded by accident).
+
+On ARM64 the SIMD kernels are the AVX2 ones compiled through SIMDe into NEON (csrc/simd.h).
+Cross builds (.ci/arm64) set TRANSFORMER_TARGET_MACHINE=aarch64 and TRANSFORMER_CROSS=1 (the
+OpenMP probe is compiled and linked, not run).
 """
 import glob
 import os
