@@ -14,7 +14,8 @@
  * that runs tile kernels configures on entry (tf_amx_begin) and releases on exit (tf_amx_end):
  * between the two nothing but our kernels runs on that thread.
  *
- * Compiled out (TF_HAVE_AMX 0) under TF_EMULATE_X86 (SIMDe has no AMX) and with compilers
+ * Compiled out (TF_HAVE_AMX 0) with SIMDe's intrinsics (TF_SIMDE: TF_EMULATE_X86 and aarch64;
+ * SIMDe has no AMX) and with compilers
  * without the intrinsics; the amx level is then never reported (cpu.c). */
 #ifndef TF_AMX_H
 #define TF_AMX_H
@@ -23,7 +24,7 @@
 
 #include <stdint.h>
 
-#if TF_HAVE_X86 && !defined(TF_EMULATE_X86) && \
+#if TF_HAVE_X86 && !defined(TF_SIMDE) && \
     ((defined(__clang__) && __clang_major__ >= 12) || (!defined(__clang__) && __GNUC__ >= 11))
 #define TF_HAVE_AMX 1
 #define TF_TARGET_AMX \

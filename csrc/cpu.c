@@ -58,8 +58,19 @@ int tf_cpu_best_isa(void)
     }
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return TF_ISA_AVX2;
+#elif defined(__aarch64__) && TF_HAVE_X86
+    return TF_ISA_NEON;   /* Advanced SIMD is part of every aarch64 CPU (simd.h: through SIMDe) */
 #endif
     return TF_ISA_GENERIC;
+}
+
+int tf_isa_top(void)
+{
+#if defined(__aarch64__)
+    return TF_ISA_NEON;
+#else
+    return TF_ISA_AMX;
+#endif
 }
 
 int tf_isa(void)
@@ -73,13 +84,16 @@ int tf_isa(void)
 int tf_set_isa(int level)
 {
     if (level < TF_ISA_GENERIC) level = TF_ISA_GENERIC;
-    if (level > TF_ISA_AMX) level = TF_ISA_AMX;
+    if (level > tf_isa_top()) level = tf_isa_top();
     forced_isa = level;
     return tf_isa();
 }
 
 const char *tf_isa_name(int level)
 {
+#if defined(__aarch64__)
+    return level >= TF_ISA_NEON ? "neon" : "generic";
+#else
     switch (level) {
     case TF_ISA_AMX: return "amx";
     case TF_ISA_AVX512_BF16: return "avx512_bf16";
@@ -88,11 +102,15 @@ const char *tf_isa_name(int level)
     case TF_ISA_AVX2: return "avx2";
     default: return "generic";
     }
+#endif
 }
 
 void tf_set_num_threads(int n)
 {
     if (n < 1) n = 1;
+#ifndef _OPENMP
+    n = 1;   /* no team to start: the kernels' splits assume the threads they are told of run */
+#endif
     num_threads = n;
 #ifdef _OPENMP
     omp_set_num_threads(n);

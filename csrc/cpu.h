@@ -22,14 +22,20 @@
  *   amx:         + AMX-TILE, AMX-BF16, AMX-INT8 with the OS's permission to use the tiles
  *                (Sapphire Rapids and later Xeons: tdpbf16ps and tdpbusd, the bf16 and int8
  *                GEMMs' tile kernels; csrc/amx.h)
- * Kernels with nothing specific to a level run the code of the level below it. */
+ * Kernels with nothing specific to a level run the code of the level below it.
+ *
+ * On aarch64 the levels are generic and neon, which takes the avx2 level's slot: its kernels are
+ * the AVX2 ones compiled through SIMDe into NEON (simd.h), so every `isa >= TF_ISA_AVX2` in the
+ * kernels means "neon" there. Nothing above it is ever reported or forced on aarch64. */
 enum { TF_ISA_GENERIC = 0, TF_ISA_AVX2 = 1, TF_ISA_AVX512 = 2, TF_ISA_AVX512_VNNI = 3,
-       TF_ISA_AVX512_BF16 = 4, TF_ISA_AMX = 5, TF_ISA_LEVELS = 6 };
+       TF_ISA_AVX512_BF16 = 4, TF_ISA_AMX = 5, TF_ISA_LEVELS = 6, TF_ISA_NEON = TF_ISA_AVX2 };
 
 int tf_cpu_best_isa(void);          /* best level this CPU (and OS) supports */
 int tf_isa(void);                   /* level in use: min(best, forced) */
 int tf_set_isa(int level);          /* force a level (clamped to best); returns the level in use */
-const char *tf_isa_name(int level); /* "generic" | "avx2" | "avx512" | "avx512_vnni" | "avx512_bf16" | "amx" */
+const char *tf_isa_name(int level); /* "generic" | "avx2" | "avx512" | "avx512_vnni" | "avx512_bf16" | "amx";
+                                       on aarch64 "generic" | "neon" */
+int tf_isa_top(void);               /* the highest level this architecture names (amx; neon on aarch64) */
 
 void tf_set_num_threads(int n);     /* n >= 1 */
 int tf_get_num_threads(void);

@@ -3,6 +3,13 @@
  * A kernel of level L is compiled with TF_TARGET_L and called only when tf_isa() >= L, so one
  * build runs on any x86-64 (never -march=native).
  *
+ * On aarch64 with TF_SIMDE_NEON (setup.py defines it when it finds SIMDe's headers, the
+ * simde-py package), the same x86 kernels are compiled through SIMDe, which translates each
+ * intrinsic into NEON (Advanced SIMD, present on every aarch64 CPU); the CPU then reports the
+ * neon level, the avx2 level's slot (cpu.h), and the AVX2 kernels run. TF_HAVE_X86 means "the
+ * x86 kernels are compiled in", natively or so. Without SIMDe an aarch64 build has the portable
+ * C kernels only.
+ *
  * TF_EMULATE_X86 (setup.py with TRANSFORMER_EMULATE_X86=1; a test build, never shipped): every
  * intrinsic comes from SIMDe (Debian's libsimde-dev) as portable C, no function carries a
  * target attribute and the CPU reports every level (cpu.c), so the AVX-512, VNNI and bf16
@@ -11,9 +18,12 @@
 #ifndef TF_SIMD_H
 #define TF_SIMD_H
 
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || defined(__i386__) || (defined(__aarch64__) && defined(TF_SIMDE_NEON))
 #define TF_HAVE_X86 1
-#ifdef TF_EMULATE_X86
+#if defined(TF_EMULATE_X86) || defined(__aarch64__)
+/* The intrinsics from SIMDe: as portable C (TF_EMULATE_X86) or as NEON (aarch64). The overrides
+ * below give the hardware's results where SIMDe's differ, on either. */
+#define TF_SIMDE 1
 #define SIMDE_ENABLE_NATIVE_ALIASES
 #include <simde/x86/avx512.h>
 #include <math.h>
@@ -127,6 +137,55 @@ static inline __m512 tf_emulated_scalef_ps(__m512 a, __m512 b)
 }
 #undef _mm512_scalef_ps
 #define _mm512_scalef_ps tf_emulated_scalef_ps
+/* What SIMDe 0.8.2 (the simde-py package) lacks; a SIMDe that has them keeps its own. The
+ * reductions add in the order GCC's intrinsics do (halves, then quarters, then pairs), so the
+ * sums are the hardware build's to the bit. */
+#ifndef _mm512_reduce_add_ps
+static inline float tf_simde_reduce_add_ps(__m512 a)
+{
+    float x[16], h[8], q[4];
+    memcpy(x, &a, sizeof x);
+    for (int i = 0; i < 8; i++) h[i] = x[i + 8] + x[i];
+    for (int i = 0; i < 4; i++) q[i] = h[i + 4] + h[i];
+    return (q[0] + q[2]) + (q[1] + q[3]);
+}
+#define _mm512_reduce_add_ps tf_simde_reduce_add_ps
+#endif
+#ifndef _mm512_reduce_add_pd
+static inline double tf_simde_reduce_add_pd(__m512d a)
+{
+    double x[8], h[4];
+    memcpy(x, &a, sizeof x);
+    for (int i = 0; i < 4; i++) h[i] = x[i + 4] + x[i];
+    return (h[0] + h[2]) + (h[1] + h[3]);
+}
+#define _mm512_reduce_add_pd tf_simde_reduce_add_pd
+#endif
+#ifndef _mm512_cvtepi32_epi16
+static inline __m256i tf_simde_cvtepi32_epi16(__m512i a)   /* vpmovdw: truncating */
+{
+    int32_t x[16];
+    int16_t y[16];
+    memcpy(x, &a, sizeof x);
+    for (int i = 0; i < 16; i++) y[i] = (int16_t)x[i];
+    __m256i r;
+    memcpy(&r, y, sizeof r);
+    return r;
+}
+#define _mm512_cvtepi32_epi16 tf_simde_cvtepi32_epi16
+#endif
+#ifndef _mm_mask_cmpeq_epi8_mask
+static inline __mmask16 tf_simde_mask_cmpeq_epi8_mask(__mmask16 k, __m128i a, __m128i b)
+{
+    int8_t x[16], y[16];
+    __mmask16 m = 0;
+    memcpy(x, &a, sizeof x);
+    memcpy(y, &b, sizeof y);
+    for (int i = 0; i < 16; i++) m |= (__mmask16)(x[i] == y[i]) << i;
+    return m & k;
+}
+#define _mm_mask_cmpeq_epi8_mask tf_simde_mask_cmpeq_epi8_mask
+#endif
 /* Fused multiply-adds with one rounding, as the hardware's (SIMDe's portable ones round twice). */
 #define TF_EMULATED_FMA(NAME, VEC, ELEM, LANES, FMA, SA, SC)                                    \
     static inline VEC tf_emulated_##NAME(VEC a, VEC b, VEC c)                                  \

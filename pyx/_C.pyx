@@ -23,9 +23,20 @@ cdef extern from "cpu.h" nogil:
     int tf_openmp_version()
     const char *tf_compiler()
     int tf_probe_team()
+    int tf_isa_top()
 
 
-_ISA_LEVELS = {"generic": 0, "avx2": 1, "avx512": 2, "avx512_vnni": 3, "avx512_bf16": 4, "amx": 5}
+# The levels this architecture names (cpu.h): generic .. amx on x86-64, generic and neon on aarch64.
+_ISA_LEVELS = {tf_isa_name(level).decode(): level for level in range(tf_isa_top() + 1)}
+
+
+class SingleThreadedBuild(ValueError):
+    """More than one thread asked of an engine built without OpenMP (setup.py found none)."""
+
+
+SINGLE_THREADED_FIX = ("this transformer was built without OpenMP and runs on one thread; rebuild it "
+                       "with a compiler that has OpenMP (GCC, or on macOS: brew install libomp) or "
+                       "install the wheel (docs/platforms.md)")
 
 
 def set_num_threads(n):
@@ -33,6 +44,8 @@ def set_num_threads(n):
         raise TypeError(f"n must be an int, got {type(n).__name__}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
+    if n > 1 and tf_openmp_version() == 0:
+        raise SingleThreadedBuild(f"{n} threads refused: {SINGLE_THREADED_FIX}")
     tf_set_num_threads(<int>min(int(n), 1 << 16))
 
 
@@ -57,7 +70,8 @@ def isa_levels():
 
 def set_isa(name):
     """Force a SIMD level (isa_levels(): 'generic', 'avx2', 'avx512', 'avx512_vnni',
-    'avx512_bf16', 'amx'); a level above the CPU's best is clamped.
+    'avx512_bf16', 'amx' on x86-64; 'generic', 'neon' on aarch64); a level above the CPU's best is
+    clamped.
     Returns the level now in use."""
     if name not in _ISA_LEVELS:
         raise ValueError(f"isa must be one of {sorted(_ISA_LEVELS)}, got {name!r}")

@@ -10,8 +10,9 @@ _LEVELS = tuple(_C.isa_levels())
 # avx512_bf16: bf16) ...
 ALL_ISA_LEVELS = list(_LEVELS[: _LEVELS.index(_C.best_isa()) + 1])
 # ... and the levels with code of their own in every other kernel (above avx512 they run
-# avx512's): a test of those runs once per distinct path.
-ISA_LEVELS = [level for level in ALL_ISA_LEVELS if _LEVELS.index(level) <= _LEVELS.index("avx512")]
+# avx512's; on ARM64 neon runs avx2's code through SIMDe): a test of those runs once per distinct
+# path.
+ISA_LEVELS = [level for level in ALL_ISA_LEVELS if level in ("generic", "avx2", "avx512", "neon")]
 
 
 def isa_fixture(levels):
@@ -25,6 +26,24 @@ def isa_fixture(levels):
 
 
 isa = isa_fixture(ISA_LEVELS)
+
+# A build without OpenMP (setup.py found none: docs/platforms.md) runs on one thread and refuses
+# more. The tests that need more skip there, and only there: in-process through the hook below,
+# in subprocesses through this mark.
+SINGLE_THREADED = _C.openmp_version() == 0
+SINGLE_THREADED_REASON = "built without OpenMP (single-threaded): the test needs more than one thread"
+needs_threads = pytest.mark.skipif(SINGLE_THREADED, reason=SINGLE_THREADED_REASON)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """In the single-threaded build, a test (or its fixture) that asks for more than one thread
+    and is refused (SingleThreadedBuild) is skipped with the reason, not failed."""
+    outcome = yield
+    if SINGLE_THREADED and call.excinfo is not None and call.excinfo.errisinstance(_C.SingleThreadedBuild):
+        report = outcome.get_result()
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, "Skipped: " + SINGLE_THREADED_REASON)
 
 
 @contextlib.contextmanager

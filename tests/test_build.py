@@ -10,6 +10,8 @@ import pytest
 import transformer as T
 from transformer import _C
 
+from conftest import SINGLE_THREADED, needs_threads
+
 
 def run_python(code, **env):
     """Run `code` in a fresh interpreter (import-time behaviour) and return its stdout."""
@@ -27,11 +29,18 @@ def test_build_info_reports_compiler_openmp_isa_and_threads():
     info = T.build_info()
     print(info)
     assert info["compiler"].split()[0] in ("gcc", "clang")
-    assert info["openmp"] >= 201107, "built without OpenMP"
+    # A single-threaded build is tested on purpose only (.ci/no-openmp says so); anywhere else,
+    # OpenMP missing is a broken build, not a skip.
+    if os.environ.get("TRANSFORMER_TEST_SINGLE_THREADED") == "1":
+        assert info["openmp"] == 0 and info["threads"] == 1, info
+        assert info["threading"].startswith("single-threaded: ") and "OpenMP" in info["threading"]
+    else:
+        assert info["openmp"] >= 201107, "built without OpenMP"
+        assert info["threading"] == "OpenMP"
     assert info["isa"] in _C.isa_levels()
     assert info["threads"] == T.get_num_threads()
     assert info["bf16"].startswith(info["isa"] + " ")
-    assert info["int8"].split()[0] == {"generic": "generic", "avx2": "avx2", "avx512": "avx2",
+    assert info["int8"].split()[0] == {"generic": "generic", "neon": "neon", "avx2": "avx2", "avx512": "avx2",
                                        "avx512_vnni": "avx512_vnni",
                                        "avx512_bf16": "avx512_vnni", "amx": "amx"}[info["isa"]]
 
@@ -63,7 +72,7 @@ def test_set_num_threads_rejects_bad_values(bad, error):
         T.set_num_threads(bad)
 
 
-@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("threads", ["1", pytest.param("2", marks=needs_threads)])
 def test_omp_num_threads_is_honoured_at_import(threads):
     proc = run_python("import transformer as T, transformer._C as C; print(T.get_num_threads(), C.probe_team())",
                       OMP_NUM_THREADS=threads)
@@ -91,7 +100,36 @@ def test_set_isa_clamps_to_what_the_cpu_has():
     finally:
         _C.set_isa(best)
     with pytest.raises(ValueError, match="isa"):
-        _C.set_isa("neon")
+        _C.set_isa("sse9")
+
+
+def test_the_levels_are_those_of_the_architecture():
+    import platform
+    levels = _C.isa_levels()
+    if platform.machine() in ("aarch64", "arm64"):
+        assert levels == ["generic", "neon"]
+    else:
+        assert levels == ["generic", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"]
+
+
+@pytest.mark.skipif(not SINGLE_THREADED, reason="the refusal of a build without OpenMP")
+def test_single_threaded_build_refuses_more_threads_naming_the_fix():
+    with pytest.raises(T.SingleThreadedBuild, match="without OpenMP.*docs/platforms.md"):
+        T.set_num_threads(2)
+    T.set_num_threads(1)
+    assert T.get_num_threads() == 1 and _C.probe_team() == 1
+
+
+@pytest.mark.skipif(not SINGLE_THREADED, reason="the refusal of a build without OpenMP")
+def test_single_threaded_build_ignores_omp_num_threads_and_cli_refuses_threads_in_one_line():
+    proc = run_python("import transformer as T; print(T.get_num_threads())", OMP_NUM_THREADS="4")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "1"
+    proc = run_python("import sys; from transformer.cli import main; "
+                      "sys.argv = ['transformer', 'translate', '--model', 'nowhere', '--threads', '2', 'x']; sys.exit(main())")
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr   # one line
+    assert "--threads 2" in proc.stderr and "without OpenMP" in proc.stderr
 
 
 TORCH_PROBE = """
@@ -114,6 +152,7 @@ print(json.dumps(result))
 """
 
 
+@needs_threads
 @pytest.mark.parametrize("order", ["transformer_first", "torch_first"])
 def test_importing_torch_does_not_change_or_oversubscribe_our_threads(order):
     pytest.importorskip("torch")

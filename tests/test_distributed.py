@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 import transformer as T
+from conftest import needs_threads
 from transformer.checkpoint import load_checkpoint
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -298,6 +299,7 @@ def test_info_under_mpirun_shows_ranks_threads_and_cores():
     assert all(r["ranks"] == 2 and r["cores_this_rank_may_use"] for r in info["mpi"])
 
 
+@needs_threads
 def test_bench_distributed_grid_against_ddp(tmp_path):
     """`bench --what distributed`: the ranks x threads grid that fits the cores, ours and PyTorch DDP
     (gloo) on the same global batch, efficiencies against 1x1, the all-reduce wait, a projection."""

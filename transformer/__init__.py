@@ -10,8 +10,13 @@ from . import _C
 __version__ = "0.1.0"
 
 
+SingleThreadedBuild = _C.SingleThreadedBuild
+
+
 def set_num_threads(n):
-    """Number of OpenMP threads every kernel may use (the one way to set it)."""
+    """Number of OpenMP threads every kernel may use (the one way to set it). A build without
+    OpenMP (build_info()["openmp"] == 0) runs on one thread and raises SingleThreadedBuild, a
+    ValueError, for n > 1."""
     _C.set_num_threads(n)
 
 
@@ -30,7 +35,7 @@ def build_info():
     return {
         "version": __version__,
         "compiler": _C.compiler(),
-        "openmp": _C.openmp_version(),
+        "openmp": _C.openmp_version(),   # 0: built without OpenMP, single-threaded
         "isa": _C.isa(),
         "best_isa": _C.best_isa(),
         "bf16": {"amx": "amx (tdpbf16ps tiles, fp32 sums)",
@@ -38,6 +43,8 @@ def build_info():
                      _C.isa(), f"{_C.isa()} (bf16-rounded operands, fp32 FMA)"),
         "int8": _C.int8_path(),
         "threads": _C.get_num_threads(),
+        "threading": "OpenMP" if _C.openmp_version() else
+                     "single-threaded: " + _C.SINGLE_THREADED_FIX,
         "cpu_count": _os.cpu_count(),
     }
 
@@ -53,7 +60,11 @@ def _init_from_environment():
             raise ValueError(f"TRANSFORMER_ISA must be one of {', '.join(_C.isa_levels())}; "
                              f"got {isa!r}") from None
     threads = _os.environ.get("OMP_NUM_THREADS", "").split(",")[0].strip()
-    if threads.isdigit() and int(threads) >= 1:
+    if _C.openmp_version() == 0:
+        # No OpenMP runtime reads it, and refusing it here would make `import transformer` fail
+        # wherever it is set for other programs: one thread, as build_info() says.
+        _C.set_num_threads(1)
+    elif threads.isdigit() and int(threads) >= 1:
         _C.set_num_threads(int(threads))
     else:
         _C.set_num_threads(_C.get_num_threads())

@@ -11,7 +11,11 @@ typedef struct {
 } qgemm_level;
 
 #define GENERIC_ROW {{1, 1}, qgemm_kernel_generic, "generic (C, int32)"}
+#if defined(__aarch64__)
+#define AVX2_ROW {{16, 2}, qgemm_kernel_avx2, "neon (avx2's vpmaddwd kernel through SIMDe, int32)"}
+#else
 #define AVX2_ROW {{16, 2}, qgemm_kernel_avx2, "avx2 (vpmaddwd, int32)"}
+#endif
 #define VNNI_ROW {{32, 4}, qgemm_kernel_vnni, "avx512_vnni (vpdpbusd, int32)"}
 
 /* Rows left empty (the x86 levels on another architecture) run the generic kernel. */

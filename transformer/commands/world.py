@@ -3,7 +3,7 @@ shares with them (train and info)."""
 import os
 import sys
 
-from ..errors import FlagError
+from ..errors import FlagError, blame
 
 
 def _cores():
@@ -24,7 +24,8 @@ def _apply_threads(args):
             print(f"transformer {args.command}: warning: --threads {threads} is more than the {cores} "
                   f"core{'s' if cores > 1 else ''} this process may run on; threads past the cores take turns "
                   f"on them and make every step slower", file=sys.stderr)
-        T.set_num_threads(threads)
+        with blame("--threads", threads):   # a build without OpenMP refuses more than one, in one line
+            T.set_num_threads(threads)
 
 
 def _mpi_world():
