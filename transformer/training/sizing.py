@@ -32,7 +32,7 @@ CANDIDATES = {
 # bleu(steps) = A - B * steps ** -ALPHA per candidate: dev BLEU (greedy, the periodic evaluations on
 # 200 held-out sentences from step 500 on, and each run's final on all 500), least squares with one
 # ALPHA for all (`python benchmarks/size_curves.py RECORDS...`; the records and the fit's residuals
-# are in the note). tiny: 10 runs of 1500 to 7618 steps, 167 points (RMS residual 1.0 BLEU);
+# are in the note). tiny: 8 runs of 1500 to 7618 steps, 167 points (RMS residual 1.0 BLEU);
 # medium-4-2: one run of 3460 steps (0.6); small: two runs of 1018 and 2037 steps (1.0). A and B
 # are not asymptotes: beyond the runs measured (7618 steps for tiny, 3460 for medium-4-2, 2037 for
 # small) the curves are extrapolations.
