@@ -226,3 +226,12 @@ def test_race_plot_draws_every_system(tmp_path):
     path = tmp_path / "race.png"
     plot([race_record("ours", 2, 18.0, [[60.0, 10, 9.0]]), race_record("torch", 2, 12.0, [[60.0, 5, 7.0]])], path)
     assert path.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("flags, words", [([], "applies only with --data"),
+                                          (["--data", "DATA", *BASE, "--d-model", "64"], "--d-model sets it")])
+def test_preset_auto_is_refused_where_it_cannot_choose(tmp_path, capsys, flags, words):
+    data = write_corpus(tmp_path / "pairs.tsv")
+    flags = [data if f == "DATA" else f for f in flags]
+    assert cli.main(["train", *flags, "--preset", "auto", "--max-steps", "1", "--out", str(tmp_path / "x")]) == 2
+    assert words in capsys.readouterr().err

@@ -96,8 +96,16 @@ def apply_defaults(args):
             if value:
                 raise FlagError(f"{flag} {value}: --dev-fraction 0 holds no pairs out, so there is no dev "
                                 "split to evaluate on")
+    shapes = [flag_name(key) for key in SHAPE_FLAGS if getattr(args, key, None) is not None]
+    if args.preset == "auto" and args.checkpoint is None:
+        if not has_data(args):
+            raise FlagError("--preset auto sizes a model to a corpus and a budget: it applies only with --data "
+                            "(the built-in task trains tiny)")
+        if shapes:
+            raise FlagError(f"--preset auto picks the model's shape, and {' '.join(shapes)} sets it: give one or "
+                            "the other")
     if args.preset is None and has_data(args) and args.checkpoint is None and getattr(args, "init_from", None) is None \
-            and all(getattr(args, key, None) is None for key in SHAPE_FLAGS):
+            and not shapes:
         args.preset = "auto"     # sized to the budget once the corpus is open (training/sizing.py)
     for key, value in TRAIN_DEFAULTS.items():
         if getattr(args, key, None) is None:
