@@ -235,3 +235,20 @@ def test_preset_auto_is_refused_where_it_cannot_choose(tmp_path, capsys, flags, 
     flags = [data if f == "DATA" else f for f in flags]
     assert cli.main(["train", *flags, "--preset", "auto", "--max-steps", "1", "--out", str(tmp_path / "x")]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_race_run_trains_each_system_for_each_budget_and_records_them(tmp_path):
+    pytest.importorskip("torch")
+    from transformer.bench import race
+
+    data = write_corpus(tmp_path / "pairs.tsv")
+    records = tmp_path / "race.jsonl"
+    assert race.main(["run", "--data", data, *BASE[:-4], *SMALL, "--dev-fraction", "0.1", "--budgets", "0.02",
+                      "--systems", "ours,torch", "--threads", "1", "--json", str(records),
+                      "--out-dir", str(tmp_path / "runs")]) == 0
+    rows = [json.loads(line) for line in records.read_text().splitlines()]
+    assert [(r["system"], r["budget_minutes"]) for r in rows] == [("ours", 0.02), ("torch", 0.02)]
+    assert set(rows[1]["torch_step_seconds_by_precision"]) == {"fp32", "bf16"}
+    assert rows[1]["precision"] == min(rows[1]["torch_step_seconds_by_precision"],
+                                       key=rows[1]["torch_step_seconds_by_precision"].get)
+    assert all(r["steps"] >= 1 and "bleu" in r["greedy"] for r in rows)
