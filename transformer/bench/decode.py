@@ -42,7 +42,7 @@ import weakref
 
 import numpy as np
 
-from .harness import bench_cpus, call_seconds, paired_ratio, pinned
+from .harness import bench_cpus, call_seconds, paired_ratio, pinned, same_package
 
 CONFIGS = {
     "tiny": dict(sizes=dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2),
@@ -285,7 +285,7 @@ class _RemoteTranslator:
         from multiprocessing.connection import Connection
 
         ours, theirs = socket.socketpair()
-        code = f"from transformer.bench.decode import _ct2_child; _ct2_child({theirs.fileno()})"
+        code = same_package(f"from transformer.bench.decode import _ct2_child; _ct2_child({theirs.fileno()})")
         self._process = subprocess.Popen([sys.executable, "-c", code], pass_fds=(theirs.fileno(),))
         theirs.close()
         self._conn = Connection(ours.detach())

@@ -208,3 +208,11 @@ def print_records(records, stream=None):
     """A suite's `python -m` output: one JSON line per record."""
     for record in records:
         print(json.dumps(record), file=stream, flush=True)
+
+
+def same_package(code):
+    """`code` for `python -c` in a child that imports this very transformer package: `-c` puts the
+    working directory first on sys.path, and in a checkout whose package is installed elsewhere
+    (pip install .) its transformer/ folder has no compiled module."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return f"import sys; sys.path.insert(0, {root!r}); " + code

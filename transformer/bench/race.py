@@ -29,6 +29,7 @@ import os
 import subprocess
 import sys
 
+from .harness import same_package
 from .quality import read_records, reached_at
 
 SYSTEMS = ("ours", "torch")
@@ -131,8 +132,8 @@ def plot(records, path):
 def torch_fastest_precision(train_flags, threads):
     """("fp32" | "bf16", {precision: seconds a step}): PyTorch's tiny step timed at both precisions
     on the corpus's batches, in a child process."""
-    code = ("import json,sys; from transformer.bench.race import _torch_probe; "
-            "print(json.dumps(_torch_probe(sys.argv[1:])))")
+    code = same_package("import json; from transformer.bench.race import _torch_probe; "
+                        "print(json.dumps(_torch_probe(sys.argv[1:])))")
     done = subprocess.run([sys.executable, "-c", code, str(threads), *train_flags], capture_output=True,
                           text=True, check=True)
     timings = json.loads(done.stdout.strip().splitlines()[-1])
@@ -211,7 +212,8 @@ def run(argv):
             tmp = options["--json"] + ".part"
             if os.path.exists(tmp):
                 os.remove(tmp)
-            subprocess.run([sys.executable, "-m", "transformer.bench.quality", "--engine", system, *argv, *extra,
+            quality = same_package("from transformer.bench.quality import main; sys.exit(main())")
+            subprocess.run([sys.executable, "-c", quality, "--engine", system, *argv, *extra,
                             "--threads", threads, "--minutes", f"{minutes:g}", "--out", out, "--overwrite",
                             "--quiet", "--json", tmp], check=True)
             record = read_records([tmp])[-1]
