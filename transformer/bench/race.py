@@ -3,7 +3,8 @@ same corpus and cores, with its own defaults, and how much sooner ours reaches e
 10-minute BLEU.
 
     python benchmarks/race.py run --data FILE --src-col eng --tgt-col spa --threads 2 \\
-        --budgets 2,5,10,30 --systems ours,torch --json RECORDS.jsonl [--out-dir runs/race]
+        --budgets 2,5,10,30 --systems ours,torch,marian --json RECORDS.jsonl [--out-dir runs/race] \\
+        [--marian-python VENV/bin/python] [--marian-lr LR]
     python benchmarks/race.py table RECORDS.jsonl...        # budget x system x corpus, and the ratios
     python benchmarks/race.py plot OUT.png RECORDS.jsonl...  # held-out BLEU against minutes
 
@@ -13,6 +14,10 @@ Systems:
   split, BPE, batches, schedule and initial weights; sized to the budget by its own step times),
   at its fastest precision on this CPU: fp32 and autocast bf16 are timed on the corpus's batches
   first and the faster one trains (the record keeps both timings).
+- marian: Marian NMT (`pymarian`, in the environment of --marian-python: a 600 MB wheel with its
+  own MKL, kept out of ours) with its documented transformer recipe scaled to the budget, at the
+  shape ours picked for the same budget, on ours' split and BPE, scored by ours' scorer
+  (bench/race_marian.py). --marian-lr: its peak learning rate (see race_marian.DEFAULT_LR).
 
 Each (budget, system) is one run of bench/quality.py in a fresh process: final BLEU and chrF
 (greedy, beam 4) on the whole held-out split, and the periodic dev BLEU against training seconds.
@@ -32,7 +37,7 @@ import sys
 from .harness import same_package
 from .quality import read_records, reached_at
 
-SYSTEMS = ("ours", "torch")
+SYSTEMS = ("ours", "torch", "marian")
 
 
 def curve_minutes(record):
@@ -186,8 +191,10 @@ def _torch_probe(argv):
 
 def run(argv):
     """`run`: every (budget, system) as a bench/quality.py child; the records appended to --json."""
+    from .race_marian import DEFAULT_LR, SHAPES
+
     options = {"--budgets": "2,5,10,30", "--systems": "ours,torch", "--json": None, "--out-dir": "runs/race",
-               "--threads": "2"}
+               "--threads": "2", "--marian-python": sys.executable, "--marian-lr": f"{DEFAULT_LR:g}"}
     for flag in list(options):
         if flag in argv:
             i = argv.index(flag)
@@ -201,26 +208,38 @@ def run(argv):
     if not options["--json"]:
         raise SystemExit("--json RECORDS.jsonl is required")
     threads = options["--threads"]
+    marian = ["--marian-python", options["--marian-python"], "--marian-lr", options["--marian-lr"]]
+    if "marian" in systems and subprocess.run([options["--marian-python"], "-c", "import pymarian"],
+                                              capture_output=True).returncode:
+        raise SystemExit(f"--systems marian: {options['--marian-python']} cannot import pymarian (pip install "
+                         "pymarian in an environment of its own, and give its python as --marian-python)")
     torch_precision, timings = (None, None)
     if "torch" in systems:
         torch_precision, timings = torch_fastest_precision(argv, threads)
         print(f"torch: {torch_precision} is its faster precision here ({timings} s a tiny step)", file=sys.stderr)
     for minutes in budgets:
+        ours_shape = "tiny"
         for system in systems:
             out = os.path.join(options["--out-dir"], f"{system}-{minutes:g}min")
-            extra = ["--precision", torch_precision] if system == "torch" else []
             tmp = options["--json"] + ".part"
             if os.path.exists(tmp):
                 os.remove(tmp)
-            quality = same_package("from transformer.bench.quality import main; sys.exit(main())")
-            subprocess.run([sys.executable, "-c", quality, "--engine", system, *argv, *extra,
-                            "--threads", threads, "--minutes", f"{minutes:g}", "--out", out, "--overwrite",
-                            "--quiet", "--json", tmp], check=True)
+            if system == "marian":         # the shape ours picked for this budget (tiny without ours)
+                child = same_package("from transformer.bench.race_marian import main; sys.exit(main())")
+                extra = [*marian, "--shape", ours_shape]
+            else:
+                child = same_package("from transformer.bench.quality import main; sys.exit(main())")
+                extra = ["--engine", system, "--overwrite"]
+                extra += ["--precision", torch_precision] if system == "torch" else []
+            subprocess.run([sys.executable, "-c", child, *extra, *argv, "--threads", threads,
+                            "--minutes", f"{minutes:g}", "--out", out, "--quiet", "--json", tmp], check=True)
             record = read_records([tmp])[-1]
             os.remove(tmp)
             record.update(system=system, budget_minutes=minutes, precision=record.get("precision"))
             if system == "torch":
                 record["torch_step_seconds_by_precision"] = timings
+            if system == "ours" and record.get("preset") in SHAPES:
+                ours_shape = record["preset"]
             with open(options["--json"], "a", encoding="utf-8") as f:
                 f.write(json.dumps(record) + "\n")
     return 0
