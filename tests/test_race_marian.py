@@ -78,7 +78,7 @@ def test_seconds_per_update_is_the_median_over_displays_after_the_first(tmp_path
 # reversed): source words -> source text -> reversed -> target words, through the prepared corpus's
 # tokenizers. So the held-out BLEU is 100 exactly when the words, the ids and the scoring agree.
 FAKE_MAIN = """
-import os, sys
+import os, signal, sys, time
 a = sys.argv[1:]
 def value(name):
     return a[a.index(name) + 1]
@@ -86,9 +86,15 @@ if "--version" in a:
     print("v0-stand-in"); sys.exit(0)
 updates, every, shown = int(value("--after")[:-1]), int(value("--save-freq")[:-1]) if "--save-freq" in a else 0, 20
 model = value("--model")
-with open(value("--log"), "w") as log:
+def save_and_exit(*_):
+    open(model, "w").close()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, save_and_exit)
+pause = float(os.environ.get("FAKE_MARIAN_SECONDS", "0"))    # wall-clock seconds an update
+with open(value("--log"), "w", buffering=1) as log:
     log.write(" ".join(a) + "\\n")
     for u in range(shown, updates + 1, shown):
+        time.sleep(pause * shown)
         log.write(f"[t] Ep. 1 : Up. {u} : Sen. {u} : Cost 5.0 : Time {0.5 * shown:.2f}s : 4000 words/s\\n")
 for u in range(every, updates + 1, every or updates + 1):
     open(model.replace(".npz", f".iter{u}.npz"), "w").close()
@@ -136,6 +142,18 @@ def test_a_marian_run_trains_the_updates_its_own_step_time_buys_and_scores_them(
     assert [p[2] for p in record["curve"]] == pytest.approx([100.0] * 10)
     assert record["greedy"]["bleu"] == record["beam4"]["bleu"] == pytest.approx(100.0)
     assert not os.path.exists(tmp_path / "run" / "probe")
+
+
+def test_a_marian_run_that_outlasts_its_budget_is_stopped_by_the_clock(tmp_path, fake_pymarian, monkeypatch):
+    monkeypatch.setenv("FAKE_MARIAN_SECONDS", "0.05")     # 20 s for the 400 updates its 3 s buy at 0.0075 s
+    data = write_corpus(tmp_path / "pairs.tsv")
+    records = tmp_path / "m.jsonl"
+    assert race_marian.main(["--marian-python", fake_pymarian, "--data", data, *BASE, "--minutes", "0.05",
+                             "--step-seconds", "0.0075", "--out", str(tmp_path / "run"), "--json", str(records)]) == 0
+    record = race.read_records([records])[-1]
+    assert record["planned_steps"] == 400 and record["stopped_by_clock"]
+    assert 0 < record["steps"] < 400 and record["steps"] % 20 == 0      # the last update it displayed
+    assert record["seconds"] < 10
 
 
 def test_the_race_gives_marian_the_shape_ours_picked_and_ranks_it(tmp_path, fake_pymarian):

@@ -119,14 +119,16 @@ def train_marian(python, workdir, flags, timeout_s=None):
                "--log", log, "--quiet", *flags]
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    stopped = False
     try:
         _, err = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:      # the budget is up: Marian saves and exits on SIGTERM
         process.terminate()
         _, err = process.communicate()
-    if process.returncode not in (0, -15):
+        stopped = True
+    if process.returncode and not stopped:
         raise RuntimeError(f"Marian's trainer failed ({process.returncode}): {err[-2000:]}")
-    return time.perf_counter() - started, model, vocabs, log
+    return time.perf_counter() - started, model, vocabs, log, stopped
 
 
 _TRANSLATE = r"""
@@ -190,8 +192,9 @@ def run(args, python, shape, minutes, lr, steps=None, step_seconds=None, eval_li
     planned = steps if steps is not None else max(1, int(minutes * 60 / step_seconds))
     flags = recipe_flags(shape, planned, **common) + ["--save-freq", f"{max(1, planned // SNAPSHOTS)}u"]
     timeout = None if steps is not None else minutes * 60
-    seconds, model, vocabs, log = train_marian(python, args.out, flags, timeout_s=timeout)
-    done = max([int(m.group(1)) for m in map(_DISPLAY.search, open(log, encoding="utf-8")) if m] or [0])
+    seconds, model, vocabs, log, stopped = train_marian(python, args.out, flags, timeout_s=timeout)
+    with open(log, encoding="utf-8", errors="replace") as f:     # stopped by the clock: its last display
+        done = max([int(m.group(1)) for m in map(_DISPLAY.search, f) if m] or [0]) if stopped else planned
     refs = [t for _, t in dev]
     finals = {}
     for beam, name in ((1, "greedy"), (4, "beam4")):
@@ -214,7 +217,7 @@ def run(args, python, shape, minutes, lr, steps=None, step_seconds=None, eval_li
             "preset": shape, "shape": {"d_model": d_model, "heads": heads, "d_ff": d_ff, "encoder_layers": enc,
                                         "decoder_layers": dec},
             "precision": "fp32", "cpu": cpu_model(), "threads": args.threads, "budget_minutes": minutes,
-            "marian_lr": lr, "batch_tokens": args.batch_tokens, "steps": done, "planned_steps": planned,
+            "marian_lr": lr, "batch_tokens": args.batch_tokens, "steps": done, "planned_steps": planned, "stopped_by_clock": stopped,
             "step_seconds": round(step_seconds, 4), "seconds": round(seconds, 1), "dev_pairs": len(dev),
             "greedy": finals["greedy"], "beam4": finals["beam4"], "curve": curve,
             "flags": " ".join(flags)}
