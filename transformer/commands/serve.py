@@ -1,6 +1,6 @@
 """`transformer serve`: its flags; the server itself is transformer/serve."""
 from ..errors import blame
-from .flags import DECODE_PRECISION_HELP, _non_negative_int, _positive_float, _positive_int
+from .flags import DECODE_PRECISION_HELP, _non_negative_float, _non_negative_int, _positive_float, _positive_int
 from .models import _load_model
 from .world import _apply_threads
 
@@ -46,4 +46,7 @@ def register(sub):
     serve.add_argument("--api-keys", metavar="FILE", help="require LibreTranslate's api_key: one valid key a line")
     serve.add_argument("--shutdown-timeout", type=_positive_float, default=60.0,
                        help="seconds SIGTERM waits for accepted requests to be answered (default 60)")
+    serve.add_argument("--shutdown-grace", type=_non_negative_float, default=2.0,
+                       help="seconds after SIGTERM an idle connection stays open, so that a request it sends "
+                            "is refused with 503 rather than met by a closed connection (default 2)")
     serve.set_defaults(func=run)

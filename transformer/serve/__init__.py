@@ -11,6 +11,7 @@ LibreTranslate API (aiohttp, the [serve] extra).
     documents.py  a text as sentences to translate and what is kept around them (sentencex)
     markup.py     HTML's text runs, the markup kept as it is
     metrics.py    counters in Prometheus' text format
+    stopping.py   SIGTERM: every connection the kernel completed answered, none reset, then exit 0
 """
 import os
 import re
@@ -102,23 +103,28 @@ def read_api_keys(path):
     return keys
 
 
-def listen(app, host, port, shutdown_timeout=60.0, banner=()):
-    """Serve `app` until SIGINT or SIGTERM: prints `banner` and "listening on ..." once the port is
-    bound (not before: a client that waits for the line may connect at once), then on a signal stops
-    accepting, answers the requests in flight (for up to shutdown_timeout seconds), runs the app's
-    cleanup and returns."""
+def listen(app, host, port, shutdown_timeout=60.0, banner=(), shutdown_grace=2.0):
+    """Serve `app` (Server.app()) until SIGINT or SIGTERM: prints `banner` and "listening on ..."
+    once the port is bound (not before: a client that waits for the line may connect at once), then
+    on a signal stops as stopping.py says: the connections the kernel completed are accepted and the
+    port closes, each request on them is answered (503 if it was not begun), an idle connection is
+    closed after shutdown_grace seconds, and what is still busy after shutdown_timeout is cut. Runs
+    the app's cleanup and returns how many connections were cut (0: every request was answered)."""
     import asyncio
     import signal
 
     from aiohttp import web
 
+    from .stopping import STOPPING, close_listeners, drain
+
     async def main():
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_timeout)
+        # the runner's own shutdown finds no connection left (the drain closed them): its timeout
+        # only bounds the cancelling of what the drain cut
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
-        site = web.TCPSite(runner, host, port)
-        await site.start()
-        stop = asyncio.Event()
         loop = asyncio.get_running_loop()
+        server = await loop.create_server(runner.server, host, port, backlog=128)   # as web.TCPSite, ours to drain
+        stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         for line in banner:
@@ -127,11 +133,22 @@ def listen(app, host, port, shutdown_timeout=60.0, banner=()):
         print(f"listening on http://{shown}:{port}  (LibreTranslate API: POST /translate, POST /detect, "
               "GET /languages, GET /frontend/settings; "
               "POST /v1/translate, GET /health, GET /metrics, the page at /; Ctrl-C stops)", file=sys.stderr, flush=True)
+        cut = 0
         try:
             await stop.wait()
+            app[STOPPING].since = loop.time()       # from here a request not begun gets 503
+            accepting = close_listeners(server, runner.server)
+            print(f"stopping: the port is closed; the {len(runner.server.connections) + len(accepting)} open "
+                  f"connections ({len(accepting)} taken from its accept queue) get their answers, idle ones "
+                  f"are closed after {min(shutdown_grace, shutdown_timeout):g} s", file=sys.stderr, flush=True)
+            await asyncio.gather(*accepting, return_exceptions=True)   # one reset by its client: gone
+            cut = await drain(lambda: runner.server.connections, app[STOPPING],
+                              min(shutdown_grace, shutdown_timeout), shutdown_timeout)
         finally:
+            server.close()
             await runner.cleanup()
-    asyncio.run(main())
+        return cut
+    return asyncio.run(main())
 
 
 def run(args, load):
@@ -155,6 +172,10 @@ def run(args, load):
         if settings is not None:
             banner.append(f"  {name}'s generation settings (imported with it): "
                           + "; ".join(settings.describe(served.model.cfg.max_len)))
-    listen(app, args.host, args.port, args.shutdown_timeout, banner)
-    print("stopped: every accepted request was answered", file=sys.stderr, flush=True)
+    cut = listen(app, args.host, args.port, args.shutdown_timeout, banner, args.shutdown_grace)
+    if cut:
+        print(f"stopped: {cut} connections still busy after --shutdown-timeout {args.shutdown_timeout:g} s "
+              "were closed unanswered", file=sys.stderr, flush=True)
+    else:
+        print("stopped: every accepted request was answered", file=sys.stderr, flush=True)
     return 0

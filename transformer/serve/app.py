@@ -21,7 +21,8 @@ Handlers parse, validate and wait; the Scheduler owns the models. Endpoints:
 
 Errors take LibreTranslate's form, {"error": "..."}, naming the field: 400 for a bad request, 403
 for a missing or wrong API key, 413 for a body over the limit, 429 (with Retry-After) when the
-queue is full, 503 while the server stops, 500 for a failure of ours.
+queue is full, 503 while the server stops (stopping.py: a request read after SIGTERM), 500 for a
+failure of ours.
 """
 import asyncio
 import os
@@ -34,6 +35,7 @@ from .documents import of_html, of_text
 from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, texts_of
 from .pairs import Pairs
 from .scheduler import QueueFull, ShuttingDown, TooWide
+from .stopping import STOPPING, Stopping
 
 __all__ = ["BadRequest", "Limits", "Server"]
 
@@ -83,6 +85,7 @@ class Server:
         self.pairs = Pairs(self.models, self.detector)
         self._defaults = {name: served.options() for name, served in self.models.items()}   # each model's options
         self._splitting = {name: alpha2(served.source) for name, served in self.models.items()}   # its rules' language
+        self.stopping = Stopping()           # set by listen() on SIGTERM
 
     def app(self):
         app = web.Application(client_max_size=self.limits.max_body, middlewares=[self._errors])
@@ -91,13 +94,18 @@ class Server:
                         web.post("/v1/translate", self.native), web.get("/health", self.health),
                         web.get("/metrics", self.metrics_text), web.get("/", self.page)])
         app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)
+        app[STOPPING] = self.stopping
         return app
 
     @web.middleware
     async def _errors(self, request, handler):
-        """Every failure in LibreTranslate's error form, and counted."""
+        """Every failure in LibreTranslate's error form, and counted. Once the server stops, a request
+        not begun is refused and every answer closes its connection (stopping.py)."""
         started = time.monotonic()
+        self.stopping.enter(request.protocol)
         try:
+            if self.stopping.since is not None:
+                raise BadRequest("the server is stopping", 503)
             response = await handler(request)
         except BadRequest as exc:
             response = _error(str(exc), exc.status, exc.headers)
@@ -113,6 +121,10 @@ class Server:
             raise
         except Exception as exc:         # a failure of ours: told, not hidden, and the server goes on
             response = _error(f"internal error: {type(exc).__name__}: {exc}", 500)
+        finally:
+            self.stopping.leave(request.protocol)
+        if self.stopping.since is not None:
+            response.force_close()       # Connection: close: the client sends nothing more here
         self.metrics.request(request.path, response.status, time.monotonic() - started,
                              getattr(response, "sentences", 0))
         return response
