@@ -326,7 +326,7 @@ def test_ctranslate2_runs_at_the_faster_of_its_two_layouts_with_threads(monkeypa
 
     monkeypatch.setattr(decode, "SETTLE_S", 0.0)
     monkeypatch.setattr(decode, "ctranslate2_compute_type", lambda precision: ("float32", None))
-    monkeypatch.setattr(decode, "write_ctranslate2_model", lambda model, directory: [])
+    monkeypatch.setattr(decode, "write_ctranslate2_model", lambda model, directory, **_: [])
     monkeypatch.setattr(decode, "ctranslate2_decoder", fake_decoder)
     name = bench_train.custom_config(TINY_SPEC)
     monkeypatch.setitem(decode.CONFIGS[name], "repeats", 1)
@@ -344,7 +344,7 @@ def test_ctranslate2_decodes_in_a_process_of_its_own(tmp_path):
     from transformer.bench import decode
 
     model, src = decode._model(bench_train.custom_config(TINY_SPEC))
-    vocab = decode.write_ctranslate2_model(model, str(tmp_path))
+    vocab = decode.write_ctranslate2_model(model, str(tmp_path), approximate=True)   # the bench's post-LN
     translate = decode.ctranslate2_decoder(str(tmp_path), vocab, 1, steps=3)
     process = translate._process
     results = translate(src[:2], 1)
@@ -361,43 +361,65 @@ CT2_LOGP_ATOL = 1e-4    # log-probabilities of the converted model against ours 
 CT2_SPECIALS = {"<blank>": 0, "<s>": 1, "</s>": 2, "<unk>": 3}
 
 
-def converted_pair(norm_first, tmp_path):
+VARIANTS = {   # name: the model's settings beyond the small shape
+    "post-LN": dict(norm_first=False, activation="relu"),
+    "pre-LN": dict(norm_first=True, activation="gelu"),
+    "pre-LN, SiLU, unscaled tied embeddings": dict(norm_first=True, activation="silu", scale_embedding=False,
+                                                   tie_embeddings="target"),
+}
+
+
+def converted_pair(variant, tmp_path):
     """A small model of ours and the CTranslate2 model write_ctranslate2_model makes of it. Pre-LN:
     every layer norm (the final ones too) drawn away from 1 and 0, so that a norm converted to the
-    wrong place shows. Post-LN: as initialised, as the decode bench converts it (CTranslate2's
-    post-LN Transformer has no final norms, which are then near the identity: LN of a normalised
-    row). Padding and the start token get a very low output bias: both engines then decode the
-    same way (ours never emits them; CTranslate2 has no such rule)."""
+    wrong place shows. Post-LN: as initialised, as the decode bench converts it (approximate:
+    CTranslate2's post-LN Transformer has no final norms, which are then near the identity: LN of a
+    normalised row). Padding and the start token get a very low output bias: both engines then
+    decode the same way (ours never emits them; CTranslate2 has no such rule)."""
+    settings = VARIANTS[variant]
     cfg = T.ModelConfig(src_vocab_size=50, tgt_vocab_size=60, d_model=32, n_heads=4, d_ff=48,
-                        n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=24,
-                        norm_first=norm_first, activation="gelu" if norm_first else "relu")
+                        n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, max_len=24, **settings)
     model = T.Seq2SeqTransformer(cfg, seed=1)
     rng = np.random.default_rng(2)
-    if norm_first:
+    if cfg.norm_first:
         for name, w in model.params.data.items():
             if "norm" in name:
                 w += rng.normal(0, 0.1, w.shape).astype(np.float32)
     model.params.data["generator.bias"][[cfg.pad_id, cfg.bos_id]] = -1e4
     from transformer.bench import decode
 
-    vocab = decode.write_ctranslate2_model(model, str(tmp_path))
+    vocab = decode.write_ctranslate2_model(model, str(tmp_path), approximate=not cfg.norm_first)
     src = rng.integers(4, cfg.src_vocab_size, size=(3, 7))
     src[1, 5:] = cfg.pad_id
     src[2, 3:] = cfg.pad_id
     return model, vocab, src
 
 
+@pytest.mark.parametrize("settings, named", [(dict(norm_first=False), "post-LN model with final"),
+                                             (dict(norm_first=True, final_norm=False), "pre-LN model without")])
+def test_a_model_ctranslate2_cannot_hold_is_refused_unless_approximate_is_asked(settings, named, tmp_path):
+    pytest.importorskip("ctranslate2")
+    from transformer.bench import decode
+
+    model = T.Seq2SeqTransformer(T.ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=16, n_heads=2, d_ff=16,
+                                               n_encoder_layers=1, n_decoder_layers=1, max_len=8, **settings))
+    with pytest.raises(ValueError, match=named):
+        decode.write_ctranslate2_model(model, str(tmp_path / "exact"))
+    assert not (tmp_path / "exact").exists()
+    assert decode.write_ctranslate2_model(model, str(tmp_path / "timing"), approximate=True) is not None
+
+
 def ct2_ids(tokens):
     return [CT2_SPECIALS[t] if t in CT2_SPECIALS else int(t[1:]) for t in tokens]
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_the_converted_ctranslate2_model_gives_our_log_probabilities(norm_first, tmp_path):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_converted_ctranslate2_model_gives_our_log_probabilities(variant, tmp_path):
     """write_ctranslate2_model: CTranslate2 scores our greedy outputs (each token and the EOS
     after them) with the log-probabilities our forward pass gives them."""
     import ctranslate2
 
-    model, vocab, src = converted_pair(norm_first, tmp_path)
+    model, vocab, src = converted_pair(variant, tmp_path)
     hyps = model.greedy_decode(src, max_len=12, min_len=12)
     translator = ctranslate2.Translator(str(tmp_path), device="cpu", intra_threads=1)
     sources = [[vocab[i] for i in row if i != model.cfg.pad_id] for row in src.tolist()]
@@ -411,15 +433,15 @@ def test_the_converted_ctranslate2_model_gives_our_log_probabilities(norm_first,
         assert len(result.log_probs) == len(ours) and diff <= CT2_LOGP_ATOL, f"row {row}: {diff:.3g}"
 
 
-@pytest.mark.parametrize("norm_first", [False, True])
-def test_the_ctranslate2_worker_decodes_our_greedy_tokens(norm_first, tmp_path):
+@pytest.mark.parametrize("variant", ["post-LN", "pre-LN"])
+def test_the_ctranslate2_worker_decodes_our_greedy_tokens(variant, tmp_path):
     """The translator process the decode bench times (ctranslate2_decoder) generates, from the
     converted model, the very tokens of our greedy decoding."""
     import gc
 
     from transformer.bench import decode
 
-    model, vocab, src = converted_pair(norm_first, tmp_path)
+    model, vocab, src = converted_pair(variant, tmp_path)
     translate = decode.ctranslate2_decoder(str(tmp_path), vocab, 1, steps=12, pad_id=model.cfg.pad_id)
     process = translate._process
     got = [ct2_ids(r.hypotheses[0]) for r in translate(src, 1)]

@@ -32,6 +32,7 @@ one thread). Records say so (`weights`: "frozen"); a record without that field (
 2026-11-27 late evening) was timed with writeable weights.
 """
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -144,21 +145,41 @@ def ctranslate2_translator(model, threads, directory, compute_type="float32", la
     """A CTranslate2 decoder (decode(src, beam)) holding our weights, or None when not installed.
     The model is written as float32; compute_type ("float32", "int8", "bfloat16") is applied by
     CTranslate2 when it loads it; layout as in ctranslate2_decoder."""
-    vocab = write_ctranslate2_model(model, directory)
+    vocab = write_ctranslate2_model(model, directory, approximate=True)
     if vocab is None:
         return None
     return ctranslate2_decoder(directory, vocab, threads, compute_type, layout)
 
 
-def write_ctranslate2_model(model, directory):
+CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH"}   # ours -> common_spec.Activation
+
+
+def ctranslate2_gap(cfg):
+    """Why CTranslate2's Transformer cannot compute what a model of `cfg` computes, or None."""
+    if cfg.norm_first and not cfg.final_norm:
+        return "a pre-LN model without final norms (CTranslate2's pre-LN Transformer always has them)"
+    if not cfg.norm_first and cfg.final_norm:
+        return ("a post-LN model with final encoder and decoder norms (CTranslate2's post-LN Transformer "
+                "has none)")
+    return None
+
+
+def write_ctranslate2_model(model, directory, approximate=False):
     """Our weights as a float32 CTranslate2 model in `directory`; returns its source vocabulary
-    (token strings by id), or None when ctranslate2 is not installed."""
+    (token strings by id), or None when ctranslate2 is not installed. A model CTranslate2 cannot
+    hold exactly (ctranslate2_gap) is refused with ValueError; approximate=True writes it without
+    what CTranslate2 lacks (the decode bench's post-LN timing: at initialisation the final norms
+    of a post-LN model are near the identity, the norm of an already normalised row)."""
     try:
         from ctranslate2.specs import common_spec, transformer_spec
     except ImportError:
         return None
-    cfg, w = model.cfg, model.params.data
-    activation = common_spec.Activation.GELU if cfg.activation == "gelu" else common_spec.Activation.RELU
+    cfg, w = model.cfg, {name: model.params.tensor(name) for name in model.params.data}
+    w.setdefault("generator.weight", model.params.tensor("generator.weight"))    # tied to an embedding
+    gap = ctranslate2_gap(cfg)
+    if gap is not None and not approximate:
+        raise ValueError(f"write_ctranslate2_model: CTranslate2 cannot hold {gap}")
+    activation = getattr(common_spec.Activation, CT2_ACTIVATIONS[cfg.activation])
     spec = transformer_spec.TransformerSpec.from_config(
         (cfg.n_encoder_layers, cfg.n_decoder_layers), cfg.n_heads, pre_norm=cfg.norm_first,
         activation=activation)
@@ -169,16 +190,16 @@ def write_ctranslate2_model(model, directory):
         spec_linear.weight = w[f"{name}.weight"]
         spec_linear.bias = w[f"{name}.bias"]
 
-    def norm(spec_norm, name):
-        spec_norm.gamma = w[f"{name}.weight"]
-        spec_norm.beta = w[f"{name}.bias"]
+    def norm(spec_norm, name):          # approximate and missing here: the identity
+        spec_norm.gamma = w.get(f"{name}.weight", np.ones(D, np.float32))
+        spec_norm.beta = w.get(f"{name}.bias", np.zeros(D, np.float32))
 
     for side, embed in (("encoder", "src_embed"), ("decoder", "tgt_embed")):
         s = getattr(spec, side)
         embeddings = s.embeddings[0] if isinstance(s.embeddings, list) else s.embeddings
         embeddings.weight = w[f"{embed}.weight"]
         s.position_encodings.encodings = pe
-        s.scale_embeddings = True
+        s.scale_embeddings = cfg.scale_embedding
         if cfg.norm_first:
             norm(s.layer_norm, f"transformer.{side}.norm")
     for i, layer in enumerate(spec.encoder.layer):
@@ -212,6 +233,7 @@ def write_ctranslate2_model(model, directory):
     spec.register_target_vocabulary(tgt_vocab)
     spec.validate()
     spec.optimize(quantization="float32")
+    os.makedirs(directory, exist_ok=True)
     spec.save(directory)
     return src_vocab
 
@@ -404,7 +426,7 @@ def run(threads=(1, 2), configs=("tiny", "base"), beams=(1, 4), engines=("ours",
                 if "ctranslate2" in engines:
                     compute_type, ct2_skipped = ctranslate2_compute_type(precision)
                     if compute_type is not None:
-                        vocab = write_ctranslate2_model(model, directory)
+                        vocab = write_ctranslate2_model(model, directory, approximate=True)
                         ct2_layouts = {layout: ctranslate2_decoder(directory, vocab, n, compute_type, layout)
                                        for layout in (CT2_LAYOUTS if n > 1 else CT2_LAYOUTS[:1])}
                 for beam in beams:
