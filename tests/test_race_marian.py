@@ -136,6 +136,8 @@ def test_a_marian_run_trains_the_updates_its_own_step_time_buys_and_scores_them(
     assert record["step_seconds"] == pytest.approx(0.5)           # read from the probe's log
     assert record["planned_steps"] == record["steps"] == 60          # 30 s at 0.5 s an update
     assert "--after 60u" in record["flags"] and "--lr-warmup 3 " in record["flags"]
+    assert record["marian_lr"] == pytest.approx(0.032 * 128 ** -0.5)    # ours' peak for tiny, by default
+    assert f"--learn-rate {record['marian_lr']:g} " in record["flags"]
     assert record["marian_version"] == "v0-stand-in" and record["dev_pairs"] == 10
     assert [p[1] for p in record["curve"]] == list(range(6, 61, 6))  # ten snapshots
     assert [p[0] for p in record["curve"]] == pytest.approx([3.0 * i for i in range(1, 11)])

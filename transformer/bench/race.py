@@ -17,7 +17,8 @@ Systems:
 - marian: Marian NMT (`pymarian`, in the environment of --marian-python: a 600 MB wheel with its
   own MKL, kept out of ours) with its documented transformer recipe scaled to the budget, at the
   shape ours picked for the same budget, on ours' split and BPE, scored by ours' scorer
-  (bench/race_marian.py). --marian-lr: its peak learning rate (see race_marian.DEFAULT_LR).
+  (bench/race_marian.py). --marian-lr: its peak learning rate, by default ours' for the shape
+  (race_marian.py says why).
 
 Each (budget, system) is one run of bench/quality.py in a fresh process: final BLEU and chrF
 (greedy, beam 4) on the whole held-out split, and the periodic dev BLEU against training seconds.
@@ -191,10 +192,10 @@ def _torch_probe(argv):
 
 def run(argv):
     """`run`: every (budget, system) as a bench/quality.py child; the records appended to --json."""
-    from .race_marian import DEFAULT_LR, SHAPES
+    from .race_marian import SHAPES
 
     options = {"--budgets": "2,5,10,30", "--systems": "ours,torch", "--json": None, "--out-dir": "runs/race",
-               "--threads": "2", "--marian-python": sys.executable, "--marian-lr": f"{DEFAULT_LR:g}"}
+               "--threads": "2", "--marian-python": sys.executable, "--marian-lr": "ours"}
     for flag in list(options):
         if flag in argv:
             i = argv.index(flag)
