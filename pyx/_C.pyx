@@ -91,7 +91,7 @@ def probe_team():
 
 
 def compiler():
-    return tf_compiler().decode()
+    return tf_compiler().decode().strip()   # clang's __clang_version__ may end in a space
 
 
 # ---------------------------------------------------------------------------

@@ -132,6 +132,17 @@ def test_single_threaded_build_ignores_omp_num_threads_and_cli_refuses_threads_i
     assert "--threads 2" in proc.stderr and "without OpenMP" in proc.stderr
 
 
+@pytest.mark.skipif(not SINGLE_THREADED, reason="the refusal of a build without OpenMP")
+def test_single_threaded_build_refuses_a_bench_grid_with_more_threads_before_it_runs():
+    """`bench --threads 1,2` ran its first point, then stopped at the second with a traceback."""
+    proc = run_python("import sys; from transformer.cli import main; sys.argv = "
+                      "['transformer', 'bench', '--what', 'masking', '--threads', '1,2']; sys.exit(main())")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr   # one line
+    assert "--threads 1,2: 2 threads refused" in proc.stderr and "without OpenMP" in proc.stderr
+    assert proc.stdout == ""                                                         # nothing measured
+
+
 TORCH_PROBE = """
 import json, numpy as np
 {first}

@@ -299,6 +299,8 @@ def test_info_under_mpirun_shows_ranks_threads_and_cores():
     assert all(r["ranks"] == 2 and r["cores_this_rank_may_use"] for r in info["mpi"])
 
 
+# The grid's ranks and threads both come from the --threads values, so its one two-rank point (the
+# DDP comparison) comes with --threads 1,2, which a build without OpenMP refuses.
 @needs_threads
 def test_bench_distributed_grid_against_ddp(tmp_path):
     """`bench --what distributed`: the ranks x threads grid that fits the cores, ours and PyTorch DDP

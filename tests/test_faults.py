@@ -17,6 +17,8 @@ import transformer
 from transformer.checkpoint import CHECKPOINT_FILE, load_checkpoint, load_for_inference
 from transformer.serialization import _temporary_prefix, read_metadata, remove_stale_temporaries
 
+from conftest import SINGLE_THREADED
+
 # Subprocesses run from outside the checkout (its transformer/ folder may have no compiled module)
 # with the package this process imported on their path.
 OUTSIDE = tempfile.gettempdir()
@@ -145,6 +147,9 @@ def test_only_temporary_files_of_dead_writers_are_removed(tmp_path):
 TRAIN_STEPS = 2000
 TRAIN_GROWTH_MIB = 8.0      # tolerance on the resident-memory growth from step 200 to step 2000
 DECODE_GROWTH_MIB = 4.0     # from call 50 to call 500 of greedy_decode and beam_search
+# Two threads, so that the team's per-thread GEMM blocks are in what is measured; the build without
+# OpenMP has one thread and refuses a second (SingleThreadedBuild), so it measures its only one.
+PROBE_THREADS = 1 if SINGLE_THREADED else 2
 
 MEMORY_PROBE = textwrap.dedent("""
     import json, numpy as np
@@ -160,7 +165,7 @@ MEMORY_PROBE = textwrap.dedent("""
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) / 1024.0
 
-    T.set_num_threads(2)
+    T.set_num_threads(THREADS)
     task = ReverseTask()
     cfg = T.ModelConfig(src_vocab_size=task.src_tokenizer.vocab_size,
                         tgt_vocab_size=task.tgt_tokenizer.vocab_size, max_len=task.max_len + 2,
@@ -195,7 +200,8 @@ MEMORY_PROBE = textwrap.dedent("""
 def test_resident_memory_is_constant_over_training_steps_and_decoding_calls():
     """2,000 steps of the tiny preset (model + Adam, the way train.py drives them) and 500 calls of
     each decoder: resident memory stops growing once the first batches have been seen."""
-    code = MEMORY_PROBE.replace("STEPS", str(TRAIN_STEPS)).replace("BATCH", "4")
+    code = (MEMORY_PROBE.replace("STEPS", str(TRAIN_STEPS)).replace("BATCH", "4")
+            .replace("THREADS", str(PROBE_THREADS)))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           cwd=OUTSIDE, env=subprocess_env())
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -29,13 +29,26 @@ def _threads(text):
 
 
 def _default_threads():
-    """1, 2, 4, ... up to the cores present, and the core count itself."""
-    cores = os.cpu_count() or 1
+    """1, 2, 4, ... up to the cores present, and the core count itself; 1 alone in a build without
+    OpenMP, which runs one thread."""
+    from .. import _C
+
+    cores = (os.cpu_count() or 1) if _C.openmp_version() else 1
     values, n = [], 1
     while n < cores:
         values.append(n)
         n *= 2
     return values + [cores]
+
+
+def _refuse_more_threads_than_the_build_runs(values):
+    """A build without OpenMP refuses --threads above 1 before anything runs, in one line, as the
+    other commands do; not half-way through a grid, from the first point that asks for 2."""
+    from .. import _C
+
+    if _C.openmp_version() == 0 and max(values) > 1:
+        with blame("--threads", ",".join(map(str, values))):
+            raise _C.SingleThreadedBuild(f"{max(values)} threads refused: {_C.SINGLE_THREADED_FIX}")
 
 
 def _against(args):
@@ -161,6 +174,7 @@ def run(args):
     _check_bench_flags(args)
     if args.threads is None:
         args.threads = _default_threads()
+    _refuse_more_threads_than_the_build_runs(args.threads)
     if args.what == "marian":
         return _bench_marian(args)
     if args.what == "serve":
