@@ -113,12 +113,14 @@ def plot(records, path):
     import matplotlib.pyplot as plt
 
     corpora = sorted({r["data"] for r in records})
+    systems = sorted({system_of(r) for r in records}, key=lambda s: (s != "ours", s))
+    colors = {system: f"C{i}" for i, system in enumerate(systems)}     # one color a system in every panel
     fig, axes = plt.subplots(1, len(corpora), figsize=(6.5 * len(corpora), 4.5), squeeze=False)
     for ax, data in zip(axes[0], corpora):
         mine = [r for r in records if r["data"] == data]
-        for i, system in enumerate(sorted({system_of(r) for r in mine}, key=lambda s: (s != "ours", s))):
+        for system in [s for s in systems if any(system_of(r) == s for r in mine)]:
             runs = sorted((r for r in mine if system_of(r) == system), key=lambda r: budget_minutes(r) or 0)
-            color = f"C{i}"
+            color = colors[system]
             finals = [(budget_minutes(r), r["greedy"]["bleu"]) for r in runs if budget_minutes(r)]
             if finals:
                 ax.plot(*zip(*finals), "-o", color=color, label=f"{system}: final, held-out")
