@@ -8,6 +8,7 @@ import textwrap
 
 import pytest
 
+import transformer
 from transformer import cli, train
 from transformer.bench import race, race_marian
 from transformer.config import PRESETS
@@ -101,7 +102,8 @@ for u in range(every, updates + 1, every or updates + 1):
 open(model, "w").close()
 """
 FAKE_INIT = """
-import glob, os
+import glob, os, sys
+sys.path.insert(0, os.environ["FAKE_MARIAN_TRANSFORMER_ROOT"])    # ours, not a checkout's uncompiled copy
 from transformer.tokenizer import tokenizer_from_json
 
 class Translator:
@@ -124,6 +126,7 @@ def fake_pymarian(tmp_path, monkeypatch):
     (package / "__init__.py").write_text(textwrap.dedent(FAKE_INIT))
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("TRANSFORMER_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("FAKE_MARIAN_TRANSFORMER_ROOT", os.path.dirname(os.path.dirname(transformer.__file__)))
     return sys.executable
 
 
