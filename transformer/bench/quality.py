@@ -147,6 +147,25 @@ def read_records(paths):
     return records
 
 
+def pop_options(argv, options):
+    """The suite's own flags taken out of argv (the rest are `transformer train`'s): options maps
+    each flag to its default and gets the value given; a flag given twice, the last wins."""
+    for flag in options:
+        while flag in argv:
+            i = argv.index(flag)
+            options[flag] = argv[i + 1]
+            del argv[i:i + 2]
+    return options
+
+
+def write_record(record, path):
+    """Print the record as a JSON line, and append it to `path` (None: print only)."""
+    print(json.dumps(record))
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+
+
 def budget(record):
     return f"{record['minutes']:g} min" if record.get("minutes") else f"{record['steps']} steps"
 
@@ -247,12 +266,7 @@ def main(argv=None):
         for row in compare(read_records(f for f in argv if f != "--compare")):
             print(json.dumps(row))
         return 0
-    options = {"--engine": "ours", "--json": None}
-    for flag in options:
-        if flag in argv:
-            i = argv.index(flag)
-            options[flag] = argv[i + 1]
-            del argv[i:i + 2]
+    options = pop_options(argv, {"--engine": "ours", "--json": None})
     engine = options["--engine"]
     if engine not in ("ours", "torch"):
         raise SystemExit("--engine must be ours or torch")
@@ -300,10 +314,7 @@ def main(argv=None):
         with trainer.scoring(trainer.model_for_inference):
             averaged_beam = trainer.evaluate(beam=4)
         record["averaged_last"]["beam4"] = {k: averaged_beam.get(k) for k in ("bleu", "chrf")}
-    print(json.dumps(record))
-    if options["--json"]:
-        with open(options["--json"], "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+    write_record(record, options["--json"])
     return 0
 
 

@@ -36,7 +36,7 @@ import subprocess
 import sys
 
 from .harness import same_package
-from .quality import read_records, reached_at
+from .quality import pop_options, read_records, reached_at
 
 SYSTEMS = ("ours", "torch", "marian")
 
@@ -198,11 +198,7 @@ def run(argv):
 
     options = {"--budgets": "2,5,10,30", "--systems": "ours,torch", "--json": None, "--out-dir": "runs/race",
                "--threads": "2", "--marian-python": sys.executable, "--marian-lr": "ours"}
-    for flag in list(options):
-        if flag in argv:
-            i = argv.index(flag)
-            options[flag] = argv[i + 1]
-            del argv[i:i + 2]
+    pop_options(argv, options)
     budgets = [float(b) for b in options["--budgets"].split(",")]
     systems = options["--systems"].split(",")
     for system in systems:

@@ -30,7 +30,6 @@ PROBE_UPDATES-update run, from its log, not counted in the budget); the run trai
 many updates (`--after Nu`). --steps N trains N updates instead (a busy machine: give the quiet
 --step-seconds measured apart; the record's curve then uses it, as race.py's records).
 """
-import json
 import os
 import re
 import shutil
@@ -235,15 +234,12 @@ def run(args, python, shape, minutes, lr=None, steps=None, step_seconds=None, ev
 
 def main(argv=None):
     from .. import cli, train
+    from .quality import pop_options, write_record
 
     argv = list(sys.argv[1:] if argv is None else argv)
     options = {"--marian-python": sys.executable, "--json": None, "--marian-lr": "ours",
                "--shape": "tiny", "--steps": None, "--step-seconds": None}
-    for flag in list(options):
-        while flag in argv:             # given twice, the last wins (as argparse)
-            i = argv.index(flag)
-            options[flag] = argv[i + 1]
-            del argv[i:i + 2]
+    pop_options(argv, options)
     args = cli.build_parser().parse_args(["train", *argv])
     if not train.has_data(args) or not args.minutes or not args.out:
         raise SystemExit("--data, --minutes and --out are required")
@@ -257,10 +253,7 @@ def main(argv=None):
                  steps=None if options["--steps"] is None else int(options["--steps"]),
                  step_seconds=None if options["--step-seconds"] is None else float(options["--step-seconds"]),
                  eval_limit=args.eval_limit or 100)
-    print(json.dumps(record))
-    if options["--json"]:
-        with open(options["--json"], "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+    write_record(record, options["--json"])
     return 0
 
 
