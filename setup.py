@@ -67,6 +67,10 @@ machine = os.environ.get("TRANSFORMER_TARGET_MACHINE", platform.machine()).lower
 if machine in ("aarch64", "arm64"):
     # ARM64: the AVX2 kernels through SIMDe's NEON translation are the neon level (csrc/simd.h);
     # without SIMDe's headers, the portable C kernels only (build_info() says isa "generic").
+    # The kernels' C rounds every product on its own unless it calls fmaf: x86-64's baseline has
+    # no FMA, so an x86 build never fuses, but ARM64's has, and GCC would fuse a*b + c there
+    # (dx += dout * act'(x) then differed from dx + (dout * act'(x)) by an ulp at the generic level).
+    compile_args.append("-ffp-contract=off")
     simde = simde_include()
     if simde:
         define_macros.append(("TF_SIMDE_NEON", "1"))
