@@ -67,6 +67,10 @@ machine = os.environ.get("TRANSFORMER_TARGET_MACHINE", platform.machine()).lower
 if machine in ("aarch64", "arm64"):
     # ARM64: the AVX2 kernels through SIMDe's NEON translation are the neon level (csrc/simd.h);
     # without SIMDe's headers, the portable C kernels only (build_info() says isa "generic").
+    # The kernels' C rounds every product on its own unless it calls fmaf: x86-64's baseline has
+    # no FMA, so an x86 build never fuses, but ARM64's has, and GCC would fuse a*b + c there
+    # (dx += dout * act'(x) then differed from dx + (dout * act'(x)) by an ulp at the generic level).
+    compile_args.append("-ffp-contract=off")
     simde = simde_include()
     if simde:
         define_macros.append(("TF_SIMDE_NEON", "1"))
@@ -155,7 +159,28 @@ class BuildExt(build_ext):
             if found is not None:
                 ext.extra_compile_args = found[0] + ext.extra_compile_args
                 ext.extra_link_args = found[1] + ext.extra_link_args
+        jobs = os.cpu_count() if self.parallel is True else int(self.parallel or 1)
+        if jobs > 1:
+            self.compile_files_in_parallel(jobs)
         super().build_extensions()
+
+    def compile_files_in_parallel(self, jobs):
+        """`-j N` compiles N source files at a time. setuptools' own -j runs whole extensions in
+        parallel, and there is one: without this its ~40 files compile one after another. Each
+        file is compiled by the same call with the same flags as before (same objects, same
+        bits); the Cython module, first in the list and the longest, starts first."""
+        from concurrent.futures import ThreadPoolExecutor
+        compile_sources = self.compiler.compile
+
+        def compile_each(sources, output_dir=None, **kwargs):
+            for obj in self.compiler.object_filenames(sources, output_dir=output_dir):
+                os.makedirs(os.path.dirname(obj) or ".", exist_ok=True)   # not racing for it
+            with ThreadPoolExecutor(jobs) as pool:
+                parts = list(pool.map(lambda source: compile_sources([source], output_dir=output_dir,
+                                                                     **kwargs), sources))
+            return [obj for part in parts for obj in part]
+
+        self.compiler.compile = compile_each
 
 
 setup(
