@@ -186,3 +186,13 @@ def test_the_race_table_times_ours_to_marians_ten_minute_bleu():
     ratio = rows[-1]
     assert ratio["reference"] == "marian" and ratio["ours_minutes_by_budgets"] == pytest.approx(2 + 3 * 2 / 6)
     assert ratio["time_ratio_by_budgets"] == pytest.approx(10 / (2 + 3 * 2 / 6), rel=1e-2)
+
+
+def test_the_suites_own_flags_are_taken_out_the_last_given_wins_and_a_missing_value_is_named():
+    from transformer.bench.quality import pop_options
+
+    argv = ["--data", "x.tsv", "--json", "a.jsonl", "--minutes", "2", "--json", "b.jsonl"]
+    assert pop_options(argv, {"--json": None, "--engine": "ours"}) == {"--json": "b.jsonl", "--engine": "ours"}
+    assert argv == ["--data", "x.tsv", "--minutes", "2"]        # the rest is train's
+    with pytest.raises(SystemExit, match="--json needs a value"):
+        pop_options(["--data", "x.tsv", "--json"], {"--json": None})

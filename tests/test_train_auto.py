@@ -113,6 +113,7 @@ def test_choose_stops_at_a_candidate_the_budget_cannot_train(monkeypatch):
 
 
 def test_choose_counts_steps_past_a_curves_measured_passes_as_those_passes_and_respects_max_steps():
+    assert set(sizing.MEASURED_PASSES) == set(sizing.CANDIDATES)
     for name, passes in sizing.MEASURED_PASSES.items():
         capped = sizing.predicted_bleu(name, 100_000, steps_per_pass=10)
         assert capped == sizing.predicted_bleu(name, int(passes * 10)), name

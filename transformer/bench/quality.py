@@ -153,6 +153,8 @@ def pop_options(argv, options):
     for flag in options:
         while flag in argv:
             i = argv.index(flag)
+            if i + 1 == len(argv):
+                raise SystemExit(f"{flag} needs a value")
             options[flag] = argv[i + 1]
             del argv[i:i + 2]
     return options
