@@ -137,7 +137,7 @@ def listen(app, host, port, shutdown_timeout=60.0, banner=(), shutdown_grace=2.0
         try:
             await stop.wait()
             app[STOPPING].since = loop.time()       # from here a request not begun gets 503
-            accepting = close_listeners(server, runner.server)
+            accepting = await close_listeners(server, runner.server)
             print(f"stopping: the port is closed; the {len(runner.server.connections) + len(accepting)} open "
                   f"connections ({len(accepting)} taken from its accept queue) get their answers, idle ones "
                   f"are closed after {min(shutdown_grace, shutdown_timeout):g} s", file=sys.stderr, flush=True)

@@ -2,8 +2,9 @@
 an answer to each request sent on it, none is reset, and the process exits 0.
 
     1. The listening sockets stop taking connections, and nothing the kernel completed is lost: a
-       socket filter makes the kernel complete no new handshake (Linux; elsewhere the window is the
-       few microseconds of step 1), the connections already in the accept queue are accepted, then
+       socket filter makes the kernel complete no new handshake (Linux; elsewhere the window is
+       step 1's one turn of the event loop), asyncio stops accepting and lets the connections it
+       accepted just before attach, the connections still in the accept queue are accepted, then
        the sockets close. A client that connects later is refused (ECONNREFUSED), never reset.
     2. A request the server began to handle before the signal is answered as usual; any other, on
        any open connection (one just taken from the accept queue, a keep-alive one, bytes already
@@ -88,14 +89,22 @@ def _accept_queued(listener):
         accepted.append(connection)
 
 
-def close_listeners(server, protocol_factory):
-    """Step 1 on the asyncio Server `server`, at once (no await between emptying the accept queues
-    and closing the sockets): [tasks making the accepted connections `protocol_factory`'s]."""
+async def close_listeners(server, protocol_factory):
+    """Step 1 on the asyncio Server `server`: [tasks making the connections taken from the accept
+    queues `protocol_factory`'s]. No await between emptying the queues and closing the sockets.
+
+    asyncio itself accepts in a callback and makes the connection in a task it starts then; that
+    task attaches the transport to `server`, which fails once the server is closed (Server._attach
+    asserts it is open), and the connection is dropped unanswered. So asyncio stops accepting first,
+    and the tasks of what it accepted just before run up to their attach before anything closes."""
     loop = asyncio.get_running_loop()
     listeners = [socket.socket(fileno=os.dup(s.fileno())) for s in server.sockets]   # the same sockets
     accepted = []
     for listener in listeners:
         _refuse_handshakes(listener)
+    for s in server.sockets:
+        loop.remove_reader(s.fileno())      # its callback, even one already due, does not run again
+    await asyncio.sleep(0)                  # the tasks it started run first: each is attached
     for listener in listeners:
         listener.setblocking(False)
         accepted += _accept_queued(listener)
