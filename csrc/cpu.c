@@ -8,6 +8,14 @@
 #ifdef _OPENMP
 #include <omp.h>
 #endif
+#if defined(__aarch64__) && defined(__linux__)
+#include <sys/auxv.h>
+#ifndef HWCAP_ASIMDDP
+#define HWCAP_ASIMDDP (1 << 20)   /* asm/hwcap.h, Linux 4.15 */
+#endif
+#elif defined(__aarch64__) && defined(__APPLE__)
+#include <sys/sysctl.h>
+#endif
 #if TF_HAVE_AMX
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -38,6 +46,21 @@ static int amx_usable(void)
 }
 #endif
 
+#if defined(__aarch64__)
+static int aarch64_dotprod(void)
+{
+#if defined(__linux__)
+    return (getauxval(AT_HWCAP) & HWCAP_ASIMDDP) != 0;
+#elif defined(__APPLE__)
+    int has = 0;
+    size_t size = sizeof has;
+    return sysctlbyname("hw.optional.arm.FEAT_DotProd", &has, &size, NULL, 0) == 0 && has;
+#else
+    return 0;
+#endif
+}
+#endif
+
 int tf_cpu_best_isa(void)
 {
 #if defined(TF_EMULATE_X86)
@@ -59,7 +82,10 @@ int tf_cpu_best_isa(void)
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
         return TF_ISA_AVX2;
 #elif defined(__aarch64__) && TF_HAVE_X86
-    return TF_ISA_NEON;   /* Advanced SIMD is part of every aarch64 CPU (simd.h: through SIMDe) */
+    /* Advanced SIMD is part of every aarch64 CPU (simd.h: through SIMDe); the dot products are
+     * Armv8.2's option, told by the kernel (Linux's auxiliary vector; Apple's M-series all have
+     * them, and macOS's sysctl says so) */
+    return aarch64_dotprod() ? TF_ISA_NEON_DOTPROD : TF_ISA_NEON;
 #endif
     return TF_ISA_GENERIC;
 }
@@ -67,7 +93,7 @@ int tf_cpu_best_isa(void)
 int tf_isa_top(void)
 {
 #if defined(__aarch64__)
-    return TF_ISA_NEON;
+    return TF_ISA_NEON_DOTPROD;
 #else
     return TF_ISA_AMX;
 #endif
@@ -92,7 +118,7 @@ int tf_set_isa(int level)
 const char *tf_isa_name(int level)
 {
 #if defined(__aarch64__)
-    return level >= TF_ISA_NEON ? "neon" : "generic";
+    return level >= TF_ISA_NEON_DOTPROD ? "neon_dotprod" : level >= TF_ISA_NEON ? "neon" : "generic";
 #else
     switch (level) {
     case TF_ISA_AMX: return "amx";

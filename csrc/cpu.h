@@ -24,18 +24,30 @@
  *                GEMMs' tile kernels; csrc/amx.h)
  * Kernels with nothing specific to a level run the code of the level below it.
  *
- * On aarch64 the levels are generic and neon, which takes the avx2 level's slot: its kernels are
- * the AVX2 ones compiled through SIMDe into NEON (simd.h), so every `isa >= TF_ISA_AVX2` in the
- * kernels means "neon" there. Nothing above it is ever reported or forced on aarch64. */
+ * On aarch64 the levels are
+ *   neon:         Advanced SIMD, every aarch64 CPU; it takes the avx2 level's slot: its kernels
+ *                 are the AVX2 ones compiled through SIMDe into NEON (simd.h), so every
+ *                 `isa >= TF_ISA_AVX2` in the kernels means "neon" there
+ *   neon_dotprod: + the dot product instructions (SDOT, Armv8.2's FEAT_DotProd, HWCAP_ASIMDDP):
+ *                 the int8 GEMM's kernel (qgemm/neon_dotprod.c); every other kernel runs neon's
+ * and the x86 levels above them are never reported or forced: they are numbered past
+ * neon_dotprod there, so `isa >= TF_ISA_AVX512` never holds. A kernel dispatches on
+ * `isa >= TF_ISA_AVX2`, never `isa == TF_ISA_AVX2`, so that neon_dotprod runs neon's code. */
+#if defined(__aarch64__)
+enum { TF_ISA_GENERIC = 0, TF_ISA_AVX2 = 1, TF_ISA_NEON_DOTPROD = 2, TF_ISA_AVX512 = 3,
+       TF_ISA_AVX512_VNNI = 4, TF_ISA_AVX512_BF16 = 5, TF_ISA_AMX = 6, TF_ISA_LEVELS = 7,
+       TF_ISA_NEON = TF_ISA_AVX2 };
+#else
 enum { TF_ISA_GENERIC = 0, TF_ISA_AVX2 = 1, TF_ISA_AVX512 = 2, TF_ISA_AVX512_VNNI = 3,
        TF_ISA_AVX512_BF16 = 4, TF_ISA_AMX = 5, TF_ISA_LEVELS = 6, TF_ISA_NEON = TF_ISA_AVX2 };
+#endif
 
 int tf_cpu_best_isa(void);          /* best level this CPU (and OS) supports */
 int tf_isa(void);                   /* level in use: min(best, forced) */
 int tf_set_isa(int level);          /* force a level (clamped to best); returns the level in use */
 const char *tf_isa_name(int level); /* "generic" | "avx2" | "avx512" | "avx512_vnni" | "avx512_bf16" | "amx";
-                                       on aarch64 "generic" | "neon" */
-int tf_isa_top(void);               /* the highest level this architecture names (amx; neon on aarch64) */
+                                       on aarch64 "generic" | "neon" | "neon_dotprod" */
+int tf_isa_top(void);               /* the highest level this architecture names (amx; neon_dotprod on aarch64) */
 
 void tf_set_num_threads(int n);     /* n >= 1 */
 int tf_get_num_threads(void);

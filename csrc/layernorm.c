@@ -407,7 +407,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *x, con
 #if TF_HAVE_X86
         if (isa >= TF_ISA_AVX512) {
             layernorm_forward_rows_avx512(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
-        } else if (isa == TF_ISA_AVX2) {
+        } else if (isa >= TF_ISA_AVX2) {
             layernorm_forward_rows_avx2(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
         } else
 #endif
@@ -445,7 +445,7 @@ void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch,
                                                 ch * LAYERNORM_CHUNK, r1, D, accumulate);
                 continue;
             }
-            if (isa == TF_ISA_AVX2) {
+            if (isa >= TF_ISA_AVX2) {
                 layernorm_backward_chunk_avx2(dx, dwp, dbp, dout, x, weight, mean, rstd,
                                               ch * LAYERNORM_CHUNK, r1, D, accumulate);
                 continue;

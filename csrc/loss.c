@@ -330,7 +330,7 @@ static row_kernels pick_kernels(void)
         k.stats = row_stats_avx512;
         k.scale = row_scale_avx512;
         k.shift = row_shift_avx512;
-    } else if (isa == TF_ISA_AVX2) {
+    } else if (isa >= TF_ISA_AVX2) {
         k.stats = row_stats_avx2;
         k.scale = row_scale_avx2;
         k.shift = row_shift_avx2;

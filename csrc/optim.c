@@ -161,7 +161,7 @@ void adam_update(float *params, const float *grads, float *exp_avg, float *exp_a
 #ifdef TF_X86
     int isa = tf_isa();
     if (isa >= TF_ISA_AVX512) fn = adam_avx512;
-    else if (isa == TF_ISA_AVX2) fn = adam_avx2;
+    else if (isa >= TF_ISA_AVX2) fn = adam_avx2;
 #endif
     const long blocks = (n + ADAM_BLOCK - 1) / ADAM_BLOCK;
 #pragma omp parallel for schedule(static) num_threads(tf_team(n, ADAM_GRAIN))
@@ -238,7 +238,7 @@ double sum_squares_f32(const float *x, long n, double *chunk_sums)
 #ifdef TF_X86
     int isa = tf_isa();
     if (isa >= TF_ISA_AVX512) fn = sumsq_avx512;
-    else if (isa == TF_ISA_AVX2) fn = sumsq_avx2;
+    else if (isa >= TF_ISA_AVX2) fn = sumsq_avx2;
 #endif
     const long chunks = (n + TF_SUMSQ_CHUNK - 1) / TF_SUMSQ_CHUNK;
 #pragma omp parallel for schedule(static) num_threads(tf_team(n, STREAM_GRAIN))

@@ -187,12 +187,12 @@ static double measure(int kind, int isa, double seconds, double *ops_per_round)
 #endif
 #ifdef PEAK_X86
         if (kind == 0 && isa >= TF_ISA_AVX512) { peak_sink_f = fma_avx512(ROUNDS); *ops_per_round = CHAINS * 32.0; }
-        else if (kind == 0 && isa == TF_ISA_AVX2) { peak_sink_f = fma_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 16.0; }
+        else if (kind == 0 && isa >= TF_ISA_AVX2) { peak_sink_f = fma_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 16.0; }
         else if (kind == 1 && isa >= TF_ISA_AVX512_VNNI) { peak_sink_i = dpbusd_avx512(ROUNDS); *ops_per_round = CHAINS * 128.0; }
         else if (kind == 1 && isa >= TF_ISA_AVX2) { peak_sink_i = madd_avx2(ROUNDS); *ops_per_round = 6 * 32.0; }
         else if (kind == 2 && isa >= TF_ISA_AVX512_BF16) { peak_sink_f = dpbf16_avx512(ROUNDS); *ops_per_round = CHAINS * 64.0; }
         else if (kind == 2 && isa >= TF_ISA_AVX512) { peak_sink_f = fma_avx512(ROUNDS); *ops_per_round = CHAINS * 32.0; }
-        else if (kind == 2 && isa == TF_ISA_AVX2) { peak_sink_f = fma_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 16.0; }
+        else if (kind == 2 && isa >= TF_ISA_AVX2) { peak_sink_f = fma_avx2(ROUNDS); *ops_per_round = CHAINS_YMM * 16.0; }
         else
 #endif
         if (kind != 1) { peak_sink_f = fma_generic(ROUNDS); *ops_per_round = CHAINS * 2.0; }

@@ -533,7 +533,7 @@ void softmax_forward(float *probs, const float *scores, const uint8_t *key_paddi
 #if TF_HAVE_X86
             if (isa >= TF_ISA_AVX512) {
                 softmax_rows_avx512(p, s, pad, n, count, Tk, scale);
-            } else if (isa == TF_ISA_AVX2) {
+            } else if (isa >= TF_ISA_AVX2) {
                 softmax_rows_avx2(p, s, pad, n, count, Tk, scale);
             } else
 #endif
@@ -561,7 +561,7 @@ void softmax_backward(float *dscores, const float *probs, const float *dprobs,
 #if TF_HAVE_X86
         if (isa >= TF_ISA_AVX512) {
             softmax_backward_rows_avx512(dscores, probs, dprobs, r0, r1, Tk, scale);
-        } else if (isa == TF_ISA_AVX2) {
+        } else if (isa >= TF_ISA_AVX2) {
             softmax_backward_rows_avx2(dscores, probs, dprobs, r0, r1, Tk, scale);
         } else
 #endif
@@ -577,7 +577,7 @@ void tf_exp_array(float *out, const float *x, long n)
 #if TF_HAVE_X86
     const int isa = tf_isa();
     if (isa >= TF_ISA_AVX512) { exp_array_avx512(out, x, n); return; }
-    if (isa == TF_ISA_AVX2) { exp_array_avx2(out, x, n); return; }
+    if (isa >= TF_ISA_AVX2) { exp_array_avx2(out, x, n); return; }
 #endif
     for (long k = 0; k < n; k++) out[k] = expf(x[k]);
 }

@@ -70,7 +70,8 @@ def isa_levels():
 
 def set_isa(name):
     """Force a SIMD level (isa_levels(): 'generic', 'avx2', 'avx512', 'avx512_vnni',
-    'avx512_bf16', 'amx' on x86-64; 'generic', 'neon' on aarch64); a level above the CPU's best is
+    'avx512_bf16', 'amx' on x86-64; 'generic', 'neon', 'neon_dotprod' on aarch64); a level above
+    the CPU's best is
     clamped.
     Returns the level now in use."""
     if name not in _ISA_LEVELS:

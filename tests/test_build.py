@@ -40,7 +40,8 @@ def test_build_info_reports_compiler_openmp_isa_and_threads():
     assert info["isa"] in _C.isa_levels()
     assert info["threads"] == T.get_num_threads()
     assert info["bf16"].startswith(info["isa"] + " ")
-    assert info["int8"].split()[0] == {"generic": "generic", "neon": "neon", "avx2": "avx2", "avx512": "avx2",
+    assert info["int8"].split()[0] == {"generic": "generic", "neon": "neon", "neon_dotprod": "neon_dotprod",
+                                       "avx2": "avx2", "avx512": "avx2",
                                        "avx512_vnni": "avx512_vnni",
                                        "avx512_bf16": "avx512_vnni", "amx": "amx"}[info["isa"]]
 
@@ -107,7 +108,7 @@ def test_the_levels_are_those_of_the_architecture():
     import platform
     levels = _C.isa_levels()
     if platform.machine() in ("aarch64", "arm64"):
-        assert levels == ["generic", "neon"]
+        assert levels == ["generic", "neon", "neon_dotprod"]
     else:
         assert levels == ["generic", "avx2", "avx512", "avx512_vnni", "avx512_bf16", "amx"]
 

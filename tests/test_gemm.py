@@ -18,11 +18,11 @@ TRANS = [(False, False), (False, True), (True, False), (True, True)]
 # avx512_vnni, avx512_bf16 and amx run AVX-512's fp32 kernels; avx512_bf16's bf16 kernel (vdpbf16ps)
 # has AVX-512's tile and blocks, amx's bf16 tile kernel its own (test_gemm_bf16.py).
 # ARM64's neon level runs avx2's kernels (through SIMDe): avx2's tile and blocks.
-MR = {"generic": 4, "avx2": 6, "neon": 6, "avx512": 14, "avx512_vnni": 14, "avx512_bf16": 14, "amx": 14}
-NR = {"generic": 8, "avx2": 16, "neon": 16, "avx512": 32, "avx512_vnni": 32, "avx512_bf16": 32, "amx": 32}
+MR = {"generic": 4, "avx2": 6, "neon": 6, "neon_dotprod": 6, "avx512": 14, "avx512_vnni": 14, "avx512_bf16": 14, "amx": 14}
+NR = {"generic": 8, "avx2": 16, "neon": 16, "neon_dotprod": 16, "avx512": 32, "avx512_vnni": 32, "avx512_bf16": 32, "amx": 32}
 KC = 256
-MC = {"generic": 128, "avx2": 144, "neon": 144, "avx512": 336, "avx512_vnni": 336, "avx512_bf16": 336, "amx": 336}
-NC = {"generic": 2048, "avx2": 4096, "neon": 4096, "avx512": 4096, "avx512_vnni": 4096, "avx512_bf16": 4096, "amx": 4096}
+MC = {"generic": 128, "avx2": 144, "neon": 144, "neon_dotprod": 144, "avx512": 336, "avx512_vnni": 336, "avx512_bf16": 336, "amx": 336}
+NC = {"generic": 2048, "avx2": 4096, "neon": 4096, "neon_dotprod": 4096, "avx512": 4096, "avx512_vnni": 4096, "avx512_bf16": 4096, "amx": 4096}
 # Thread counts whose results must be bitwise identical (more than the 2 cores: oversubscribed).
 THREADS = (1, 2, 3, 4, 7, 16)
 # The shared schedule gives each thread at least this many MR-row panels before splitting columns.

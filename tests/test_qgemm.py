@@ -467,6 +467,7 @@ def test_int8_linear_refuses_bad_arguments():
 def test_build_info_names_the_int8_path(isa):
     want = {"generic": "generic (C, int32)", "avx2": "avx2 (vpmaddwd, int32)",
             "neon": "neon (avx2's vpmaddwd kernel through SIMDe, int32)",
+            "neon_dotprod": "neon_dotprod (sdot, int32)",
             "avx512": "avx2 (vpmaddwd, int32)", "avx512_vnni": "avx512_vnni (vpdpbusd, int32)",
             "avx512_bf16": "avx512_vnni (vpdpbusd, int32)", "amx": "amx (tdpbusd tiles, int32)"}[isa]
     assert T.build_info()["int8"] == want

@@ -31,7 +31,7 @@ def build_info():
     (tdpbf16ps) at the amx level, with vdpbf16ps at avx512_bf16, below it by the fp32 FMA kernels
     of the level (exact products, fp32 sums).
     int8: tdpbusd tiles (u8 x s8) at amx, vpdpbusd from avx512_vnni, vpmaddwd on AVX2 and AVX-512,
-    plain C below."""
+    plain C below; on aarch64 sdot (s8 x s8) at neon_dotprod, vpmaddwd through SIMDe at neon."""
     return {
         "version": __version__,
         "compiler": _C.compiler(),

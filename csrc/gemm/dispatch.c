@@ -17,6 +17,9 @@ static const gemm_level levels[TF_ISA_LEVELS] = {
     [TF_ISA_GENERIC]     = {&isa_generic, &isa_generic_bf16, &isa_generic_bf16},
 #ifdef GEMM_X86
     [TF_ISA_AVX2]        = {&isa_avx2, &isa_avx2_bf16, &isa_avx2_bf16_packed},
+#if defined(__aarch64__)   /* neon_dotprod has int8 kernels only: neon's (avx2's) run */
+    [TF_ISA_NEON_DOTPROD] = {&isa_avx2, &isa_avx2_bf16, &isa_avx2_bf16_packed},
+#endif
     [TF_ISA_AVX512]      = {&isa_avx512, &isa_avx512_bf16, &isa_avx512_bf16},
     [TF_ISA_AVX512_VNNI] = {&isa_avx512, &isa_avx512_bf16, &isa_avx512_bf16},
     [TF_ISA_AVX512_BF16] = {&isa_avx512, &isa_avx512_dpbf16, &isa_avx512_dpbf16},

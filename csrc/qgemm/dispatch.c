@@ -1,6 +1,7 @@
 /* Which int8 kernel, and so which panel layout, runs at which instruction-set level (cpu.h): one
  * row per level. A level with no kernel of its own runs the one below's (AVX-512 without VNNI
- * runs the AVX2 kernel; avx512_bf16 the VNNI one). The bits are the same on every row (qgemm.h);
+ * runs the AVX2 kernel; avx512_bf16 the VNNI one; on aarch64, neon runs AVX2's through SIMDe and
+ * neon_dotprod the SDOT kernel). The bits are the same on every row (qgemm.h);
  * only the speed and the layout differ. */
 #include "qgemm_isa.h"
 
@@ -21,7 +22,10 @@ typedef struct {
 /* Rows left empty (the x86 levels on another architecture) run the generic kernel. */
 static const qgemm_level levels[TF_ISA_LEVELS] = {
     [TF_ISA_GENERIC]     = GENERIC_ROW,
-#ifdef QGEMM_X86
+#ifdef QGEMM_NEON_DOTPROD
+    [TF_ISA_NEON]        = AVX2_ROW,
+    [TF_ISA_NEON_DOTPROD] = {{16, 4}, qgemm_kernel_neon_dotprod, "neon_dotprod (sdot, int32)"},
+#elif defined(QGEMM_X86)
     [TF_ISA_AVX2]        = AVX2_ROW,
     [TF_ISA_AVX512]      = AVX2_ROW,
     [TF_ISA_AVX512_VNNI] = VNNI_ROW,

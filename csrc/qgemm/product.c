@@ -78,6 +78,9 @@ void qgemm_packed(int isa, long M, long N, long K, const float *X, long ldx, con
 #ifdef QGEMM_X86
     const int avx2 = isa >= TF_ISA_AVX2, vnni = isa >= TF_ISA_AVX512_VNNI;
 #endif
+#ifdef QGEMM_NEON_DOTPROD
+    const int sdot = isa == TF_ISA_NEON_DOTPROD;
+#endif
 #pragma omp parallel for num_threads(tf_team(M * K, QGEMM_GRAIN / 4)) schedule(static)
     for (long i = 0; i < M; i++) {
         int16_t *q = Xq + i * ldq;
@@ -86,6 +89,9 @@ void qgemm_packed(int isa, long M, long N, long K, const float *X, long ldx, con
         if (avx2) {
             xs[i] = qgemm_quantize_row_avx2(K, X + i * ldx, q);
             if (vnni) qgemm_to_unsigned(q, K);
+#ifdef QGEMM_NEON_DOTPROD
+            if (sdot) qgemm_to_signed(q, K);
+#endif
             continue;
         }
 #endif

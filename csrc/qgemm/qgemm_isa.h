@@ -13,6 +13,7 @@
  *   avx512_vnni.h/.c  AVX-512 VNNI: the 12 x 32 vpdpbusd kernel (+ its dequantization, which
  *                  the amx tiles reuse)
  *   amx.c          AMX tiles: the 32 x 32 tdpbusd tile kernel
+ *   neon_dotprod.c Arm's dot products (aarch64): the 4 x 16 SDOT kernel
  *
  * Adding an instruction set: a file with its kernel, its declaration below, and a row in
  * dispatch.c's table. How a product runs: product.c. */
@@ -31,6 +32,9 @@
 #define QGEMM_X86 1
 #define TARGET_AVX2 TF_TARGET_AVX2
 #define TARGET_VNNI TF_TARGET_AVX512_VNNI
+#endif
+#if defined(__aarch64__) && defined(QGEMM_X86)
+#define QGEMM_NEON_DOTPROD 1   /* the neon_dotprod level (cpu.h): the SDOT kernel */
 #endif
 
 /* Everything declared below is internal to the folder: hidden, so the extension does not export
@@ -76,6 +80,10 @@ float qgemm_quantize_row_avx2(long K, const float *v, int16_t *q);
 #endif
 /* Row q of int16 activations rewritten in place as uint8 q + 128, what vpdpbusd reads. */
 void qgemm_to_unsigned(int16_t *q, long K);
+#ifdef QGEMM_NEON_DOTPROD
+/* The same row rewritten in place as int8 q, what SDOT reads. */
+void qgemm_to_signed(int16_t *q, long K);
+#endif
 
 /* Micro-kernels: rows [0, m) of the block (Xq: int16 rows of ldq, zero past K, or for VNNI
  * the same rows as uint8 q + 128 at the start of each row; xs: their scales) times one panel
@@ -112,6 +120,12 @@ void qgemm_kernel_amx(long m, long K, const int16_t *Xq, long ldq, const float *
                       const int8_t *panel, const float *ws, const int32_t *comp,
                       const float *bias, float *C, long ldc, int nr);
 #endif
+#endif
+#ifdef QGEMM_NEON_DOTPROD
+/* neon_dotprod.c */
+void qgemm_kernel_neon_dotprod(long m, long K, const int16_t *Xq, long ldq, const float *xs,
+                               const int8_t *panel, const float *ws, const int32_t *comp,
+                               const float *bias, float *C, long ldc, int nr);
 #endif
 
 /* The panel layout and the kernel of level `isa` (dispatch.c). */

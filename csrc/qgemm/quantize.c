@@ -99,3 +99,15 @@ void qgemm_to_unsigned(int16_t *q, long K)
         u[k] = (uint8_t)(v + 128);
     }
 }
+
+#ifdef QGEMM_NEON_DOTPROD
+/* Row q of int16 activations (in [-127, 127], zero past K) rewritten in place as int8 q, through a
+ * multiple of 4 past K, as qgemm_to_unsigned (byte k is written after int16 k was read). */
+void qgemm_to_signed(int16_t *q, long K)
+{
+    int8_t *s = (int8_t *)q;
+    const long k4 = ceil_div(K, 4) * 4;
+    for (long k = 0; k < k4; k++)
+        s[k] = (int8_t)(k < K ? q[k] : 0);
+}
+#endif
