@@ -2,10 +2,10 @@
 an answer to each request sent on it, none is reset, and the process exits 0.
 
     1. The listening sockets stop taking connections, and nothing the kernel completed is lost: a
-       socket filter makes the kernel complete no new handshake (Linux; elsewhere the window is
-       step 1's one turn of the event loop), asyncio stops accepting and lets the connections it
-       accepted just before attach, the connections still in the accept queue are accepted, then
-       the sockets close. A client that connects later is refused (ECONNREFUSED), never reset.
+       socket filter makes the kernel complete no new handshake (Linux; elsewhere the window is the
+       few microseconds between emptying the queue and closing), asyncio stops accepting and lets
+       the connections it accepted just before attach, the connections still in the accept queue
+       are accepted, then the sockets close. A client that connects later is refused (ECONNREFUSED), never reset.
     2. A request the server began to handle before the signal is answered as usual; any other, on
        any open connection (one just taken from the accept queue, a keep-alive one, bytes already
        waiting in a socket), gets 503 {"error": "the server is stopping"}. Every answer from then on
