@@ -365,15 +365,6 @@ async def _exchange(reader, writer, text):
     return int(status_line.split()[1]), headers, json.loads(payload)
 
 
-async def _health(port):
-    """GET /health on a connection of its own: the parsed body."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-    answer = await reader.read()
-    writer.close()
-    return json.loads(answer.partition(b"\r\n\r\n")[2])
-
-
 def _closes(headers):
     return headers.get("connection", "").lower() == "close"
 
@@ -435,7 +426,7 @@ def test_sigterm_answers_every_request_on_a_connection_it_completed_once_then_ex
         while len(answered) < 2 * keep_alive:             # in full flow
             await asyncio.sleep(0.005)
         clients.append(asyncio.ensure_future(connection("long", signalled)))
-        while not clients[-1].done() and (await _health(running.port))["queue"] < len(long) // 2:   # being decoded
+        while not clients[-1].done() and json.loads((await _get(running.url + "/health"))[1])["queue"] < len(long) // 2:   # being decoded
             await asyncio.sleep(0.002)
         running.process.send_signal(signal.SIGTERM)
         sent = time.monotonic()
@@ -549,7 +540,7 @@ def test_stopping_serves_a_connection_asyncio_accepted_just_before_the_signal():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the socket filter is Linux's")
 def test_stopping_lets_the_kernel_complete_no_new_connection_while_it_empties_the_queue():
     """The window between emptying the accept queue and closing the port is shut: after
-    _refuse_handshakes a connect does not complete (the client's kernel retries, and meets the
+    _refuse_handshakes a connect does not complete (its SYN is dropped: the client's kernel retries, and meets the
     closed port), and what was queued before stays in the queue."""
     from transformer.serve.stopping import _refuse_handshakes
 

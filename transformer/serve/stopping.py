@@ -2,10 +2,11 @@
 an answer to each request sent on it, none is reset, and the process exits 0.
 
     1. The listening sockets stop taking connections, and nothing the kernel completed is lost: a
-       socket filter makes the kernel complete no new handshake (Linux; elsewhere the window is the
-       few microseconds between emptying the queue and closing), asyncio stops accepting and lets
-       the connections it accepted just before attach, the connections still in the accept queue
-       are accepted, then the sockets close. A client that connects later is refused (ECONNREFUSED), never reset.
+       socket filter makes the kernel drop every new SYN while the handshakes already answered
+       complete (Linux; elsewhere the window is the few microseconds between emptying the queue
+       and closing), asyncio stops accepting and lets the connections it accepted just before
+       attach, HANDSHAKE_S later the connections in the accept queue are accepted, then the
+       sockets close. A client that connects later is refused (ECONNREFUSED), never reset.
     2. A request the server began to handle before the signal is answered as usual; any other, on
        any open connection (one just taken from the accept queue, a keep-alive one, bytes already
        waiting in a socket), gets 503 {"error": "the server is stopping"}. Every answer from then on
@@ -35,7 +36,19 @@ __all__ = ["STOPPING", "Stopping", "close_listeners", "drain"]
 
 POLL_S = 0.02                   # how often the drain looks at the connections left
 SO_ATTACH_FILTER = 26           # linux/asm-generic/socket.h
-DROP_ALL = struct.pack("HBBI", 0x06, 0, 0, 0)   # classic BPF, one instruction: BPF_RET | BPF_K, keep 0 bytes
+# Classic BPF over the TCP header (tcp_filter runs the listener's filter with the data at it):
+# a segment with SYN set is dropped, any other kept whole. So no new handshake starts, while one the
+# kernel already answered with SYN-ACK completes when its last ACK comes (dropping that ACK too, as
+# an earlier drop-everything filter did, left the client connected and the server without the
+# connection: a reset once the port closed, 1 run of the SIGTERM test in about 40).
+DROP_SYN = struct.pack("HBBI" * 4,
+                       0x30, 0, 0, 13,            # BPF_LD | BPF_B | BPF_ABS: the flags byte
+                       0x45, 0, 1, 0x02,          # BPF_JMP | BPF_JSET | BPF_K: SYN set? drop : keep
+                       0x06, 0, 0, 0,             # BPF_RET | BPF_K: keep 0 bytes (drop)
+                       0x06, 0, 0, 0xFFFFFFFF)    # BPF_RET | BPF_K: keep it all
+# How long an answered handshake is given to complete (its last ACK: one round trip) before the
+# accept queue is emptied and the port closed; a client slower than that is reset.
+HANDSHAKE_S = 0.25
 
 
 class Stopping:
@@ -59,14 +72,15 @@ STOPPING = web.AppKey("stopping", Stopping)
 
 
 def _refuse_handshakes(listener):
-    """From now on the kernel completes no handshake on `listener` (its SYNs and final ACKs are
-    dropped: the client retries, then meets the closed port), so the accept queue only shrinks.
+    """From now on the kernel starts no handshake on `listener` (its SYNs are dropped: the client
+    retries, then meets the closed port); those it already answered complete into the accept queue.
     Linux only; elsewhere nothing happens."""
     if not sys.platform.startswith("linux"):
         return
-    program = (ctypes.c_uint8 * len(DROP_ALL)).from_buffer_copy(DROP_ALL)
+    program = (ctypes.c_uint8 * len(DROP_SYN)).from_buffer_copy(DROP_SYN)
     try:                        # struct sock_fprog {unsigned short len; struct sock_filter *filter}
-        listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, struct.pack("HP", 1, ctypes.addressof(program)))
+        listener.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER,
+                            struct.pack("HP", len(DROP_SYN) // 8, ctypes.addressof(program)))
     except OSError:
         pass
 
@@ -104,7 +118,9 @@ async def close_listeners(server, protocol_factory):
         _refuse_handshakes(listener)
     for s in server.sockets:
         loop.remove_reader(s.fileno())      # its callback, even one already due, does not run again
-    await asyncio.sleep(0)                  # the tasks it started run first: each is attached
+    # the tasks it started run first (each is attached), and the handshakes answered before the
+    # filter complete into the queue
+    await asyncio.sleep(HANDSHAKE_S)
     for listener in listeners:
         listener.setblocking(False)
         accepted += _accept_queued(listener)
