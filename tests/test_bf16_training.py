@@ -28,7 +28,7 @@ import transformer as T
 from transformer import _C
 
 from conftest import num_threads, unit_embeddings
-from test_model_parity import CASES, batch, config
+from test_model_parity import BLOCKED, CASES, batch, config
 
 torch = pytest.importorskip("torch")
 import bf16_oracle  # noqa: E402
@@ -82,7 +82,7 @@ def test_gradients_match_the_oracle_that_rounds_the_same_operands(case):
     assert max(rel_errors(g32, want).values()) > 1e-3
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", sorted(set(CASES) - BLOCKED))   # BLOCKED: narrow heads, for parity
 def test_gradients_point_where_fp32_gradients_point_as_closely_as_torch_autocast(case):
     """Cosine of each bf16 gradient with the fp32 one: >= 0.999, or, for the few tensors where
     bf16 itself loses more, no more than PyTorch's autocast-bf16 loses on the same network."""

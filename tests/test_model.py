@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import transformer as T
-from transformer.layers import Dropout, DropoutStream
+from transformer import layers
+from transformer.layers import Dropout, DropoutStream, output_rows_per_block
 from transformer.serialization import load_file, save_file
 
 TINY = dict(src_vocab_size=23, tgt_vocab_size=29, d_model=32, n_heads=4, d_ff=48,
@@ -186,6 +187,34 @@ def test_forward_backward_adds_into_gradients():
     assert np.shares_memory(grads["generator.weight"], m.params.flat_grad)
     m.zero_grad()
     assert not m.params.flat_grad.any()
+
+
+def test_output_rows_per_block_keeps_a_block_of_logits_in_cache():
+    assert output_rows_per_block(2048, 128, 4000) == 256          # 4 MB of logits a block
+    assert output_rows_per_block(2048, 512, 32000) == 1024        # at least 2 x d_model rows
+    assert output_rows_per_block(200, 128, 4000) == 200           # one block: the whole batch
+    assert output_rows_per_block(4096, 64, 100) == 4096
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_output_loss_in_blocks_is_the_one_block_pass_but_for_sums_over_rows(monkeypatch, precision):
+    """Blocks of rows (forced small): each row's logits and gradient are those of one block, the loss,
+    dW and db add the same terms block by block, so every gradient agrees to rounding."""
+    c = cfg(dropout=0.0, d_model=16, n_heads=2, d_ff=32)
+    src, tgt_in, tgt_out = batch(c, B=7, S=6, Tt=11)
+    kept = int((tgt_out != c.pad_id).sum())
+    m = T.Seq2SeqTransformer(c, seed=0)
+    one_loss, one = m.loss_and_grads(src, tgt_in, tgt_out, 0.1, precision)
+    monkeypatch.setattr(layers, "OUTPUT_BLOCK_BYTES", 1)
+    assert output_rows_per_block(kept, c.d_model, c.tgt_vocab_size) == 32 < kept
+    calls = []
+    real = layers._C.cross_entropy
+    monkeypatch.setattr(layers._C, "cross_entropy", lambda *a: calls.append(len(a[0])) or real(*a))
+    loss, blocked = m.loss_and_grads(src, tgt_in, tgt_out, 0.1, precision)
+    assert calls == [32, kept - 32]
+    assert loss == pytest.approx(one_loss, rel=1e-6)
+    for name, g in one.items():
+        np.testing.assert_allclose(blocked[name], g, rtol=1e-5, atol=1e-6 * np.abs(g).max(), err_msg=name)
 
 
 def test_batch_shapes_can_change_between_calls():

@@ -10,7 +10,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import transformer as T  # noqa: E402
-from transformer import _C  # noqa: E402
+from transformer import _C, layers  # noqa: E402
 from transformer.params import parameter_specs  # noqa: E402
 from transformer.torch_compat import build_torch_model, torch_loss  # noqa: E402
 
@@ -33,7 +33,11 @@ CASES = {
                     bos_id=0, src_vocab_size=41), 4, 7, 6),
     "tied_target_unscaled": (dict(norm_first=True, activation="silu", tie_embeddings="target",
                                   scale_embedding=False), 3, 5, 7),
+    # the output projection and loss over blocks of rows (layers.output_loss), the blocks forced
+    # small (BLOCKED): blocks of 48 and 20 of the 68 positions with a target
+    "blocked_output": (dict(d_model=24, n_heads=2, d_ff=48), 8, 5, 12),
 }
+BLOCKED = {"blocked_output"}
 BASE = dict(src_vocab_size=37, tgt_vocab_size=41, d_model=96, n_heads=3, d_ff=80,
             n_encoder_layers=1, n_decoder_layers=3, dropout=0.0, max_len=16)
 
@@ -100,7 +104,12 @@ def results(case):
         ref_loss = torch_loss(tm, src, tgt_in, tgt_out, LABEL_SMOOTHING)
         ref_loss.backward()
         ref_grads = {k: p.grad.numpy().copy() for k, p in tm.named_parameters()}
-        our_loss, our_grads = ours.loss_and_grads(src, tgt_in, tgt_out, LABEL_SMOOTHING)
+        with pytest.MonkeyPatch.context() as mp:
+            if case in BLOCKED:
+                mp.setattr(layers, "OUTPUT_BLOCK_BYTES", 1)
+                kept = int((tgt_out != config(case).pad_id).sum())
+                assert layers.output_rows_per_block(kept, config(case).d_model, config(case).tgt_vocab_size) == 48 < kept
+            our_loss, our_grads = ours.loss_and_grads(src, tgt_in, tgt_out, LABEL_SMOOTHING)
         keep = tgt_in != config(case).pad_id
         keep[:, 0] = True      # the start token (the pad token itself in the "marian" case)
         _RESULTS[case] = dict(keep=keep, ref_logits=ref_logits,
@@ -159,7 +168,10 @@ def test_fifty_adam_steps_follow_torch(case):
     worst = 0.0
     for step in range(50):
         ours.zero_grad()
-        loss = ours.forward_backward(src, tgt_in, tgt_out, LABEL_SMOOTHING)
+        with pytest.MonkeyPatch.context() as mp:
+            if case in BLOCKED:
+                mp.setattr(layers, "OUTPUT_BLOCK_BYTES", 1)
+            loss = ours.forward_backward(src, tgt_in, tgt_out, LABEL_SMOOTHING)
         _neutralise(ours.grads().values())
         opt.step()
         ref_opt.zero_grad()

@@ -16,7 +16,7 @@ import numpy as np
 from . import _C
 from .config import ModelConfig
 from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, LayerNorm, Linear,
-                     Workspace)
+                     Workspace, output_loss)
 from .params import Parameters
 from .precision import check_precision
 from .prepared import PreparedWeights, dequantize, quantize
@@ -316,7 +316,7 @@ class Seq2SeqTransformer:
         label_smoothing = _check_smoothing(label_smoothing)
         B, T = tgt_in.shape
         S = src.shape[1]
-        D, V = self.cfg.d_model, self.cfg.tgt_vocab_size
+        D = self.cfg.d_model
         with self._lock:
             self.stream.training = self.cfg.dropout > 0.0
             self.stream.next_call()
@@ -337,14 +337,10 @@ class Seq2SeqTransformer:
                     targets = targets[kept]
                 else:
                     h_kept = h
-                logits = ws.scratch("model.logits", (len(h_kept), V))
-                self.generator.forward(h_kept, logits)
-                # softmax + cross-entropy; the gradient of the mean loss overwrites the logits
-                loss, _ = _C.cross_entropy(logits, targets, logits, self.cfg.pad_id, label_smoothing, grad_scale)
-                if h_kept is h:
-                    self.generator.backward(logits, h, dh)
-                else:
-                    dh_kept = self.generator.backward(logits, h_kept, ws.scratch("model.dh_kept", (len(kept), D)))
+                dh_kept = dh if h_kept is h else ws.scratch("model.dh_kept", (len(kept), D))
+                loss = output_loss(self.generator, h_kept, targets, self.cfg.pad_id, label_smoothing, grad_scale,
+                                   dh_kept, ws)
+                if h_kept is not h:
                     dh.fill(0.0)
                     dh[kept] = dh_kept
                 ready("generator.")
