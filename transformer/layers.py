@@ -188,8 +188,9 @@ class Linear:
 # this many bytes, so that a block's logits stay in cache from the product that writes them through
 # the bias, the softmax and cross-entropy and the two backward products that read the gradient.
 # Over the whole batch at once (2,048 rows x 4,000 words: 33 MB) each of those six passes went to
-# memory: on a Zen 5 with two threads the output layer's forward and backward took 16.0 ms of a
-# 57 ms bf16 step, and 11.7 ms in blocks of 256 rows (4 MB).
+# memory: on a Zen 5 with two threads the output layer's forward and backward took 16.1 ms of a
+# 50 ms bf16 step, and 13.7 ms in blocks of 256 rows (4 MB); the step ran 1.09x faster (fp32 1.08x;
+# benchmarks/output_blocks.py). The logits' memory is a block's, not the batch's.
 OUTPUT_BLOCK_BYTES = 4 << 20
 
 
