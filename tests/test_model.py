@@ -191,9 +191,11 @@ def test_forward_backward_adds_into_gradients():
 
 def test_output_rows_per_block_keeps_a_block_of_logits_in_cache():
     assert output_rows_per_block(2048, 128, 4000) == 256          # 4 MB of logits a block
-    assert output_rows_per_block(2048, 512, 32000) == 1024        # at least 2 x d_model rows
     assert output_rows_per_block(200, 128, 4000) == 200           # one block: the whole batch
     assert output_rows_per_block(4096, 64, 100) == 4096
+    # 4 MB of logits would be 16 rows, too few to pay for dW read and written once more a block
+    assert output_rows_per_block(2048, 512, 58101) == 2048
+    assert output_rows_per_block(2048, 512, 8000) == 2048         # 128 rows < 2 x d_model
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -205,7 +207,7 @@ def test_output_loss_in_blocks_is_the_one_block_pass_but_for_sums_over_rows(monk
     kept = int((tgt_out != c.pad_id).sum())
     m = T.Seq2SeqTransformer(c, seed=0)
     one_loss, one = m.loss_and_grads(src, tgt_in, tgt_out, 0.1, precision)
-    monkeypatch.setattr(layers, "OUTPUT_BLOCK_BYTES", 1)
+    monkeypatch.setattr(layers, "OUTPUT_BLOCK_BYTES", 4 * c.tgt_vocab_size * 2 * c.d_model)   # 32 rows
     assert output_rows_per_block(kept, c.d_model, c.tgt_vocab_size) == 32 < kept
     calls = []
     real = layers._C.cross_entropy
