@@ -1,23 +1,23 @@
 """The training pass's output projection and loss over blocks of rows (transformer/layers.py:
 output_loss), against the same pass over the whole batch at once, on this CPU: one JSON line per
-(rows, precision) with the median milliseconds of each, timed interleaved in one process (the
-orders alternate, so a machine whose speed drifts hits both alike).
+(rows, precision) with the median milliseconds of each, timed round-robin in one process
+(bench/gemm.py's _time_interleaved: a machine whose speed drifts hits both alike).
 
     python benchmarks/output_blocks.py [--threads 2] [--rows 1024,2048,4096] [--vocab 4000]
         [--d-model 128] [--repeats 40]
 
-The pass is a tiny model's (d_model 128) over a batch of `rows` target positions and a 4,000-word
+The pass is, by default, a tiny model's (d_model 128) over `rows` target positions and a 4,000-word
 vocabulary: the product, the bias, softmax and cross-entropy, and the two backward products and the
 bias gradient. "one": OUTPUT_BLOCK_BYTES too large to block; "blocks": its default.
 """
 import argparse
 import json
-import time
 
 import numpy as np
 
 import transformer as T
 from transformer import layers
+from transformer.bench.gemm import _time_interleaved
 from transformer.bench.harness import cpu_model
 from transformer.layers import Linear, Workspace, output_loss
 
@@ -31,20 +31,18 @@ def measure(rows, vocab, d_model, precision, repeats, rng):
     h = rng.standard_normal((rows, d_model)).astype(np.float32)
     dh = np.zeros_like(h)
     targets = rng.integers(3, vocab, rows).astype(np.int64)
-    modes = {"one": 1 << 50, "blocks": layers.OUTPUT_BLOCK_BYTES}
-    times = {mode: [] for mode in modes}
     default = layers.OUTPUT_BLOCK_BYTES
+
+    def run(block_bytes):
+        def call():
+            layers.OUTPUT_BLOCK_BYTES = block_bytes
+            output_loss(generator, h, targets, 0, 0.1, 1.0, dh, ws)
+        return call
+
     try:
-        for rep in range(repeats + 2):
-            for mode in (("one", "blocks") if rep % 2 else ("blocks", "one")):
-                layers.OUTPUT_BLOCK_BYTES = modes[mode]
-                started = time.perf_counter()
-                output_loss(generator, h, targets, 0, 0.1, 1.0, dh, ws)
-                if rep >= 2:
-                    times[mode].append(time.perf_counter() - started)
+        one, blocks = (t * 1e3 for t in _time_interleaved([run(1 << 50), run(default)], repeats))
     finally:
         layers.OUTPUT_BLOCK_BYTES = default
-    one, blocks = (float(np.median(times[m])) * 1e3 for m in ("one", "blocks"))
     return {"bench": "output_blocks", "cpu": cpu_model(), "threads": T.get_num_threads(), "precision": precision,
             "rows": rows, "vocab": vocab, "d_model": d_model,
             "rows_per_block": layers.output_rows_per_block(rows, d_model, vocab),

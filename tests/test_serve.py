@@ -426,7 +426,9 @@ def test_sigterm_answers_every_request_on_a_connection_it_completed_once_then_ex
         while len(answered) < 2 * keep_alive:             # in full flow
             await asyncio.sleep(0.005)
         clients.append(asyncio.ensure_future(connection("long", signalled)))
-        while not clients[-1].done() and json.loads((await _get(running.url + "/health"))[1])["queue"] < len(long) // 2:   # being decoded
+        while not clients[-1].done():                       # until the long request is being decoded
+            if json.loads((await _get(running.url + "/health"))[1])["queue"] >= len(long) // 2:
+                break
             await asyncio.sleep(0.002)
         running.process.send_signal(signal.SIGTERM)
         sent = time.monotonic()
