@@ -3,6 +3,7 @@ to the budget when no size flag is given; every choice printed, kept in the chec
 overruled by any flag the user gives."""
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,12 +31,50 @@ def write_corpus(path, n=120, seed=0):
 
 # -- --precision auto ------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("level, expected", [("amx", "bf16"), ("avx512_bf16", "bf16"), ("avx512", "fp32"),
-                                             ("avx2", "fp32"), ("generic", "fp32")])
-def test_auto_is_bf16_exactly_where_the_level_multiplies_bf16_natively(level, expected):
-    chosen, why = precision.resolve("auto", level=level)
-    assert chosen == expected, why
-    assert why.startswith("auto: ") and (level in why or "natively" in why)
+def probe_says(ratio, calls):
+    """A stand-in for the probe: bf16's products `ratio` times as fast as fp32's."""
+    def speedup():
+        calls.append(ratio)
+        return ratio
+    return speedup
+
+
+@pytest.mark.parametrize("level, native", [("amx", True), ("avx512_bf16", True), ("avx512", False),
+                                           ("avx2", False), ("generic", False)])
+@pytest.mark.parametrize("ratio", [2.0, 0.6])
+def test_auto_is_bf16_where_the_level_multiplies_bf16_natively_and_the_probe_finds_it_faster(level, native, ratio):
+    calls = []
+    chosen, why = precision.resolve("auto", level=level, speedup=probe_says(ratio, calls))
+    assert chosen == ("bf16" if native and ratio >= precision.BF16_PAYS else "fp32"), why
+    assert why.startswith("auto: ")
+    assert calls == ([ratio] if native else [])      # no probe where the instruction is missing
+    if native:
+        assert precision.NATIVE_BF16[level] in why and f"{ratio:.2f}x as fast" in why
+    else:
+        assert level in why
+
+
+def test_auto_keeps_fp32_where_bf16_is_faster_by_less_than_it_pays():
+    below = precision.BF16_PAYS * 0.99
+    assert precision.resolve("auto", level="amx", speedup=lambda: below)[0] == "fp32"
+    assert precision.resolve("auto", level="amx", speedup=lambda: precision.BF16_PAYS)[0] == "bf16"
+
+
+def test_the_probe_times_both_precisions_on_the_level_in_use_once_a_process(monkeypatch):
+    seen = []
+    real_gemm = _C.gemm
+
+    def gemm(a, b, out, trans_a=False, bf16=False, **kw):
+        seen.append(bf16)
+        return real_gemm(a, b, out, trans_a=trans_a, bf16=bf16, **kw)
+
+    monkeypatch.setattr(_C, "gemm", gemm)
+    monkeypatch.setattr(precision, "_measured", {})
+    ratio = precision.measured_speedup()
+    assert 0 < ratio < float("inf")
+    per_round = len(precision.PROBE_SHAPES)
+    assert seen.count(True) == seen.count(False) == per_round * (precision.PROBE_ROUNDS + 1)
+    assert precision.measured_speedup() == ratio and len(seen) == 2 * per_round * (precision.PROBE_ROUNDS + 1)
 
 
 @pytest.mark.parametrize("given", ["fp32", "bf16"])
@@ -49,11 +88,13 @@ def test_bf16_asked_on_a_level_without_it_is_honoured_and_warned_about():
     assert chosen == "bf16" and "slower than fp32" in why
 
 
-def test_a_new_run_says_its_precision_and_why_and_its_checkpoint_keeps_it(tmp_path, capsys):
+@pytest.mark.parametrize("ratio", [2.0, 0.6])
+def test_a_new_run_says_its_precision_and_why_and_its_checkpoint_keeps_it(tmp_path, capsys, monkeypatch, ratio):
+    monkeypatch.setattr(precision, "measured_speedup", lambda: ratio)
     data = write_corpus(tmp_path / "pairs.tsv")
     out = str(tmp_path / "run")
     assert cli.main(["train", "--data", data, *BASE, *SMALL, "--max-steps", "2", "--out", out]) == 0
-    expected = "bf16" if _C.isa() in precision.NATIVE_BF16 else "fp32"
+    expected = "bf16" if _C.isa() in precision.NATIVE_BF16 and ratio >= precision.BF16_PAYS else "fp32"
     err = capsys.readouterr().err
     assert f"precision: {expected} (auto: " in err
     assert load_checkpoint(out).args["precision"] == expected
@@ -70,7 +111,10 @@ def test_auto_follows_the_dispatch_level_forced_by_transformer_isa(tmp_path, lev
                            "--max-steps", "1", "--out", out], capture_output=True, text=True, timeout=300,
                           cwd=OUTSIDE, env={**os.environ, "TRANSFORMER_ISA": level})
     assert done.returncode == 0, done.stderr
-    expected = "bf16" if level in precision.NATIVE_BF16 else "fp32"
+    expected = "fp32"
+    if level in precision.NATIVE_BF16:   # the choice the probe's figure, printed, calls for
+        ratio = float(re.search(r"ran them (?:only )?([0-9.]+)x as fast", done.stderr).group(1))
+        expected = "bf16" if ratio >= precision.BF16_PAYS else "fp32"
     assert f"precision: {expected} (auto: " in done.stderr
     assert load_checkpoint(out).args["precision"] == expected
 

@@ -123,7 +123,10 @@ def apply_defaults(args):
     if args.precision is None and started:   # resume: the interrupted run's precision, unless asked for another
         args.precision, args.precision_why = started, f"the run's own, from its checkpoint in {args.resume}"
     else:                                    # a new run: auto (the default) decided on this CPU
-        args.precision, args.precision_why = precision.resolve(args.precision or "auto")
+        from .world import rank_zero_decides   # (world.py imports this module)
+
+        requested = args.precision or "auto"
+        args.precision, args.precision_why = rank_zero_decides(args, lambda: precision.resolve(requested))
     if args.minutes is None and args.max_steps is None:
         plan = args.checkpoint.train_state.get("schedule") if args.checkpoint is not None else None
         if plan and "budget_seconds" in plan:        # resume: finish the interrupted run's budget

@@ -13,6 +13,18 @@ def world(args):
     return getattr(args, "world", None) or (0, 1)
 
 
+def rank_zero_decides(args, decide):
+    """decide() on rank 0 alone under mpirun, its value on every rank: for a choice made by measuring
+    (--precision auto's probe), which the ranks could each make differently, and which they would
+    make at once on the cores they share. One process: decide()."""
+    if world(args)[1] == 1:
+        return decide()
+    from ..distributed import import_mpi
+
+    comm = import_mpi().COMM_WORLD
+    return comm.bcast(decide() if world(args)[0] == 0 else None, root=0)
+
+
 def agree_across_ranks(args, data_fingerprint):
     """Under mpirun: refuse to start unless every rank has the same settings, data and build."""
     if world(args)[1] == 1:
