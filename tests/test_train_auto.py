@@ -77,6 +77,32 @@ def test_the_probe_times_both_precisions_on_the_level_in_use_once_a_process(monk
     assert precision.measured_speedup() == ratio and len(seen) == 2 * per_round * (precision.PROBE_ROUNDS + 1)
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_under_mpirun_rank_zero_alone_decides_and_every_rank_takes_its_answer(monkeypatch, rank):
+    import argparse
+    import types
+
+    from transformer import distributed
+    from transformer.training.world import rank_zero_decides
+
+    sent = []
+
+    class World:      # COMM_WORLD of two ranks: bcast gives every rank what rank 0 sent
+        def bcast(self, value, root=0):
+            assert root == 0
+            sent.append(value)
+            return ("bf16", "rank 0's answer")
+
+    monkeypatch.setattr(distributed, "import_mpi", lambda: types.SimpleNamespace(COMM_WORLD=World()))
+    probed = []
+    decide = lambda: probed.append(rank) or ("fp32", f"rank {rank}'s own")   # noqa: E731
+    got = rank_zero_decides(argparse.Namespace(world=(rank, 2)), decide)
+    assert got == ("bf16", "rank 0's answer")
+    assert probed == ([0] if rank == 0 else [])          # only rank 0 measures
+    assert sent == [("fp32", "rank 0's own") if rank == 0 else None]
+    assert rank_zero_decides(argparse.Namespace(), decide)[1] == f"rank {rank}'s own"   # one process
+
+
 @pytest.mark.parametrize("given", ["fp32", "bf16"])
 def test_a_precision_given_wins_over_auto_on_every_level(given):
     for level in ("amx", "avx2"):
