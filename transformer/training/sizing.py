@@ -39,7 +39,8 @@ CANDIDATES = {
 # ALPHA for all (`python benchmarks/size_curves.py RECORDS...`; the records and the fit's residuals
 # are in the notes of 2026-12-01, 2026-12-02 and 2026-12-03). tiny: 9 runs of 1500 to 17,300 steps,
 # 236 points (RMS residual 1.1 BLEU); medium-4-2: runs of 3460 and 10,400 steps, 34 points (0.8);
-# small: two runs of 1018 and 2037 steps (1.0). A and B are not asymptotes: beyond the runs measured the curves are extrapolations.
+# small: two runs of 1018 and 2037 steps (1.0). A and B are not asymptotes: beyond the runs
+# measured the curves are extrapolations.
 ALPHA = 0.34
 CURVES = {
     "tiny": (44.54, 305.0),
