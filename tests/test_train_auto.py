@@ -216,12 +216,14 @@ def test_the_measured_ranges_decide_ten_and_thirty_minutes_of_this_cpu_as_measur
     # medium-4-2 (10,400 steps, 22 passes, dropout 0.1) gave greedy BLEU 33.32 against tiny's 32.46
     # (17,300 steps), and it is picked; ten minutes: tiny (28.7), medium-4-2's 3,460 steps are below
     costs = {"tiny": 0.104, "medium-4-2": 0.173, "small": 0.26}
-    assert sizing.choose(1800, fake_clock(costs), steps_per_pass=468, clock=lambda: 0.0).name == "medium-4-2"
-    assert sizing.choose(600, fake_clock(costs), steps_per_pass=468, clock=lambda: 0.0).name == "tiny"
-    # an hour: small's curve is measured to 4.4 passes only, so the ranges keep it out
-    assert sizing.choose(3600, fake_clock(costs), steps_per_pass=468, clock=lambda: 0.0).name == "medium-4-2"
-    uncapped = sizing.choose(3600, fake_clock(costs), clock=lambda: 0.0)
-    assert uncapped.name == "small"     # the curves alone, extrapolated, would have taken it
+
+    def pick(seconds, steps_per_pass=468):
+        return sizing.choose(seconds, fake_clock(costs), steps_per_pass=steps_per_pass, clock=lambda: 0.0).name
+
+    assert pick(1800) == "medium-4-2" and pick(600) == "tiny"
+    # an hour: small's curve is measured to 4.4 passes only, so the ranges keep it out; the curves
+    # alone, extrapolated, would have taken it
+    assert pick(3600) == "medium-4-2" and pick(3600, steps_per_pass=None) == "small"
 
 
 def test_the_fitted_curves_rise_with_steps_and_cover_every_candidate():
