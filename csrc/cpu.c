@@ -24,6 +24,10 @@
 
 static int forced_isa = -1;   /* -1: not forced */
 static int num_threads = 0;   /* 0: not yet initialised */
+/* The calling thread's own cap on its kernels' teams (0: none). A training step split into
+ * sentence shards runs each shard's kernels on a share of the threads, from a Python thread
+ * of its own (transformer/shards.py). */
+static __thread int thread_limit = 0;
 
 #if TF_HAVE_AMX
 /* AMX-TILE, AMX-BF16 and AMX-INT8 (CPUID.7.0:EDX bits 24, 22, 25), the tile state enabled by the
@@ -153,7 +157,14 @@ int tf_get_num_threads(void)
         num_threads = 1;
 #endif
     }
-    return num_threads;
+    return thread_limit > 0 && thread_limit < num_threads ? thread_limit : num_threads;
+}
+
+int tf_set_thread_limit(int n)
+{
+    const int was = thread_limit;
+    thread_limit = n > 0 ? n : 0;
+    return was;
 }
 
 int tf_openmp_version(void)

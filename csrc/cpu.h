@@ -50,7 +50,9 @@ const char *tf_isa_name(int level); /* "generic" | "avx2" | "avx512" | "avx512_v
 int tf_isa_top(void);               /* the highest level this architecture names (amx; neon_dotprod on aarch64) */
 
 void tf_set_num_threads(int n);     /* n >= 1 */
-int tf_get_num_threads(void);
+int tf_get_num_threads(void);       /* the process's count, or the calling thread's limit if lower */
+int tf_set_thread_limit(int n);     /* the calling thread's kernels use at most n threads (0: no
+                                       limit); returns the previous limit */
 int tf_openmp_version(void);        /* _OPENMP (yyyymm), 0 without OpenMP */
 const char *tf_compiler(void);
 int tf_probe_team(void);         /* threads a full-size parallel region really starts */

@@ -20,6 +20,7 @@ cdef extern from "cpu.h" nogil:
     const char *tf_isa_name(int level)
     void tf_set_num_threads(int n)
     int tf_get_num_threads()
+    int tf_set_thread_limit(int n)
     int tf_openmp_version()
     const char *tf_compiler()
     int tf_probe_team()
@@ -51,6 +52,14 @@ def set_num_threads(n):
 
 def get_num_threads():
     return tf_get_num_threads()
+
+
+def set_thread_limit(int n):
+    """Cap the threads of the kernels this (calling) thread runs at n (0: no cap, the process's
+    count); returns the previous cap. transformer/shards.py: one cap per shard's thread."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    return tf_set_thread_limit(n)
 
 
 def isa():

@@ -70,16 +70,20 @@ def _key_bias_mask(cfg, params):
     return keys
 
 
-def test_two_ranks_on_half_batches_equal_one_process(tmp_path):
+@pytest.mark.parametrize("shards", [None, "2"])
+def test_two_ranks_on_half_batches_equal_one_process(tmp_path, shards):
     """(a) 20 Adam steps (dropout 0, clipping on the global norm) on two ranks, each on half of every
-    batch, against one process on the whole batches; (b) both ranks end bitwise identical."""
+    batch, against one process on the whole batches; (b) both ranks end bitwise identical.
+    shards "2": every pass, on the ranks and in the one process, cut into two sentence shards
+    (transformer/shards.py), data parallel on top of them."""
     two, one = tmp_path / "two", tmp_path / "one"
     two.mkdir(), one.mkdir()
     worker = os.path.join(HERE, "dp_worker.py")
-    done = mpirun(2, sys.executable, worker, str(two))
+    env = ENV if shards is None else {**ENV, "TRANSFORMER_SHARDS": shards}
+    done = mpirun(2, sys.executable, worker, str(two), env=env)
     assert done.returncode == 0, done.stderr
     done = subprocess.run([sys.executable, worker, str(one), "plain"], capture_output=True, text=True,
-                          cwd=OUTSIDE, env=ENV)
+                          cwd=OUTSIDE, env=env)
     assert done.returncode == 0, done.stderr
     w0, w1 = np.load(two / "weights-0.npy"), np.load(two / "weights-1.npy")
     ref = np.load(one / "weights-0.npy")

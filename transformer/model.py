@@ -21,6 +21,7 @@ from .params import Parameters
 from .precision import check_precision
 from .prepared import PreparedWeights, dequantize, quantize
 from .serialization import atomic_write_bytes, load_file, save_file
+from .shards import ShardedSteps, shard_count
 
 __all__ = ["Seq2SeqTransformer", "Encoder", "Decoder"]
 
@@ -117,12 +118,19 @@ class Seq2SeqTransformer:
         self.cfg = cfg
         self.seed = int(seed)
         self.params = Parameters(cfg, self.seed)
-        self.ws = Workspace()
         self._int8_seed = {}      # {name: (q, scale)} from an int8 file (prepared.py)
         self.stored_precision = "fp32"   # "int8" for a model loaded from an int8 file
         # An imported model's own decoding settings (generation.py: GenerationSettings, the
         # defaults of its decoding calls), saved beside it; None for the models trained here.
         self.generation = None
+        self._assemble()
+        self.shards = None        # shards.ShardedSteps, made by the first training pass that splits
+
+    def _assemble(self):
+        """The layers (Figure 1) as views into self.params, with their own workspace, dropout
+        stream and lock: a replica (shards.py) is another assembly over the same weights."""
+        cfg = self.cfg
+        self.ws = Workspace()
         self.stream = DropoutStream(self.seed)
         self._lock = threading.Lock()
         P, G, p = self.params.data, self.params.grad, cfg.dropout
@@ -310,16 +318,32 @@ class Seq2SeqTransformer:
     def _train_pass(self, src, tgt_in, tgt_out, label_smoothing, precision, grad_scale=1.0, ready=_nothing):
         """forward_backward, with the gradient scaled by grad_scale (DataParallel: this rank's
         share of the global target count) and ready(prefix) told as each parameter group's
-        gradient is complete (DataParallel starts its all-reduce there)."""
+        gradient is complete (DataParallel starts its all-reduce there).
+
+        A small model's batch runs as sentence shards, one thread each (shards.py): how many
+        depends on the batch and the model's sizes, never on the threads, so the result is the
+        same at any thread count."""
         bf16 = check_precision(precision, ("fp32", "bf16"), "training (int8 is for decoding)") == "bf16"
         src, tgt_in, tgt_out = self._check_inputs(src, tgt_in, tgt_out)
         label_smoothing = _check_smoothing(label_smoothing)
+        targets = int(np.count_nonzero(tgt_out != self.cfg.pad_id))
+        n_shards = shard_count(self.cfg, src.shape[0], targets)
+        if n_shards > 1:
+            if self.shards is None:
+                self.shards = ShardedSteps(self)
+            return self.shards.train_pass(src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready, n_shards)
+        return self._train_pass_whole(src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready,
+                                      self.stream.next_call())
+
+    def _train_pass_whole(self, src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready, seed):
+        """One training pass over the whole (checked) batch, dropout drawn from `seed`."""
+        ready = ready or _nothing
         B, T = tgt_in.shape
         S = src.shape[1]
         D = self.cfg.d_model
         with self._lock:
             self.stream.training = self.cfg.dropout > 0.0
-            self.stream.next_call()
+            self.stream.seed = seed
             self.ws.bf16 = self.ws.bf16_attention = bf16
             self.params.grad_is_zero = False
             try:

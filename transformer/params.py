@@ -115,6 +115,18 @@ class Parameters:
         self.frozen = None      # a token while the weights are read-only (freeze), else None
         self.initialize(seed)
 
+    def with_own_gradients(self):
+        """Another Parameters over these very weights (the same flat buffer and views) with a
+        gradient buffer of its own, zeroed: a sentence shard's replica (shards.py) adds its
+        gradient there, and the step sums the shards' buffers in a fixed order."""
+        other = object.__new__(Parameters)
+        other.__dict__.update(self.__dict__)
+        other.flat_grad = _aligned_zeros(self.size)
+        other.grad = {name: other.flat_grad[start:start + int(np.prod(self.shapes[name]))].reshape(self.shapes[name])
+                      for name, start in self.offsets.items()}
+        other.grad_is_zero = True
+        return other
+
     def freeze(self):
         """Make the weights read-only, the flat buffer and every named view, until unfreeze(), and
         return a token that stands for them meanwhile: decoding then trusts the matrices it

@@ -80,8 +80,8 @@ static inline void pack_a_block(const gemm_problem *g, long i0, long mc, long pc
 
 static inline size_t round16(size_t n) { return (n + 15) / 16 * 16; }
 
-/* The process-wide packing buffer (buffer.c): at least `floats` floats, 64-byte aligned, or NULL;
- * *owned says whether the caller must free it (gemm_buffer_release does either). */
+/* A process-wide packing buffer (buffer.c): at least `floats` floats, 64-byte aligned, or NULL;
+ * *owned > 0 says the caller must free it (gemm_buffer_release does either). */
 float *gemm_buffer_acquire(size_t floats, int *owned);
 void gemm_buffer_release(float *buffer, int owned);
 
