@@ -134,8 +134,11 @@ def apply_defaults(args):
             args.minutes = max(plan["budget_seconds"] - spent, 0.0) / 60.0
         elif plan and "total" in plan:
             args.max_steps = plan["total"]
-        else:
-            args.minutes = 2.0 if not has_data(args) else 10.0
+        elif has_data(args):
+            args.minutes = 10.0
+        else:   # the built-in task trains until it has learned it (builtin.Goal), within a cap
+            from .builtin import CAP_MINUTES, GOAL_EXACT
+            args.minutes, args.goal_exact = CAP_MINUTES, GOAL_EXACT
     if args.preset == "auto":
         world = getattr(args, "world", None)
         if args.minutes is None:

@@ -90,6 +90,10 @@ class Trainer:
         self.dp = dp                        # a DataParallel under mpirun: this rank trains on its shard
         self.leader = dp is None or dp.rank == 0   # logs, evaluates and writes checkpoints
         self.model_for_inference = None     # with --average-last: the averaged model, after run()
+        # a run that stops once it is good enough (the built-in task: builtin.Goal), checked every
+        # goal.every steps by goal.reached(trainer); None: the budget alone decides
+        self.goal = None
+        self.goal_reached = False
         # (source, target) language codes, written beside the model for `serve` (or None)
         src_lang, tgt_lang = getattr(args, "src_lang", None), getattr(args, "tgt_lang", None)
         self.languages = (src_lang, tgt_lang) if src_lang and tgt_lang else None
@@ -391,6 +395,16 @@ class Trainer:
                             dp.sync("rank 0's evaluation")
                         if deadline is not None:     # periodic evaluation is not training time
                             deadline += time.monotonic() - eval_started
+                    if self.goal is not None and self.state.step % self.goal.every == 0:
+                        checked = time.monotonic()
+                        reached = self.goal.reached(self) if self.leader else False
+                        if dp is not None:                # rank 0 decides for every rank
+                            reached = dp.bcast_object(reached)
+                        if deadline is not None:          # checking is not training time
+                            deadline += time.monotonic() - checked
+                        if reached:
+                            self.goal_reached = True
+                            break
                     if args.average_last and self.snapshots and self.state.step % self.snapshot_every() == 0:
                         if self.leader:
                             save_snapshot(args.out, self.state.step, self.model, keep=args.average_last)
