@@ -25,14 +25,18 @@ queue is full, 503 while the server stops (stopping.py: a request read after SIG
 failure of ours.
 """
 import asyncio
+import inspect
+import logging
 import os
 import time
+import uuid
 
 from aiohttp import web
 
 from ..languages import alpha2, english_name
 from .documents import of_html, of_text
-from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, texts_of
+from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, shown, texts_of
+from .markup import MarkupError
 from .pairs import Pairs
 from .scheduler import QueueFull, ShuttingDown, TooWide
 from .stopping import STOPPING, Stopping
@@ -40,12 +44,29 @@ from .stopping import STOPPING, Stopping
 __all__ = ["BadRequest", "Limits", "Server"]
 
 RETRY_AFTER_S = 1
+LOG = logging.getLogger("transformer.serve")
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")   # the page and its assets
 FRONTEND_TIMEOUT_MS = 500           # LibreTranslate's default frontendTimeout
 
 
 def _error(message, status, headers=None):
     return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _internal_error(request):
+    """The id of a failure of ours, its traceback logged under it: the answer says only that it
+    happened and the id (an exception's text can hold paths, a model's internals, the request)."""
+    error_id = uuid.uuid4().hex[:12]
+    LOG.error("internal error, id %s, answering %s %s", error_id, request.method, request.path, exc_info=True)
+    return error_id
+
+
+def _endpoint(request):
+    """The route a request matched, as /metrics labels it: its pattern ("/static/{filename}"), or
+    "other" for every path no route has (a label a client could choose would grow /metrics, and
+    the server's memory, with every path it makes up)."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "other"
 
 
 def _join_details(parts):
@@ -88,7 +109,12 @@ class Server:
         self.stopping = Stopping()           # set by listen() on SIGTERM
 
     def app(self):
-        app = web.Application(client_max_size=self.limits.max_body, middlewares=[self._errors])
+        bounds = {"client_max_size": self.limits.max_body}
+        if "client_max_fields" in inspect.signature(web.Application).parameters:
+            # a form's fields are bounded by --max-body alone: aiohttp's own bound on their number
+            # (1000 since 3.13) answers a 4 KB form of 1,000 q fields "413 larger than the limit"
+            bounds["client_max_fields"] = self.limits.max_body
+        app = web.Application(**bounds, middlewares=[self._errors])
         app.add_routes([web.post("/translate", self.translate), web.post("/detect", self.detect),
                         web.get("/languages", self.languages), web.get("/frontend/settings", self.settings),
                         web.post("/v1/translate", self.native), web.get("/health", self.health),
@@ -119,19 +145,19 @@ class Server:
                 raise
         except asyncio.CancelledError:
             raise
-        except Exception as exc:         # a failure of ours: told, not hidden, and the server goes on
-            response = _error(f"internal error: {type(exc).__name__}: {exc}", 500)
+        except Exception:               # a bug of ours: the server goes on, the log has what happened
+            response = _error(f"internal error, id {_internal_error(request)}", 500)
         finally:
             self.stopping.leave(request.protocol)
         if self.stopping.since is not None:
             response.force_close()       # Connection: close: the client sends nothing more here
-        self.metrics.request(request.path, response.status, time.monotonic() - started,
+        self.metrics.request(_endpoint(request), response.status, time.monotonic() - started,
                              getattr(response, "sentences", 0))
         return response
 
     # -- reading a request ---------------------------------------------------------------------------
     async def _fields(self, request, json_only=False):
-        fields = await read_fields(request, json_only)
+        fields = await read_fields(request, self.limits, json_only)
         if self.api_keys is not None:
             key = fields.get("api_key")
             if not isinstance(key, str) or key not in self.api_keys:
@@ -161,10 +187,16 @@ class Server:
             self.scheduler.cancel(future)
             raise
 
-    def _document(self, text, fmt, name):
-        """A text's Document, split by the rules of its model's source language."""
+    def _document(self, text, fmt, name, where="q"):
+        """A text's Document, split by the rules of its model's source language. where: the
+        field the text came from, named if its markup cannot be read."""
         language = self._splitting[name]
-        return of_html(text, language) if fmt == "html" else of_text(text, language)
+        if fmt != "html":
+            return of_text(text, language)
+        try:
+            return of_html(text, language)
+        except MarkupError as exc:
+            raise BadRequest(f"{where} is not HTML the server can read ({exc})") from None
 
     async def _documents(self, routes, documents, options, join=None):
         """Each document's sentences' translations, in order: the sentences of every document a
@@ -207,7 +239,8 @@ class Server:
         alternatives = alternatives_of(fields)
         decoded = alternatives if fmt == "text" else 0       # LibreTranslate gives none for html
         routes = await self._routes(fields, texts)
-        documents = [self._document(text, fmt, name) for text, (name, _) in zip(texts, routes)]
+        documents = [self._document(text, fmt, name, f"q[{i}]" if was_list else "q")
+                     for i, (text, (name, _)) in enumerate(zip(texts, routes))]
         options = (lambda name: self.models[name].options(alternatives=decoded)) if decoded else self._defaults.get
         results = await self._documents(routes, documents, options, join=_join_alternatives if decoded else None)
         out, others = [], []
@@ -242,7 +275,7 @@ class Server:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise BadRequest(f"{field} must be an integer >= {minimum}, got {value!r}")
+                raise BadRequest(f"{field} must be an integer >= {minimum}, got {shown(value)}")
             overrides[field] = value
         served = self.models[name]
         if overrides.get("max_len", 0) > served.model.cfg.max_len:
@@ -251,7 +284,7 @@ class Server:
         for field in ("scores", "attention"):
             value = fields.get(field, False)
             if not isinstance(value, bool):
-                raise BadRequest(f"{field} must be true or false, got {value!r}")
+                raise BadRequest(f"{field} must be true or false, got {shown(value)}")
             extras[field] = value
         options = served.options(**overrides, **extras)
         detailed = extras["scores"] or extras["attention"]
@@ -306,11 +339,17 @@ class Server:
         return web.FileResponse(os.path.join(STATIC, "index.html"))
 
     async def health(self, request):
-        return web.json_response({"status": "ok", "queue": self.scheduler.queue_length(),
-                                  "api_keys": self.api_keys is not None,
-                                  "models": [{"name": name, "source": m.source, "target": m.target,
-                                              "directory": m.directory, **m.defaults}
-                                             for name, m in self.models.items()]})
+        """200 {"status": "ok", ...} while the scheduler's thread lives and no step or batch has run
+        longer than its stuck_after; else 503 with the status saying which. Where the models come
+        from (their directories) is not told: the banner and the log have it."""
+        ok, scheduler = self.scheduler.health()
+        status = "ok" if ok else ("the scheduler stopped" if not scheduler["alive"] else
+                                  f"a decoding step has run {scheduler['step_seconds']:g} s")
+        return web.json_response({"status": status, "queue": self.scheduler.queue_length(),
+                                  "scheduler": scheduler, "api_keys": self.api_keys is not None,
+                                  "models": [{"name": name, "source": m.source, "target": m.target, **m.defaults}
+                                             for name, m in self.models.items()]},
+                                 status=200 if ok else 503)
 
     async def metrics_text(self, request):
         return web.Response(text=self.metrics.text(), content_type="text/plain", charset="utf-8",

@@ -1,0 +1,374 @@
+"""`transformer serve` facing the open network (issue 58): what a careless or hostile client sends
+is a 4xx naming the field, never a 500; no client can stop the scheduler, starve another client,
+or grow the server's memory or metrics; limits, keys and CORS as LibreTranslate operators run them.
+Each test is one case of the issue; the tiny model of test_serve.py serves them."""
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import re
+import threading
+import time
+
+import pytest
+
+aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
+
+from test_serve import Running, _get, _never_ending, model_dir, offline, post, sentences  # noqa: E402,F401
+from transformer.checkpoint import load_for_inference  # noqa: E402
+from transformer.serve import build, load_models  # noqa: E402
+from transformer.serve.scheduler import Scheduler  # noqa: E402
+from transformer.train import translate_texts  # noqa: E402
+
+ENG_SPA = {"source": "eng", "target": "spa"}
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    running = Running("--model", model_dir)
+    yield running
+    running.stop()
+
+
+def _rss_bytes(pid):
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line for line in f if line.startswith("VmRSS:")).split()[1]) * 1024
+
+
+async def _send(url, path, **kwargs):
+    """(status, body text, headers) of one POST."""
+    async with aiohttp.ClientSession() as session:
+        async with session.post(url + path, **kwargs) as response:
+            return response.status, await response.text(), response.headers
+
+
+def send(url, path, **kwargs):
+    return asyncio.run(_send(url, path, **kwargs))
+
+
+def _says(status, text, want_status, *phrases):
+    body = json.loads(text)
+    assert status == want_status and all(p in body["error"] for p in phrases), (status, body)
+
+
+# -- every malformed request is a 400 naming the field ----------------------------------------------
+
+def test_an_empty_q_list_is_400_naming_q(server):
+    status, text, _ = send(server.url, "/translate", json={"q": [], **ENG_SPA})
+    _says(status, text, 400, "q is an empty list")
+
+
+def test_an_unhashable_model_is_400_naming_model(server):
+    status, text, _ = send(server.url, "/v1/translate", json={"q": "a", "model": []})
+    _says(status, text, 400, "model must be")
+
+
+def test_json_nested_2000_deep_is_400(server):
+    body = '{"q": ' + "[" * 2000 + "]" * 2000 + ', "source": "eng", "target": "spa"}'
+    status, text, _ = send(server.url, "/translate", data=body, headers={"Content-Type": "application/json"})
+    _says(status, text, 400, "nests JSON deeper")
+
+
+def test_a_form_of_1000_q_fields_is_no_false_413_and_answered_within_a_second_while_health_answers(server):
+    form = [("q", f"a{i}") for i in range(1000)] + [("source", "eng"), ("target", "spa")]
+    assert len("&".join(f"{k}={v}" for k, v in form)) < 8192         # a few KB
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            started = time.monotonic()
+            async with session.post(server.url + "/translate", data=form) as response:
+                answered = (response.status, await response.text(), time.monotonic() - started)
+            async with session.get(server.url + "/health") as response:
+                return answered, response.status
+    (status, text, seconds), health = asyncio.run(go())
+    _says(status, text, 400, "q holds 1000 texts", "--max-texts")
+    assert seconds < 1.0 and health == 200
+
+
+def test_a_form_of_50000_fields_is_read_in_linear_time(server):
+    """serve/fields.py once gathered repeated keys with getall inside a loop over the keys: n^2."""
+    body = "&".join(["q=a"] * 50000) + "&source=eng&target=spa"
+    started = time.monotonic()
+    status, text, _ = send(server.url, "/translate", data=body,
+                           headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert time.monotonic() - started < 3.0
+    _says(status, text, 400, "q holds 50000 texts")
+
+
+@pytest.mark.parametrize("fields, says", [
+    ({"q": "a", "source": 5, "target": "spa"}, "source must be a string"),
+    ({"q": "a", "source": "eng", "target": ["spa"]}, "target must be a string"),
+    ({"q": "a", "source": "eng", "target": "spa", "format": "x" * 5000}, "format is not supported"),
+])
+def test_wrong_types_are_400_naming_the_field_without_echoing_it_whole(server, fields, says):
+    status, text, _ = send(server.url, "/translate", json=fields)
+    _says(status, text, 400, says)
+    assert len(text) < 400, "the error message repeats what the client sent in full"
+
+
+@pytest.mark.parametrize("route", ["/translate", "/v1/translate", "/detect"])
+@pytest.mark.parametrize("bad, says", [("\ud800", "lone surrogate"), ("a\x00b", "NUL character")])
+@pytest.mark.parametrize("field", ["q", "source"])
+def test_lone_surrogates_and_nul_bytes_are_400_on_every_route(server, route, bad, says, field):
+    fields = {"q": "the cat", **ENG_SPA, field: bad}
+    status, text, _ = send(server.url, route, data=json.dumps(fields),
+                           headers={"Content-Type": "application/json"})
+    _says(status, text, 400, field, says)
+
+
+def test_nul_in_the_query_string_and_the_form_is_400(server):
+    status, text, _ = send(server.url, "/translate?q=a%00b&source=eng&target=spa")
+    _says(status, text, 400, "q holds a NUL character")
+    status, text, _ = send(server.url, "/detect", data={"q": "a\x00b"})
+    _says(status, text, 400, "q holds a NUL character")
+
+
+@pytest.mark.parametrize("how", ["json", "form", "query"])
+def test_a_field_given_twice_is_400_naming_it(server, how):
+    if how == "json":
+        kwargs = {"data": '{"q": "a", "source": "eng", "target": "spa", "target": "eng"}',
+                  "headers": {"Content-Type": "application/json"}}
+    elif how == "form":
+        kwargs = {"data": [("q", "a"), ("source", "eng"), ("target", "spa"), ("target", "eng")]}
+    else:
+        kwargs = {"params": [("q", "a"), ("source", "eng"), ("target", "spa"), ("target", "eng")]}
+    status, text, _ = send(server.url, "/translate", **kwargs)
+    _says(status, text, 400, "field target is given more than once")
+
+
+def test_html_that_html_parser_chokes_on_is_400_naming_q(server):
+    status, text, _ = send(server.url, "/translate", json={"q": ["<p>ok</p>", "<p>a<![foo[ x ]]>b</p>"],
+                                                           "format": "html", **ENG_SPA})
+    _says(status, text, 400, "q[1] is not HTML")
+
+
+def test_a_500_says_only_that_with_an_id_and_the_log_has_the_traceback(model_dir, caplog):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    models = load_models([model_dir], load=load_for_inference)
+    app, scheduler = build(models)
+
+    def boom(*args, **kwargs):
+        raise RuntimeError(f"secret detail from {model_dir}")
+    scheduler.submit = boom
+
+    async def go():
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            response = await client.post("/translate", json={"q": "a", **ENG_SPA})
+            return response.status, await response.json()
+    try:
+        with caplog.at_level(logging.ERROR, logger="transformer.serve"):
+            status, body = asyncio.run(go())
+    finally:
+        scheduler.stop()
+    assert status == 500 and re.fullmatch(r"internal error, id [0-9a-f]{12}", body["error"]), body
+    error_id = body["error"].rsplit(" ", 1)[1]
+    logged = [r for r in caplog.records if error_id in r.getMessage()]
+    assert logged and "secret detail" in "".join(logging.Formatter().formatException(r.exc_info) for r in logged)
+
+
+# -- the scheduler no client can stop ------------------------------------------------------------------
+
+class Stub:
+    """A ServedModel that translates by upper-casing the ids' count: no decoding, for the scheduler's
+    own logic ("batch" decodes whole batches through decode)."""
+
+    def __init__(self, served, pause=0.0):
+        self.model, self.src_tokenizer, self.defaults = served.model, served.src_tokenizer, served.defaults
+        self.pause = pause
+
+    def decode(self, pieces, **options):
+        time.sleep(self.pause)
+        return [f"<{len(ids)}>" for ids in pieces]
+
+
+@pytest.mark.parametrize("batching", ["batch", "step"])
+def test_a_cancel_between_completion_and_set_result_does_not_stop_the_scheduler(model_dir, batching):
+    """The client goes away exactly after the thread saw its future not done and before it answers
+    it: join (called in between) cancels the future, as asyncio.wrap_future does when the handler
+    is cancelled. The next request is still answered."""
+    served = load_models([model_dir], load=load_for_inference)
+    models = {"en-es": Stub(served["en-es"])} if batching == "batch" else served
+    scheduler = Scheduler(models, batching=batching)
+    options = served["en-es"].options(beam=1)
+    holder = {}
+
+    def join_then_cancel(parts):
+        holder["future"].cancel()
+        return " ".join(parts)
+    try:
+        holder["future"] = scheduler.submit("en-es", ["the cat", "a dog"], options, join=join_then_cancel)
+        with pytest.raises(concurrent.futures.CancelledError):
+            holder["future"].result(30)
+        later = scheduler.submit("en-es", ["red tree"], options)
+        assert later.result(15)
+        assert scheduler.health()[0]
+    finally:
+        scheduler.stop(5)
+
+
+def test_a_failed_request_s_other_pieces_are_dropped_and_the_thread_goes_on(model_dir):
+    served = load_models([model_dir], load=load_for_inference)
+    decoded = []
+
+    class Failing(Stub):
+        def decode(self, pieces, **options):
+            decoded.append(len(pieces))
+            if len(decoded) == 1:
+                raise RuntimeError("a bug")
+            return super().decode(pieces, **options)
+    scheduler = Scheduler({"en-es": Failing(served["en-es"])}, batch_size=2, batching="batch")
+    options = served["en-es"].options()
+    try:
+        failed = scheduler.submit("en-es", sentences(8, seed=5), options)
+        with pytest.raises(RuntimeError, match="a bug"):
+            failed.result(30)
+        assert scheduler.submit("en-es", ["a"], options).result(30)
+        assert decoded[:1] == [2] and sum(decoded) == 3, f"the failed request's other pieces were decoded: {decoded}"
+        assert scheduler.health()[0]
+    finally:
+        scheduler.stop(5)
+
+
+def test_health_says_503_when_a_step_is_stuck(model_dir):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    served = load_models([model_dir], load=load_for_inference)
+    app, scheduler = build(served)
+    scheduler.stuck_after = 0.3
+    release = threading.Event()
+    scheduler.models["en-es"].decode = lambda pieces, **options: (release.wait(20), ["x"] * len(pieces))[1]
+    scheduler.submit("en-es", ["a"], served["en-es"].options(alternatives=1))   # decoded as a whole batch
+
+    async def go():
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            await asyncio.sleep(0.6)
+            stuck = await client.get("/health")
+            stuck = stuck.status, await stuck.json()
+            release.set()
+            await asyncio.sleep(0.2)
+            ok = await client.get("/health")
+            return stuck, (ok.status, await ok.json())
+    try:
+        (status, body), (ok_status, ok_body) = asyncio.run(go())
+    finally:
+        release.set()
+        scheduler.stop(5)
+    assert status == 503 and body["scheduler"]["stuck"] and "decoding step" in body["status"], body
+    assert ok_status == 200 and ok_body["status"] == "ok"
+    assert "directory" not in json.dumps(ok_body) and model_dir not in json.dumps(ok_body)
+
+
+def test_clients_that_drop_mid_request_leave_every_answer_equal_to_offline(server, model_dir):
+    texts = sentences(40, seed=31)
+    want = dict(zip(texts, offline(model_dir, texts)))
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async def dropper(i):
+                body = {"q": texts[i:i + 5], **ENG_SPA}
+                try:
+                    await asyncio.wait_for(session.post(server.url + "/translate", json=body), 0.002 * (i % 20))
+                except asyncio.TimeoutError:
+                    pass
+
+            async def keeper(text):
+                async with session.post(server.url + "/translate", json={"q": text, **ENG_SPA}) as response:
+                    return text, (await response.json())["translatedText"]
+            results = await asyncio.gather(*(dropper(i) for i in range(40)), *(keeper(t) for t in texts))
+            async with session.get(server.url + "/health") as response:
+                return [r for r in results if r is not None], response.status
+    answers, health = asyncio.run(go())
+    assert health == 200
+    assert all(answer == want[text] for text, answer in answers)
+    status, body, _ = post(server.url, "/translate", {"q": texts[:3], **ENG_SPA})
+    assert status == 200 and body["translatedText"] == [want[t] for t in texts[:3]]
+
+
+# -- fairness --------------------------------------------------------------------------------------------
+
+def test_a_one_sentence_request_during_a_4500_character_request_is_answered_first(model_dir):
+    """Every sentence decodes to max_len (EOS pushed down): the long request's sentences take the
+    rows in rounds. Admission by turns gives the short one the first free row, not the last."""
+    served = _never_ending(model_dir)
+    scheduler = Scheduler(served, batch_size=4)
+    options = served["en-es"].options(beam=1, max_len=12)
+    long_texts = [" ".join(sentences(12, seed=40 + i)) for i in range(16)]
+    assert sum(map(len, long_texts)) > 4500 // 4
+    done = []
+    try:
+        long = scheduler.submit("en-es", long_texts[:16], options)
+        long.add_done_callback(lambda _: done.append("long"))
+        deadline = time.monotonic() + 30
+        while not scheduler._decoding and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        short = scheduler.submit("en-es", ["a"], options)
+        short.add_done_callback(lambda _: done.append("short"))
+        assert short.result(60) == translate_texts(served["en-es"].model, served["en-es"].src_tokenizer,
+                                                   served["en-es"].tgt_tokenizer, ["a"], beam=1, max_len=12)
+        long.result(60)
+    finally:
+        scheduler.stop(5)
+    assert done == ["short", "long"]
+
+
+def test_a_one_sentence_request_during_an_alternatives_255_request_is_answered_first(model_dir):
+    served = load_models([model_dir], load=load_for_inference)
+    scheduler = Scheduler(served)
+    done = []
+    try:
+        # 40 sentences of beam 256: one sentence a batch (the rows hold one), each about 10 ms here
+        wide = scheduler.submit("en-es", sentences(40, seed=50), served["en-es"].options(alternatives=255),
+                                join=list)
+        wide.add_done_callback(lambda _: done.append("alternatives"))
+        deadline = time.monotonic() + 30
+        while scheduler._busy_since is None and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        short = scheduler.submit("en-es", ["a"], served["en-es"].options())
+        short.add_done_callback(lambda _: done.append("short"))
+        assert short.result(60) == offline(model_dir, ["a"])
+        wide.result(120)
+    finally:
+        scheduler.stop(5)
+    assert done == ["short", "alternatives"]
+
+
+# -- bounded memory --------------------------------------------------------------------------------------
+
+def test_300_unknown_paths_leave_metrics_unchanged_in_size(server):
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async def get(path):
+                async with session.get(server.url + path) as response:
+                    return response.status, await response.text()
+            await get("/no-such-page")
+            await get("/metrics")
+            before = (await get("/metrics"))[1]
+            statuses = [(await get(f"/made-up/{i}?x={i}"))[0] for i in range(300)]
+            after = (await get("/metrics"))[1]
+            return before, statuses, after
+    before, statuses, after = asyncio.run(go())
+    assert set(statuses) == {404}
+    assert len(after.splitlines()) == len(before.splitlines()), "a label for each path a client made up"
+    assert abs(len(after) - len(before)) < 64 and "made-up" not in after
+
+
+def test_300_distinct_64_kb_language_fields_grow_memory_by_less_than_64_mb(server):
+    pid = server.process.pid
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            statuses = []
+            for i in range(300):
+                code = f"{i:05d}" + "x" * (64 * 1024 - 5)
+                async with session.post(server.url + "/translate", json={"q": "a", "source": code,
+                                                                         "target": "spa"}) as response:
+                    statuses.append((response.status, (await response.json())["error"]))
+            return statuses
+    before = _rss_bytes(pid)
+    statuses = asyncio.run(go())
+    grown = _rss_bytes(pid) - before
+    assert grown < 64 << 20, f"resident memory grew by {grown / 2**20:.0f} MB"
+    assert all(status == 400 and "source is 65536 characters long" in error for status, error in statuses), \
+        statuses[:2]
