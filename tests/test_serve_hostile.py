@@ -8,6 +8,9 @@ import json
 import logging
 import os
 import re
+import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -15,7 +18,7 @@ import pytest
 
 aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
 
-from test_serve import Running, _get, _never_ending, model_dir, offline, post, sentences  # noqa: E402,F401
+from test_serve import OUTSIDE, Running, _never_ending, model_dir, offline, post, sentences  # noqa: E402,F401
 from transformer.checkpoint import load_for_inference  # noqa: E402
 from transformer.serve import build, load_models  # noqa: E402
 from transformer.serve.scheduler import Scheduler  # noqa: E402
@@ -294,15 +297,16 @@ def test_a_one_sentence_request_during_a_4500_character_request_is_answered_firs
     served = _never_ending(model_dir)
     scheduler = Scheduler(served, batch_size=4)
     options = served["en-es"].options(beam=1, max_len=12)
-    long_texts = [" ".join(sentences(12, seed=40 + i)) for i in range(16)]
-    assert sum(map(len, long_texts)) > 4500 // 4
+    long_texts = [" ".join(sentences(4, seed=40 + i)) for i in range(64)]
+    assert sum(map(len, long_texts)) > 4500
     done = []
     try:
-        long = scheduler.submit("en-es", long_texts[:16], options)
+        long = scheduler.submit("en-es", long_texts, options)
         long.add_done_callback(lambda _: done.append("long"))
         deadline = time.monotonic() + 30
         while not scheduler._decoding and time.monotonic() < deadline:
             time.sleep(0.0005)
+        assert not long.done(), "the long request ended before the short one was sent: no test"
         short = scheduler.submit("en-es", ["a"], options)
         short.add_done_callback(lambda _: done.append("short"))
         assert short.result(60) == translate_texts(served["en-es"].model, served["en-es"].src_tokenizer,
@@ -355,6 +359,9 @@ def test_300_unknown_paths_leave_metrics_unchanged_in_size(server):
 
 
 def test_300_distinct_64_kb_language_fields_grow_memory_by_less_than_64_mb(server):
+    """The language tables cached every code asked, up to 4,096 of up to 1 MiB each. The issue's
+    bound is 64 MB; these 300 codes kept once are 19 MB (572e4d1 grew by 18.7 MB here), so the
+    growth is held to 4 MB: a code longer than 64 characters is refused before any table sees it."""
     pid = server.process.pid
 
     async def go():
@@ -369,6 +376,181 @@ def test_300_distinct_64_kb_language_fields_grow_memory_by_less_than_64_mb(serve
     before = _rss_bytes(pid)
     statuses = asyncio.run(go())
     grown = _rss_bytes(pid) - before
-    assert grown < 64 << 20, f"resident memory grew by {grown / 2**20:.0f} MB"
+    assert grown < 4 << 20, f"resident memory grew by {grown / 2**20:.1f} MB"
     assert all(status == 400 and "source is 65536 characters long" in error for status, error in statuses), \
         statuses[:2]
+
+
+# -- guards: slow clients, many connections --------------------------------------------------------------
+
+def test_a_client_sending_a_header_byte_a_second_is_cut_off_within_the_header_timeout(model_dir):
+    running = Running("--model", model_dir, "--header-timeout", "1.5")
+    request = b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as connection:
+            connection.settimeout(0.02)
+            began, answer = time.monotonic(), b""
+            for byte in request:                # a byte a second, for as long as the server listens
+                try:
+                    connection.sendall(bytes([byte]))
+                except OSError:
+                    break
+                try:
+                    answer += connection.recv(4096)
+                    if answer:
+                        break
+                except socket.timeout:
+                    pass
+                if time.monotonic() - began > 6:
+                    break
+                time.sleep(1.0)
+            cut_after = time.monotonic() - began
+    finally:
+        running.stop()
+    assert answer.startswith(b"HTTP/1.1 408") and b"--header-timeout" in answer, answer[:200]
+    assert cut_after < 1.5 + 1.5, f"cut after {cut_after:.1f} s"
+
+
+def _few_descriptors():
+    import resource
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+
+def test_600_idle_connections_leave_room_for_a_request_answered_within_10_s(model_dir):
+    """The server may open 256 descriptors: 600 clients that connect and send nothing would take
+    them all (accept fails, a request waits in the backlog). Past the connection cap the connection
+    idle longest is closed instead."""
+    running = Running("--model", model_dir, preexec_fn=_few_descriptors)
+
+    async def go():
+        async def idle():
+            try:
+                return await asyncio.wait_for(asyncio.open_connection("127.0.0.1", running.port), 3)
+            except (OSError, asyncio.TimeoutError):
+                return None
+        opened = [c for c in await asyncio.gather(*(idle() for _ in range(600))) if c is not None]
+        started = time.monotonic()
+        try:
+            status, body, _ = await asyncio.wait_for(_send(running.url, "/translate", json={"q": "a dog", **ENG_SPA}),
+                                                     10)
+        except asyncio.TimeoutError:
+            status, body = None, "no answer within 10 s"
+        took = time.monotonic() - started
+        for _, writer in opened:
+            writer.close()
+        return status, body, took
+    try:
+        status, body, took = asyncio.run(go())
+    finally:
+        running.stop()
+    assert status == 200 and json.loads(body)["translatedText"] == offline(model_dir, ["a dog"])[0], body
+    assert took < 10
+
+
+# -- keys, limits, CORS and Host ---------------------------------------------------------------------------
+
+def _keys(db, *argv):
+    done = subprocess.run([sys.executable, "-m", "transformer", "serve", "keys", "--api-keys-db", db, *argv],
+                          capture_output=True, text=True, timeout=60, cwd=OUTSIDE)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def keyed(model_dir, tmp_path_factory):
+    """A server with a key database, keys needed for /metrics and /health's details only (a key
+    raises the limits, as LibreTranslate's), 5 requests a minute from an address, CORS for one origin."""
+    db = str(tmp_path_factory.mktemp("keys") / "api_keys.db")
+    _keys(db, "add", "3", "--key", "three-a-minute")
+    _keys(db, "add", "0", "--key", "unlimited")
+    running = Running("--model", model_dir, "--api-keys-db", db, "--require-key-for", "metrics,health",
+                      "--req-limit", "5", "--cors-origins", "https://good.example")
+    running.db = db
+    yield running
+    running.stop()
+
+
+def test_keys_are_kept_as_ltmanage_keeps_them(tmp_path):
+    db = str(tmp_path / "api_keys.db")
+    made = _keys(db, "add", "100").strip()
+    assert re.fullmatch(r"[0-9a-f-]{36}", made)
+    _keys(db, "add", "7", "--key", "mine", "--chars-per-minute", "900")
+    assert _keys(db, "list").splitlines()[1:] == [f"{made}\t100\t-\t-", "mine\t7\t-\t900"]
+    _keys(db, "remove", made)
+    assert _keys(db, "list").splitlines()[1:] == ["mine\t7\t-\t900"]
+
+
+def test_per_key_limits_from_the_database_are_held_with_429_and_retry_after(keyed):
+    answers = [send(keyed.url, "/translate", json={"q": "a", **ENG_SPA, "api_key": "three-a-minute"})
+               for _ in range(4)]
+    assert [status for status, _, _ in answers] == [200, 200, 200, 429]
+    status, text, headers = answers[-1]
+    _says(status, text, 429, "Slowdown: 3 per 1 minute", "API key")
+    assert 1 <= int(headers["Retry-After"]) <= 60
+    assert all(send(keyed.url, "/translate", json={"q": "a", **ENG_SPA, "api_key": "unlimited"})[0] == 200
+               for _ in range(8))
+    _says(*send(keyed.url, "/translate", json={"q": "a", **ENG_SPA, "api_key": "nope"})[:2], 403, "Invalid API key")
+
+
+def test_a_key_added_while_the_server_runs_counts_at_once(keyed):
+    _keys(keyed.db, "add", "1", "--key", "added-late")
+    time.sleep(1.2)                 # the server looks at the file once a second at most
+    assert send(keyed.url, "/translate", json={"q": "a", **ENG_SPA, "api_key": "added-late"})[0] == 200
+    assert send(keyed.url, "/translate", json={"q": "a", **ENG_SPA, "api_key": "added-late"})[0] == 429
+    _keys(keyed.db, "remove", "added-late")
+    time.sleep(1.2)
+    assert send(keyed.url, "/translate", json={"q": "a", **ENG_SPA, "api_key": "added-late"})[0] == 403
+
+
+def test_an_address_without_a_key_is_held_to_req_limit(keyed):
+    statuses = [send(keyed.url, "/detect", data={"q": "the cat"})[0] for _ in range(7)]
+    assert statuses[:1] == [200] and statuses[-1] == 429 and statuses.count(200) <= 5, statuses
+
+
+def test_metrics_and_health_details_need_a_key_when_required(keyed):
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            out = []
+            for headers in ({}, {"Authorization": "Bearer unlimited"}):
+                for path in ("/metrics", "/health"):
+                    async with session.get(keyed.url + path, headers=headers) as response:
+                        out.append((response.status, await response.text()))
+            return out
+    (metrics, health), (metrics_keyed, health_keyed) = (lambda r: (r[:2], r[2:]))(asyncio.run(go()))
+    _says(*metrics, 403, "API key")
+    assert health[0] == 200 and json.loads(health[1])["status"] == "ok" and "scheduler" not in json.loads(health[1])
+    assert metrics_keyed[0] == 200 and "transformer_requests_total" in metrics_keyed[1]
+    assert "scheduler" in json.loads(health_keyed[1])
+
+
+def test_cors_headers_are_present_when_asked_for(keyed):
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async with session.options(keyed.url + "/translate", headers={
+                    "Origin": "https://good.example", "Access-Control-Request-Method": "POST",
+                    "Access-Control-Request-Headers": "content-type"}) as response:
+                preflight = response.status, dict(response.headers)
+            async with session.get(keyed.url + "/languages", headers={"Origin": "https://good.example"}) as response:
+                good = dict(response.headers)
+            async with session.get(keyed.url + "/languages", headers={"Origin": "https://evil.example"}) as response:
+                evil = dict(response.headers)
+            return preflight, good, evil
+    (status, preflight), good, evil = asyncio.run(go())
+    assert status == 204 and preflight["Access-Control-Allow-Origin"] == "https://good.example"
+    assert "POST" in preflight["Access-Control-Allow-Methods"] and "Content-Type" in preflight["Access-Control-Allow-Headers"]
+    assert good["Access-Control-Allow-Origin"] == "https://good.example"
+    assert "Access-Control-Allow-Origin" not in evil
+
+
+def test_a_rebinding_host_is_refused_on_a_loopback_bind(server):
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            out = []
+            for host in ("evil.example", f"evil.example:{server.port}", f"localhost:{server.port}"):
+                async with session.get(server.url + "/languages", headers={"Host": host}) as response:
+                    out.append((response.status, await response.text()))
+            return out
+    (evil, evil_port, local) = asyncio.run(go())
+    _says(*evil, 421, "Host")
+    _says(*evil_port, 421, "DNS rebinding")
+    assert local[0] == 200

@@ -35,18 +35,23 @@ from aiohttp import web
 
 from ..languages import alpha2, english_name
 from .documents import of_html, of_text
+from .access import Access
+from .connections import Guard
 from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, shown, texts_of
+from .keys import Keys
+from .limits import RateLimits, Refused
 from .markup import MarkupError
 from .pairs import Pairs
 from .scheduler import QueueFull, ShuttingDown, TooWide
 from .stopping import STOPPING, Stopping
 
-__all__ = ["BadRequest", "Limits", "Server"]
+__all__ = ["GUARD", "BadRequest", "Limits", "Server"]
 
 RETRY_AFTER_S = 1
 LOG = logging.getLogger("transformer.serve")
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")   # the page and its assets
 FRONTEND_TIMEOUT_MS = 500           # LibreTranslate's default frontendTimeout
+GUARD = web.AppKey("guard", Guard)
 
 
 def _error(message, status, headers=None):
@@ -96,17 +101,23 @@ def _unique(texts, main, n):
 class Server:
     """The aiohttp application around a Scheduler. detector: a Detector of the served sources."""
 
-    def __init__(self, scheduler, limits, metrics, api_keys=None, detector=None):
+    def __init__(self, scheduler, limits, metrics, api_keys=None, detector=None, access=None):
         from .detect import Detector
 
         self.scheduler, self.limits, self.metrics = scheduler, limits, metrics
-        self.api_keys = api_keys             # a set of valid keys, or None: no key needed (any is ignored)
+        # the valid keys (a Keys, or a set of them), or None: no key needed (any is ignored)
+        self.keys = Keys(plain=api_keys) if isinstance(api_keys, (set, frozenset, list, tuple)) else api_keys
+        self.api_keys = self.keys is not None
+        self.access = access or Access()
+        self.rates = RateLimits()
         self.models = scheduler.models
         self.detector = detector or Detector({m.source for m in self.models.values()})
         self.pairs = Pairs(self.models, self.detector)
         self._defaults = {name: served.options() for name, served in self.models.items()}   # each model's options
         self._splitting = {name: alpha2(served.source) for name, served in self.models.items()}   # its rules' language
         self.stopping = Stopping()           # set by listen() on SIGTERM
+        self.guard = Guard(limits.max_connections, limits.header_timeout)   # listen() puts it in front
+        self.guard.busy = lambda handler: handler in self.stopping.busy
 
     def app(self):
         bounds = {"client_max_size": self.limits.max_body}
@@ -121,6 +132,7 @@ class Server:
                         web.get("/metrics", self.metrics_text), web.get("/", self.page)])
         app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)
         app[STOPPING] = self.stopping
+        app[GUARD] = self.guard
         return app
 
     @web.middleware
@@ -129,10 +141,19 @@ class Server:
         not begun is refused and every answer closes its connection (stopping.py)."""
         started = time.monotonic()
         self.stopping.enter(request.protocol)
+        self.guard.begun(request.protocol)
+        cors = self.access.cors_headers(request.headers.get("Origin"))
         try:
             if self.stopping.since is not None:
                 raise BadRequest("the server is stopping", 503)
-            response = await handler(request)
+            host = request.headers.get("Host")
+            if not self.access.host_allowed(host):
+                raise BadRequest(f"Host {shown(host)} is not a name of this server: it listens on loopback, and "
+                                 "answers localhost, 127.0.0.1, ::1 and --allowed-hosts (DNS rebinding)", 421)
+            if request.method == "OPTIONS" and cors:      # a browser's preflight, for an allowed origin
+                response = web.Response(status=204)
+            else:
+                response = await handler(request)
         except BadRequest as exc:
             response = _error(str(exc), exc.status, exc.headers)
         except web.HTTPRequestEntityTooLarge:
@@ -151,6 +172,7 @@ class Server:
             self.stopping.leave(request.protocol)
         if self.stopping.since is not None:
             response.force_close()       # Connection: close: the client sends nothing more here
+        response.headers.update(cors)
         self.metrics.request(_endpoint(request), response.status, time.monotonic() - started,
                              getattr(response, "sentences", 0))
         return response
@@ -158,11 +180,52 @@ class Server:
     # -- reading a request ---------------------------------------------------------------------------
     async def _fields(self, request, json_only=False):
         fields = await read_fields(request, self.limits, json_only)
-        if self.api_keys is not None:
-            key = fields.get("api_key")
-            if not isinstance(key, str) or key not in self.api_keys:
-                raise BadRequest("Invalid API key" if key else "an API key is needed (api_key)", 403)
+        request["key"] = self._key(request, fields.get("api_key"), "translate")
         return fields
+
+    def _key(self, request, key, route):
+        """(key, its KeyLimits) of the request's valid key, or None when keys are not asked for or
+        it gave none and `route` (--require-key-for) needs none. A key from the api_key field, the
+        query string or `Authorization: Bearer KEY`. 403 for a key that is not valid or missing."""
+        if self.keys is None:
+            return None             # no keys: an api_key is ignored (deep-translator always sends one)
+        if key is None or key == "":
+            try:
+                key = request.query.get("api_key")
+            except UnicodeDecodeError:
+                raise BadRequest("the query string is not valid UTF-8") from None
+        if not key:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            key = token.strip() if scheme.lower() == "bearer" else None
+        if key:
+            limits = self.keys.lookup(key) if isinstance(key, str) else None
+            if limits is None:
+                raise BadRequest("Invalid API key", 403)
+            return key, limits
+        if route in self.access.require_key_for:
+            raise BadRequest("an API key is needed (api_key)", 403)
+        return None
+
+    def _char_limit(self, request):
+        """Characters a request at most: the key's own char_limit, else --char-limit."""
+        key = request.get("key")
+        return key[1].char_limit if key and key[1].char_limit else self.limits.char_limit
+
+    def _charge(self, request, characters):
+        """Count the request against its key's or its address's limits a minute (limits.py)."""
+        key = request.get("key")
+        try:
+            if key is not None:
+                limits = key[1]
+                self.rates.charge(("key", key[0]), characters,
+                                  self.limits.req_limit if limits.req_limit is None else limits.req_limit,
+                                  self.limits.chars_per_minute if limits.chars_per_minute is None
+                                  else limits.chars_per_minute, "this API key's limit")
+            else:
+                self.rates.charge(("address", request.remote), characters, self.limits.req_limit,
+                                  self.limits.chars_per_minute, "this address: --req-limit, --chars-per-minute")
+        except Refused as exc:
+            raise BadRequest(str(exc), 429, {"Retry-After": str(exc.retry_after)}) from None
 
     async def _routes(self, fields, texts):
         """[(model name, detectedLanguage or None)] per text (pairs.py); detection off the loop."""
@@ -234,10 +297,11 @@ class Server:
     # -- the endpoints ---------------------------------------------------------------------------------
     async def translate(self, request):
         fields = await self._fields(request)
-        texts, was_list = texts_of(fields, self.limits)
+        texts, was_list = texts_of(fields, self.limits, self._char_limit(request))
         fmt = format_of(fields)
         alternatives = alternatives_of(fields)
         decoded = alternatives if fmt == "text" else 0       # LibreTranslate gives none for html
+        self._charge(request, sum(len(text) for text in texts))
         routes = await self._routes(fields, texts)
         documents = [self._document(text, fmt, name, f"q[{i}]" if was_list else "q")
                      for i, (text, (name, _)) in enumerate(zip(texts, routes))]
@@ -266,7 +330,8 @@ class Server:
 
     async def native(self, request):
         fields = await self._fields(request, json_only=True)
-        texts, was_list = texts_of(fields, self.limits)
+        texts, was_list = texts_of(fields, self.limits, self._char_limit(request))
+        self._charge(request, sum(len(text) for text in texts))
         routes = await self._routes(fields, texts)
         name = routes[0][0]
         overrides = {}
@@ -315,8 +380,10 @@ class Server:
         if not isinstance(q, str) or not q.strip():
             raise BadRequest("missing field q (the text whose language to detect)" if not q else
                              f"q must be a string, got {type(q).__name__}")
-        if self.limits.char_limit and len(q) > self.limits.char_limit:
-            raise BadRequest(f"q holds {len(q)} characters; at most {self.limits.char_limit} a request (--char-limit)")
+        char_limit = self._char_limit(request)
+        if char_limit and len(q) > char_limit:
+            raise BadRequest(f"q holds {len(q)} characters; at most {char_limit} a request (--char-limit)")
+        self._charge(request, len(q))
         return web.json_response(await asyncio.to_thread(self.detector.detect, q))
 
     async def languages(self, request):
@@ -328,10 +395,10 @@ class Server:
         source = ({"code": "auto", "name": "Auto Detect"} if len(sources) > 1 else
                   {"code": sources[0], "name": english_name(sources[0])})
         target = self.pairs.targets[sources[0]][0]
-        keys = self.api_keys is not None
+        keys = "translate" in self.access.require_key_for and self.api_keys
         return web.json_response({
             "charLimit": self.limits.char_limit or -1, "frontendTimeout": FRONTEND_TIMEOUT_MS,
-            "apiKeys": keys, "keyRequired": keys, "suggestions": False, "filesTranslation": False,
+            "apiKeys": self.api_keys, "keyRequired": keys, "suggestions": False, "filesTranslation": False,
             "supportedFilesFormat": [],
             "language": {"source": source, "target": {"code": target, "name": english_name(target)}}})
 
@@ -345,12 +412,17 @@ class Server:
         ok, scheduler = self.scheduler.health()
         status = "ok" if ok else ("the scheduler stopped" if not scheduler["alive"] else
                                   f"a decoding step has run {scheduler['step_seconds']:g} s")
-        return web.json_response({"status": status, "queue": self.scheduler.queue_length(),
-                                  "scheduler": scheduler, "api_keys": self.api_keys is not None,
-                                  "models": [{"name": name, "source": m.source, "target": m.target, **m.defaults}
-                                             for name, m in self.models.items()]},
-                                 status=200 if ok else 503)
+        body = {"status": status, "api_keys": self.api_keys,
+                "models": [{"name": name, "source": m.source, "target": m.target, **m.defaults}
+                           for name, m in self.models.items()]}
+        # the details (queue, scheduler) with a key when --require-key-for health; the status alone
+        # (and the models the page lists, which /languages tells anyway) without
+        key = self._key(request, None, None)          # never needed here; a wrong one is still 403
+        if self.keys is None or "health" not in self.access.require_key_for or key:
+            body.update(queue=self.scheduler.queue_length(), scheduler=scheduler)
+        return web.json_response(body, status=200 if ok else 503)
 
     async def metrics_text(self, request):
+        self._key(request, None, "metrics")
         return web.Response(text=self.metrics.text(), content_type="text/plain", charset="utf-8",
                             headers={"X-Prometheus-Format": "0.0.4"})

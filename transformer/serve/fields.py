@@ -28,9 +28,13 @@ class BadRequest(ValueError):
 class Limits:
     """What one request may hold (each refused with the limit named)."""
 
-    def __init__(self, char_limit=5000, max_texts=64, max_body=1 << 20, body_timeout=30.0):
+    def __init__(self, char_limit=5000, max_texts=64, max_body=1 << 20, body_timeout=30.0, header_timeout=10.0,
+                 max_connections=1000, req_limit=0, chars_per_minute=0):
         self.char_limit, self.max_texts, self.max_body = char_limit, max_texts, max_body
         self.body_timeout = body_timeout          # seconds to read a body, once its headers came
+        self.header_timeout = header_timeout      # seconds for a request's headers (connections.py)
+        self.max_connections = max_connections    # connections open at once (connections.py)
+        self.req_limit, self.chars_per_minute = req_limit, chars_per_minute   # a minute, per client (limits.py)
 
 
 def shown(value):
@@ -151,8 +155,8 @@ def language_of(fields, field):
     return value
 
 
-def texts_of(fields, limits):
-    """(texts, was_list) from the field q, within the limits."""
+def texts_of(fields, limits, char_limit=None):
+    """(texts, was_list) from the field q, within the limits (char_limit: in place of the limits')."""
     if "q" not in fields:
         raise BadRequest("missing field q (the text to translate)")
     q = fields["q"]
@@ -167,8 +171,9 @@ def texts_of(fields, limits):
             where = f"q[{i}]" if was_list else "q"
             raise BadRequest(f"{where} must be a string, got {type(text).__name__}")
     chars = sum(len(text) for text in texts)
-    if limits.char_limit and chars > limits.char_limit:
-        raise BadRequest(f"q holds {chars} characters; at most {limits.char_limit} a request (--char-limit)")
+    char_limit = limits.char_limit if char_limit is None else char_limit
+    if char_limit and chars > char_limit:
+        raise BadRequest(f"q holds {chars} characters; at most {char_limit} a request (--char-limit)")
     for i, text in enumerate(texts):
         try:
             text.encode("utf-8")
