@@ -60,8 +60,9 @@ def _list(text):
 def register(sub):
     serve = sub.add_parser("serve", help="a translation server: LibreTranslate's API, batching across requests")
     serve.add_argument("--model", action="append", metavar="[NAME=]DIR",
-                       help="a model directory to serve (several: one per language pair); NAME=DIR names it, "
-                            "and SRC-TGT=DIR gives the languages of a model without languages.json")
+                       help="a model directory to serve (needed to serve; several: one per language pair); "
+                            "NAME=DIR names it, and SRC-TGT=DIR gives the languages of a model without "
+                            "languages.json")
     serve.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1: "
                        "this machine only)")
     serve.add_argument("--port", type=_positive_int, default=8000)
