@@ -234,6 +234,32 @@ def test_a_failed_request_s_other_pieces_are_dropped_and_the_thread_goes_on(mode
         scheduler.stop(5)
 
 
+def test_a_stream_that_fails_fails_its_requests_and_the_next_request_is_answered(model_dir, monkeypatch):
+    """A failure inside the running batch (the C stream) reaches the requests in it; the thread,
+    and every request after, goes on."""
+    from transformer.streaming import DecodingStream
+
+    run, calls = DecodingStream.run, []
+
+    def failing_once(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the stream broke")
+        return run(self, *args, **kwargs)
+    monkeypatch.setattr(DecodingStream, "run", failing_once)
+    served = load_models([model_dir], load=load_for_inference)
+    scheduler = Scheduler(served)
+    try:
+        broken = scheduler.submit("en-es", ["the cat", "a dog"], served["en-es"].options())
+        with pytest.raises(RuntimeError, match="the stream broke"):
+            broken.result(30)
+        assert scheduler.submit("en-es", ["red tree"], served["en-es"].options()).result(30) == \
+            offline(model_dir, ["red tree"])
+        assert scheduler.health()[0]
+    finally:
+        scheduler.stop(5)
+
+
 def test_health_says_503_when_a_step_is_stuck(model_dir):
     from aiohttp.test_utils import TestClient, TestServer
 
@@ -413,14 +439,16 @@ def test_a_client_sending_a_header_byte_a_second_is_cut_off_within_the_header_ti
 
 def _few_descriptors():
     import resource
-    resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (512, 512))
 
 
 def test_600_idle_connections_leave_room_for_a_request_answered_within_10_s(model_dir):
-    """The server may open 256 descriptors: 600 clients that connect and send nothing would take
-    them all (accept fails, a request waits in the backlog). Past the connection cap the connection
-    idle longest is closed instead."""
+    """The server may open 512 descriptors: 600 clients that connect and send nothing would take
+    them all (accept fails, a request waits in the backlog). Past the connection cap (here 512 less
+    the 320 kept for files and accept bursts) the connection idle longest is closed instead."""
     running = Running("--model", model_dir, preexec_fn=_few_descriptors)
+    said = []        # the server's stderr, read as it comes: a full pipe would stop the server
+    threading.Thread(target=lambda: said.extend(running.process.stderr), daemon=True).start()
 
     async def go():
         async def idle():
@@ -442,8 +470,10 @@ def test_600_idle_connections_leave_room_for_a_request_answered_within_10_s(mode
     try:
         status, body, took = asyncio.run(go())
     finally:
-        running.stop()
+        running.process.terminate()
+        running.process.wait(60)
     assert status == 200 and json.loads(body)["translatedText"] == offline(model_dir, ["a dog"])[0], body
+    assert not any("Too many open files" in line for line in said), "".join(said)[-2000:]
     assert took < 10
 
 

@@ -179,9 +179,9 @@ class Server:
 
     # -- reading a request ---------------------------------------------------------------------------
     async def _fields(self, request, json_only=False):
+        """(the request's fields, its key as _key gives it)."""
         fields = await read_fields(request, self.limits, json_only)
-        request["key"] = self._key(request, fields.get("api_key"), "translate")
-        return fields
+        return fields, self._key(request, fields.get("api_key"), "translate")
 
     def _key(self, request, key, route):
         """(key, its KeyLimits) of the request's valid key, or None when keys are not asked for or
@@ -206,14 +206,12 @@ class Server:
             raise BadRequest("an API key is needed (api_key)", 403)
         return None
 
-    def _char_limit(self, request):
+    def _char_limit(self, key):
         """Characters a request at most: the key's own char_limit, else --char-limit."""
-        key = request.get("key")
         return key[1].char_limit if key and key[1].char_limit else self.limits.char_limit
 
-    def _charge(self, request, characters):
+    def _charge(self, request, key, characters):
         """Count the request against its key's or its address's limits a minute (limits.py)."""
-        key = request.get("key")
         try:
             if key is not None:
                 limits = key[1]
@@ -296,12 +294,12 @@ class Server:
 
     # -- the endpoints ---------------------------------------------------------------------------------
     async def translate(self, request):
-        fields = await self._fields(request)
-        texts, was_list = texts_of(fields, self.limits, self._char_limit(request))
+        fields, key = await self._fields(request)
+        texts, was_list = texts_of(fields, self.limits, self._char_limit(key))
         fmt = format_of(fields)
         alternatives = alternatives_of(fields)
         decoded = alternatives if fmt == "text" else 0       # LibreTranslate gives none for html
-        self._charge(request, sum(len(text) for text in texts))
+        self._charge(request, key, sum(len(text) for text in texts))
         routes = await self._routes(fields, texts)
         documents = [self._document(text, fmt, name, f"q[{i}]" if was_list else "q")
                      for i, (text, (name, _)) in enumerate(zip(texts, routes))]
@@ -329,9 +327,9 @@ class Server:
         return response
 
     async def native(self, request):
-        fields = await self._fields(request, json_only=True)
-        texts, was_list = texts_of(fields, self.limits, self._char_limit(request))
-        self._charge(request, sum(len(text) for text in texts))
+        fields, key = await self._fields(request, json_only=True)
+        texts, was_list = texts_of(fields, self.limits, self._char_limit(key))
+        self._charge(request, key, sum(len(text) for text in texts))
         routes = await self._routes(fields, texts)
         name = routes[0][0]
         overrides = {}
@@ -373,17 +371,17 @@ class Server:
         return response
 
     async def detect(self, request):
-        fields = await self._fields(request)
+        fields, key = await self._fields(request)
         q = fields.get("q")
         if isinstance(q, list) and all(isinstance(text, str) for text in q):
             q = "\n".join(q)
         if not isinstance(q, str) or not q.strip():
             raise BadRequest("missing field q (the text whose language to detect)" if not q else
                              f"q must be a string, got {type(q).__name__}")
-        char_limit = self._char_limit(request)
+        char_limit = self._char_limit(key)
         if char_limit and len(q) > char_limit:
             raise BadRequest(f"q holds {len(q)} characters; at most {char_limit} a request (--char-limit)")
-        self._charge(request, len(q))
+        self._charge(request, key, len(q))
         return web.json_response(await asyncio.to_thread(self.detector.detect, q))
 
     async def languages(self, request):

@@ -19,10 +19,11 @@ import json
 import resource
 
 DESCRIPTOR_RESERVE = 64         # descriptors kept for what is not a connection: files, sockets, threads
-# asyncio accepts up to the listen backlog at once before any of them reaches the factory (which
-# closes idle ones past the cap): that many descriptors are kept free for it too, else accept fails
-# with EMFILE and asyncio stops accepting for a second each time.
-ACCEPT_BURST = 128
+# asyncio accepts up to the listen backlog (128) at once before any of them reaches the factory,
+# and the idle connections the factory closes free their descriptors only on the loop's next turn,
+# by when another burst may have been accepted: twice that many descriptors are kept free, else
+# accept fails with EMFILE and asyncio stops accepting for a second each time.
+ACCEPT_BURST = 2 * 128
 
 
 def _raw_answer(status, reason, message, headers=""):
