@@ -20,9 +20,11 @@ Handlers parse, validate and wait; the Scheduler owns the models. Endpoints:
                          source (static/: no CDN, it works offline)
 
 Errors take LibreTranslate's form, {"error": "..."}, naming the field: 400 for a bad request, 403
-for a missing or wrong API key, 413 for a body over the limit, 429 (with Retry-After) when the
-queue is full, 503 while the server stops (stopping.py: a request read after SIGTERM), 500 for a
-failure of ours.
+for a missing or wrong API key, 408 for a body slower than --body-timeout, 413 for a body over the
+limit, 421 for a Host a loopback server does not answer to (access.py), 429 (with Retry-After) when
+the queue is full or a limit a minute is passed (limits.py), 503 while the server stops
+(stopping.py: a request read after SIGTERM), 500 for a bug of ours: its body says only that, with
+an id, and the log has the traceback under that id. Whatever a client sends is a 4xx, never a 500.
 """
 import asyncio
 import inspect
@@ -148,8 +150,8 @@ class Server:
                 raise BadRequest("the server is stopping", 503)
             host = request.headers.get("Host")
             if not self.access.host_allowed(host):
-                raise BadRequest(f"Host {shown(host)} is not a name of this server: it listens on loopback, and "
-                                 "answers localhost, 127.0.0.1, ::1 and --allowed-hosts (DNS rebinding)", 421)
+                raise BadRequest(f"Host {shown(host)} is not a name this server answers to (--allowed-hosts; "
+                                 "bound to loopback, it answers localhost, 127.0.0.1 and ::1: DNS rebinding)", 421)
             if request.method == "OPTIONS" and cors:      # a browser's preflight, for an allowed origin
                 response = web.Response(status=204)
             else:
