@@ -514,6 +514,41 @@ def test_keys_are_kept_as_ltmanage_keeps_them(tmp_path):
     assert _keys(db, "list").splitlines()[1:] == ["mine\t7\t-\t900"]
 
 
+def test_a_libretranslate_key_database_serves_as_it_is(tmp_path):
+    """LibreTranslate's db/api_keys.db (its schema before char_limit, even): its keys and limits."""
+    import sqlite3
+
+    from transformer.serve.keys import Keys
+
+    db = str(tmp_path / "api_keys.db")
+    with sqlite3.connect(db) as connection:
+        connection.execute('CREATE TABLE api_keys ("api_key" TEXT NOT NULL, "req_limit" INTEGER NOT NULL, '
+                           'PRIMARY KEY("api_key"))')
+        connection.execute("INSERT INTO api_keys VALUES ('lt-key', 30)")
+    connection.close()
+    keys = Keys(db_path=db)
+    assert keys.lookup("lt-key") == (30, None, None)
+    assert keys.lookup("lt-ke") is None and keys.lookup("lt-key ") is None and keys.lookup("") is None
+
+
+def test_a_minute_s_counts_start_over_when_the_minute_turns_and_retry_after_says_when():
+    from transformer.serve.limits import RateLimits, Refused
+
+    now = [120.0]
+    limits = RateLimits(clock=lambda: now[0])
+    limits.charge("a", 10, 2, 0, "test")
+    limits.charge("a", 10, 2, 0, "test")
+    now[0] = 150.5
+    with pytest.raises(Refused, match="Slowdown: 2 per 1 minute") as refused:
+        limits.charge("a", 10, 2, 0, "test")
+    assert refused.value.retry_after == 30
+    limits.charge("b", 10, 2, 0, "test")            # another client: counts of its own
+    now[0] = 180.0
+    limits.charge("a", 10, 2, 0, "test")            # the minute turned
+    with pytest.raises(Refused, match="characters per 1 minute"):
+        limits.charge("c", 101, 0, 100, "test")
+
+
 def test_per_key_limits_from_the_database_are_held_with_429_and_retry_after(keyed):
     answers = [send(keyed.url, "/translate", json={"q": "a", **ENG_SPA, "api_key": "three-a-minute"})
                for _ in range(4)]

@@ -16,6 +16,7 @@ compared with hmac.compare_digest: how long a lookup takes does not tell how muc
 was right.
 """
 import collections
+import contextlib
 import hashlib
 import hmac
 import os
@@ -30,20 +31,34 @@ _COLUMNS = {"req_limit": "INTEGER NOT NULL DEFAULT 0", "char_limit": "INTEGER DE
             "chars_per_minute": "INTEGER DEFAULT NULL"}
 
 
+@contextlib.contextmanager
 def connect(path, create=False):
     """A connection to the key database at `path`, its table made or completed (create: the file
-    may be new; else it must exist)."""
-    if not create and not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such key database (make one with `transformer serve keys add`)")
+    may be new; else it must exist); committed and closed at the end of the with block."""
+    if not create:
+        _must_exist(path)
     db = sqlite3.connect(path)
+    try:
+        _complete(db)
+        yield db
+        db.commit()
+    finally:
+        db.close()
+
+
+def _must_exist(path):
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such key database (make one with `transformer serve keys add`)")
+
+
+def _complete(db):
+    """The api_keys table made, or given the columns an older schema lacks."""
     db.execute('CREATE TABLE IF NOT EXISTS api_keys ("api_key" TEXT NOT NULL, "req_limit" INTEGER NOT NULL, '
                '"char_limit" INTEGER DEFAULT NULL, "chars_per_minute" INTEGER DEFAULT NULL, PRIMARY KEY("api_key"))')
     have = {row[1] for row in db.execute("PRAGMA table_info(api_keys)")}
     for column, kind in _COLUMNS.items():
         if column not in have:      # a LibreTranslate database of an older schema
             db.execute(f'ALTER TABLE api_keys ADD COLUMN "{column}" {kind}')
-    db.commit()
-    return db
 
 
 def add(path, req_limit, key=None, char_limit=None, chars_per_minute=None):
@@ -90,10 +105,10 @@ class Keys:
         self._plain = {_digest(key): (key, NO_LIMITS) for key in plain}
         self._table, self._seen, self._looked = {}, None, None
         if db_path is not None:
-            connect(db_path).close()        # a missing file is an error when the server starts
-            self._reload()
+            self._reload()                  # a missing file is an error when the server starts
 
     def _reload(self):
+        _must_exist(self.db_path)
         stat = os.stat(self.db_path)
         seen = (stat.st_mtime_ns, stat.st_size)
         if seen == self._seen:
