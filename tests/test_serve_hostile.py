@@ -293,6 +293,20 @@ def test_health_says_503_when_a_step_is_stuck(model_dir):
     assert "directory" not in json.dumps(ok_body) and model_dir not in json.dumps(ok_body)
 
 
+def test_health_says_503_when_the_scheduler_thread_has_stopped(model_dir):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    app, scheduler = build(load_models([model_dir], load=load_for_inference))
+    scheduler.stop(5)
+
+    async def go():
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            response = await client.get("/health")
+            return response.status, await response.json()
+    status, body = asyncio.run(go())
+    assert status == 503 and body["status"] == "the scheduler stopped" and not body["scheduler"]["alive"]
+
+
 def test_clients_that_drop_mid_request_leave_every_answer_equal_to_offline(server, model_dir):
     texts = sentences(40, seed=31)
     want = dict(zip(texts, offline(model_dir, texts)))
@@ -413,31 +427,49 @@ def test_300_distinct_64_kb_language_fields_grow_memory_by_less_than_64_mb(serve
 
 # -- guards: slow clients, many connections --------------------------------------------------------------
 
-def test_a_client_sending_a_header_byte_a_second_is_cut_off_within_the_header_timeout(model_dir):
-    running = Running("--model", model_dir, "--header-timeout", "1.5")
-    request = b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-    try:
-        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as connection:
-            connection.settimeout(0.02)
-            began, answer = time.monotonic(), b""
-            for byte in request:                # a byte a second, for as long as the server listens
-                try:
-                    connection.sendall(bytes([byte]))
-                except OSError:
+def _trickle(port, head, rest):
+    """Send `head` at once, then `rest` a byte a second until the server answers or closes (6 s at
+    most): (its answer, seconds from the first byte of `rest`)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as connection:
+        connection.sendall(head)
+        connection.settimeout(0.02)
+        began, answer = time.monotonic(), b""
+        for byte in rest:
+            try:
+                connection.sendall(bytes([byte]))
+            except OSError:
+                break
+            try:
+                answer += connection.recv(4096)
+                if answer:
                     break
-                try:
-                    answer += connection.recv(4096)
-                    if answer:
-                        break
-                except socket.timeout:
-                    pass
-                if time.monotonic() - began > 6:
-                    break
-                time.sleep(1.0)
-            cut_after = time.monotonic() - began
-    finally:
-        running.stop()
+            except socket.timeout:
+                pass
+            if time.monotonic() - began > 6:
+                break
+            time.sleep(1.0)
+        return answer, time.monotonic() - began
+
+
+@pytest.fixture(scope="module")
+def impatient(model_dir):
+    running = Running("--model", model_dir, "--header-timeout", "1.5", "--body-timeout", "1.5")
+    yield running
+    running.stop()
+
+
+def test_a_client_sending_a_header_byte_a_second_is_cut_off_within_the_header_timeout(impatient):
+    answer, cut_after = _trickle(impatient.port, b"",
+                                 b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")
     assert answer.startswith(b"HTTP/1.1 408") and b"--header-timeout" in answer, answer[:200]
+    assert cut_after < 1.5 + 1.5, f"cut after {cut_after:.1f} s"
+
+
+def test_a_client_sending_a_body_byte_a_second_is_cut_off_within_the_body_timeout(impatient):
+    body = json.dumps({"q": "the cat", **ENG_SPA}).encode()
+    answer, cut_after = _trickle(impatient.port, b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                 b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body), body)
+    assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer, answer[:300]
     assert cut_after < 1.5 + 1.5, f"cut after {cut_after:.1f} s"
 
 
