@@ -101,6 +101,21 @@ def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5
     return server.app(), scheduler
 
 
+def _guards(app, args, api_keys, access):
+    """The banner's line of limits and access, as they apply (the connection cap after the
+    descriptor limit)."""
+    from .app import GUARD
+
+    per_minute = ", ".join(f"{n} {what}" for n, what in ((args.req_limit, "requests"),
+                                                        (args.chars_per_minute, "characters")) if n) or "no limit"
+    keys = (f"{len(api_keys)} keys, needed for {', '.join(access.require_key_for) or 'nothing (they raise limits)'}"
+            if api_keys is not None else "no keys")
+    hosts = ", ".join(sorted(access.allowed_hosts)) if access.allowed_hosts is not None else "any"
+    return (f"guards: at most {app[GUARD].max_connections} connections, headers within {args.header_timeout:g} s, "
+            f"bodies within {args.body_timeout:g} s; a minute per address: {per_minute}; {keys}; CORS: "
+            f"{', '.join(access.cors_origins) or 'none'}; Host: {hosts}")
+
+
 def listen(app, host, port, shutdown_timeout=60.0, banner=(), shutdown_grace=2.0, idle_timeout=75.0):
     """Serve `app` (Server.app()) until SIGINT or SIGTERM: prints `banner` and "listening on ..."
     once the port is bound (not before: a client that waits for the line may connect at once), then
@@ -160,9 +175,11 @@ def run(args, load):
     models = load_models(args.model, beam=args.beam, precision=args.precision, max_len=args.max_len,
                          no_repeat_ngram=args.no_repeat_ngram, load=load)
     from .access import LOOPBACK_NAMES, Access, is_loopback
+    from .connections import raise_descriptor_limit
     from .fields import Limits
     from .keys import Keys, read_key_file
 
+    raise_descriptor_limit()         # before the Guard reads it (build)
     api_keys = None
     if args.api_keys or args.api_keys_db:
         api_keys = Keys(plain=read_key_file(args.api_keys) if args.api_keys else (), db_path=args.api_keys_db)
@@ -191,6 +208,7 @@ def run(args, load):
         if settings is not None:
             banner.append(f"  {name}'s generation settings (imported with it): "
                           + "; ".join(settings.describe(served.model.cfg.max_len)))
+    banner.append(_guards(app, args, api_keys, access))
     cut = listen(app, args.host, args.port, args.shutdown_timeout, banner, args.shutdown_grace, args.idle_timeout)
     if cut:
         print(f"stopped: {cut} connections still busy after --shutdown-timeout {args.shutdown_timeout:g} s "

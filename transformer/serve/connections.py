@@ -32,6 +32,21 @@ def _raw_answer(status, reason, message, headers=""):
             f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
 
+def raise_descriptor_limit(target=65536):
+    """The soft limit on descriptors raised towards the hard one (at most `target`), as Go's runtime
+    does for every server: a soft limit of 1024, the usual default, would cap --max-connections
+    at 704. Returns the soft limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = target if hard == resource.RLIM_INFINITY else min(hard, target)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError):
+            pass                    # not allowed here: the cap follows the soft limit
+    return soft
+
+
 def descriptor_cap(max_connections):
     """max_connections, or fewer when the process may open fewer descriptors (RLIMIT_NOFILE)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
