@@ -89,9 +89,10 @@ def register(sub):
     serve.add_argument("--max-texts", type=_positive_int, default=64, help="texts in one request's q at most")
     serve.add_argument("--max-body", type=_positive_int, default=1 << 20, help="request body bytes at most")
     serve.add_argument("--api-keys", metavar="FILE", help="require LibreTranslate's api_key: one valid key a line")
-    serve.add_argument("--api-keys-db", metavar="FILE",
+    serve.add_argument("--api-keys-db", "--api-keys-db-path", metavar="FILE",
                        help="require LibreTranslate's api_key: the keys of this SQLite database, each with its "
-                            "own limits (LibreTranslate's api_keys table; `transformer serve keys` keeps it)")
+                            "own limits (LibreTranslate's api_keys table and flag name; `transformer serve keys` "
+                            "keeps it)")
     serve.add_argument("--require-key-for", type=_names(KEY_ROUTES), default=("translate",), metavar="ROUTES",
                        help="with --api-keys or --api-keys-db, what needs a key, comma-separated: translate "
                             "(POST /translate, /detect, /v1/translate), metrics (GET /metrics), health (the "
@@ -128,7 +129,8 @@ def register(sub):
     serve.set_defaults(func=run)
     actions = serve.add_subparsers(dest="serve_command", metavar="{keys}")
     keys = actions.add_parser("keys", help="the API key database (--api-keys-db), as LibreTranslate's ltmanage keys")
-    keys.add_argument("--api-keys-db", required=True, metavar="FILE", help="the SQLite key database (made by add)")
+    keys.add_argument("--api-keys-db", "--api-keys-db-path", required=True, metavar="FILE",
+                      help="the SQLite key database (made by add)")
     verbs = keys.add_subparsers(dest="action", required=True)
     add = verbs.add_parser("add", help="add a key (printed) with its requests a minute")
     add.add_argument("req_limit", type=_non_negative_int, metavar="REQ_LIMIT", help="requests a minute (0: no limit)")
