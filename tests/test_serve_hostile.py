@@ -273,6 +273,9 @@ def test_health_says_503_when_a_step_is_stuck(model_dir):
     release = threading.Event()
     scheduler.models["en-es"].decode = lambda pieces, **options: (release.wait(20), ["x"] * len(pieces))[1]
     scheduler.submit("en-es", ["a"], served["en-es"].options(alternatives=1))   # decoded as a whole batch
+    deadline = time.monotonic() + 30
+    while scheduler._busy_since is None and time.monotonic() < deadline:
+        time.sleep(0.001)
 
     async def go():
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
@@ -462,7 +465,7 @@ def test_a_client_sending_a_header_byte_a_second_is_cut_off_within_the_header_ti
     answer, cut_after = _trickle(impatient.port, b"",
                                  b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n")
     assert answer.startswith(b"HTTP/1.1 408") and b"--header-timeout" in answer, answer[:200]
-    assert cut_after < 1.5 + 1.5, f"cut after {cut_after:.1f} s"
+    assert cut_after < 1.5 + 2.5, f"cut after {cut_after:.1f} s"
 
 
 def test_a_client_sending_a_body_byte_a_second_is_cut_off_within_the_body_timeout(impatient):
@@ -470,7 +473,7 @@ def test_a_client_sending_a_body_byte_a_second_is_cut_off_within_the_body_timeou
     answer, cut_after = _trickle(impatient.port, b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\n"
                                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body), body)
     assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer, answer[:300]
-    assert cut_after < 1.5 + 1.5, f"cut after {cut_after:.1f} s"
+    assert cut_after < 1.5 + 2.5, f"cut after {cut_after:.1f} s"
 
 
 def _few_descriptors():
@@ -563,22 +566,27 @@ def test_a_libretranslate_key_database_serves_as_it_is(tmp_path):
     assert keys.lookup("lt-ke") is None and keys.lookup("lt-key ") is None and keys.lookup("") is None
 
 
-def test_a_minute_s_counts_start_over_when_the_minute_turns_and_retry_after_says_when():
+def test_a_limit_a_minute_refills_at_its_rate_and_retry_after_says_when():
     from transformer.serve.limits import RateLimits, Refused
 
-    now = [120.0]
+    now = [0.0]
     limits = RateLimits(clock=lambda: now[0])
     limits.charge("a", 10, 2, 0, "test")
-    limits.charge("a", 10, 2, 0, "test")
-    now[0] = 150.5
+    limits.charge("a", 10, 2, 0, "test")            # 2 a minute: both at once
     with pytest.raises(Refused, match="Slowdown: 2 per 1 minute") as refused:
         limits.charge("a", 10, 2, 0, "test")
-    assert refused.value.retry_after == 30
-    limits.charge("b", 10, 2, 0, "test")            # another client: counts of its own
-    now[0] = 180.0
-    limits.charge("a", 10, 2, 0, "test")            # the minute turned
-    with pytest.raises(Refused, match="characters per 1 minute"):
-        limits.charge("c", 101, 0, 100, "test")
+    assert refused.value.retry_after == 30          # one more fits after 60 / 2 seconds
+    limits.charge("b", 10, 2, 0, "test")            # another client: a bucket of its own
+    now[0] = 15.0
+    with pytest.raises(Refused) as refused:
+        limits.charge("a", 10, 2, 0, "test")
+    assert refused.value.retry_after == 15
+    now[0] = 30.0
+    limits.charge("a", 10, 2, 0, "test")
+    limits.charge("c", 60, 0, 100, "test")
+    with pytest.raises(Refused, match="100 characters per 1 minute") as refused:
+        limits.charge("c", 60, 0, 100, "test")
+    assert refused.value.retry_after == 12          # 20 characters over, at 100 a minute
 
 
 def test_per_key_limits_from_the_database_are_held_with_429_and_retry_after(keyed):
