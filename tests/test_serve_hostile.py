@@ -343,7 +343,7 @@ def test_a_one_sentence_request_during_a_4500_character_request_is_answered_firs
     rows in rounds. Admission by turns gives the short one the first free row, not the last."""
     served = _never_ending(model_dir)
     scheduler = Scheduler(served, batch_size=4)
-    options = served["en-es"].options(beam=1, max_len=12)
+    options = served["en-es"].options(beam=1, max_len=24)
     long_texts = [" ".join(sentences(4, seed=40 + i)) for i in range(64)]
     assert sum(map(len, long_texts)) > 4500
     done = []
@@ -357,7 +357,7 @@ def test_a_one_sentence_request_during_a_4500_character_request_is_answered_firs
         short = scheduler.submit("en-es", ["a"], options)
         short.add_done_callback(lambda _: done.append("short"))
         assert short.result(60) == translate_texts(served["en-es"].model, served["en-es"].src_tokenizer,
-                                                   served["en-es"].tgt_tokenizer, ["a"], beam=1, max_len=12)
+                                                   served["en-es"].tgt_tokenizer, ["a"], beam=1, max_len=24)
         long.result(60)
     finally:
         scheduler.stop(5)
