@@ -58,12 +58,12 @@ def free_port():
 class Running:
     """`transformer serve` in a subprocess, as a user starts it."""
 
-    def __init__(self, *argv):
+    def __init__(self, *argv, **popen):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.process = subprocess.Popen([sys.executable, "-m", "transformer", "serve", *argv, "--port",
                                          str(self.port), "--threads", "1"], stderr=subprocess.PIPE, text=True,
-                                        cwd=OUTSIDE)
+                                        cwd=OUTSIDE, **popen)
         self.banner = []
         for line in self.process.stderr:          # up to "listening on", or the failure
             self.banner.append(line)

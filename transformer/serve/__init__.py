@@ -6,6 +6,10 @@ LibreTranslate API (aiohttp, the [serve] extra).
                   joining and leaving it between decoder steps (transformer/streaming.py)
     app.py        the HTTP side: LibreTranslate's endpoints, ours, health, metrics, errors
     fields.py     a request's fields, from JSON, a form or the query string, within the limits
+    connections.py  connections open at once, and how long a request's headers may take
+    limits.py     requests and characters a minute, per client and per key (429, Retry-After)
+    keys.py       API keys: a file of them, or LibreTranslate's SQLite key database with limits
+    access.py     which routes need a key, CORS origins, the Host names a loopback server answers
     pairs.py      which model answers a source and target (any standard code; "auto")
     detect.py     which served source language a text is in (py3langid)
     documents.py  a text as sentences to translate and what is kept around them (sentencex)
@@ -76,8 +80,10 @@ def load_models(specs, beam=None, precision=None, max_len=None, no_repeat_ngram=
 
 
 def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5000, max_texts=64,
-          max_body=1 << 20, api_keys=None, batching="step"):
-    """(aiohttp application, scheduler) serving `models`."""
+          max_body=1 << 20, api_keys=None, batching="step", limits=None, access=None, stuck_after=60.0):
+    """(aiohttp application, scheduler) serving `models`. limits: a fields.Limits (in place of
+    char_limit, max_texts, max_body); access: an access.Access (keys needed, CORS, Host names);
+    api_keys: a set of keys or a keys.Keys."""
     _aiohttp()
     from .app import Limits, Server
     from .detect import Detector
@@ -86,44 +92,56 @@ def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5
 
     metrics = Metrics()
     scheduler = Scheduler(models, batch_tokens=batch_tokens, batch_size=batch_size, max_queue=max_queue,
-                          metrics=metrics, batching=batching)
+                          metrics=metrics, batching=batching, stuck_after=stuck_after)
     detector = Detector({served.source for served in models.values()})
     if len(detector.languages) > 1:     # source "auto" detects: its model loads now, not in a request
         detector.warm()
-    server = Server(scheduler, Limits(char_limit, max_texts, max_body), metrics, api_keys, detector)
+    limits = limits or Limits(char_limit, max_texts, max_body)
+    server = Server(scheduler, limits, metrics, api_keys, detector, access)
     return server.app(), scheduler
 
 
-def read_api_keys(path):
-    """The keys of --api-keys FILE: one a line; blank lines and # comments skipped."""
-    with open(path, encoding="utf-8") as f:
-        keys = {line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")}
-    if not keys:
-        raise ValueError(f"{path}: no API key in it (one a line)")
-    return keys
+def _guards(app, args, api_keys, access):
+    """The banner's line of limits and access, as they apply (the connection cap after the
+    descriptor limit)."""
+    from .app import GUARD
+
+    per_minute = ", ".join(f"{n} {what}" for n, what in ((args.req_limit, "requests"),
+                                                        (args.chars_per_minute, "characters")) if n) or "no limit"
+    keys = (f"{len(api_keys)} keys, needed for {', '.join(access.require_key_for) or 'nothing (they raise limits)'}"
+            if api_keys is not None else "no keys")
+    hosts = ", ".join(sorted(access.allowed_hosts)) if access.allowed_hosts is not None else "any"
+    return (f"guards: at most {app[GUARD].max_connections} connections, headers within {args.header_timeout:g} s, "
+            f"bodies within {args.body_timeout:g} s; a minute per address: {per_minute}; {keys}; CORS: "
+            f"{', '.join(access.cors_origins) or 'none'}; Host: {hosts}")
 
 
-def listen(app, host, port, shutdown_timeout=60.0, banner=(), shutdown_grace=2.0):
+def listen(app, host, port, shutdown_timeout=60.0, banner=(), shutdown_grace=2.0, idle_timeout=75.0):
     """Serve `app` (Server.app()) until SIGINT or SIGTERM: prints `banner` and "listening on ..."
     once the port is bound (not before: a client that waits for the line may connect at once), then
     on a signal stops as stopping.py says: the connections the kernel completed are accepted and the
     port closes, each request on them is answered (503 if it was not begun), an idle connection is
     closed after shutdown_grace seconds, and what is still busy after shutdown_timeout is cut. Runs
-    the app's cleanup and returns how many connections were cut (0: every request was answered)."""
+    the app's cleanup and returns how many connections were cut (0: every request was answered).
+    Connections pass the app's Guard (connections.py: a cap, a header timeout); one that sends
+    nothing is closed after idle_timeout seconds (aiohttp's keep-alive timer)."""
     import asyncio
     import signal
 
     from aiohttp import web
 
+    from .app import GUARD
     from .stopping import STOPPING, close_listeners, drain
 
     async def main():
         # the runner's own shutdown finds no connection left (the drain closed them): its timeout
         # only bounds the cancelling of what the drain cut
-        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0)
+        runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=1.0,
+                               keepalive_timeout=idle_timeout)
         await runner.setup()
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(runner.server, host, port, backlog=128)   # as web.TCPSite, ours to drain
+        guarded = app[GUARD].factory(runner.server)
+        server = await loop.create_server(guarded, host, port, backlog=128)   # as web.TCPSite, ours to drain
         stop = asyncio.Event()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
@@ -137,7 +155,7 @@ def listen(app, host, port, shutdown_timeout=60.0, banner=(), shutdown_grace=2.0
         try:
             await stop.wait()
             app[STOPPING].since = loop.time()       # from here a request not begun gets 503
-            accepting = await close_listeners(server, runner.server)
+            accepting = await close_listeners(server, guarded)
             print(f"stopping: the port is closed; the {len(runner.server.connections) + len(accepting)} open "
                   f"connections ({len(accepting)} taken from its accept queue) get their answers, idle ones "
                   f"are closed after {min(shutdown_grace, shutdown_timeout):g} s", file=sys.stderr, flush=True)
@@ -156,10 +174,28 @@ def run(args, load):
     _aiohttp()
     models = load_models(args.model, beam=args.beam, precision=args.precision, max_len=args.max_len,
                          no_repeat_ngram=args.no_repeat_ngram, load=load)
-    api_keys = read_api_keys(args.api_keys) if args.api_keys else None
+    from .access import LOOPBACK_NAMES, Access, is_loopback
+    from .connections import raise_descriptor_limit
+    from .fields import Limits
+    from .keys import Keys, read_key_file
+
+    raise_descriptor_limit()         # before the Guard reads it (build)
+    api_keys = None
+    if args.api_keys or args.api_keys_db:
+        api_keys = Keys(plain=read_key_file(args.api_keys) if args.api_keys else (), db_path=args.api_keys_db)
+    allowed_hosts = None
+    if is_loopback(args.host):      # DNS rebinding: a loopback server answers loopback names only
+        allowed_hosts = LOOPBACK_NAMES + tuple(args.allowed_hosts or ())
+    elif args.allowed_hosts:
+        allowed_hosts = tuple(args.allowed_hosts)
+    access = Access(require_key_for=args.require_key_for, cors_origins=args.cors_origins or (),
+                    allowed_hosts=allowed_hosts)
+    limits = Limits(args.char_limit, args.max_texts, args.max_body, body_timeout=args.body_timeout,
+                    header_timeout=args.header_timeout, max_connections=args.max_connections,
+                    req_limit=args.req_limit, chars_per_minute=args.chars_per_minute)
     app, scheduler = build(models, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
-                           max_queue=args.max_queue, char_limit=args.char_limit, max_texts=args.max_texts, max_body=args.max_body,
-                           api_keys=api_keys, batching=args.batching)
+                           max_queue=args.max_queue, api_keys=api_keys, batching=args.batching, limits=limits,
+                           access=access)
 
     async def drain(app):       # after the in-flight requests were answered: the scheduler stops
         scheduler.stop()
@@ -172,7 +208,8 @@ def run(args, load):
         if settings is not None:
             banner.append(f"  {name}'s generation settings (imported with it): "
                           + "; ".join(settings.describe(served.model.cfg.max_len)))
-    cut = listen(app, args.host, args.port, args.shutdown_timeout, banner, args.shutdown_grace)
+    banner.append(_guards(app, args, api_keys, access))
+    cut = listen(app, args.host, args.port, args.shutdown_timeout, banner, args.shutdown_grace, args.idle_timeout)
     if cut:
         print(f"stopped: {cut} connections still busy after --shutdown-timeout {args.shutdown_timeout:g} s "
               "were closed unanswered", file=sys.stderr, flush=True)

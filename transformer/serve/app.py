@@ -20,32 +20,60 @@ Handlers parse, validate and wait; the Scheduler owns the models. Endpoints:
                          source (static/: no CDN, it works offline)
 
 Errors take LibreTranslate's form, {"error": "..."}, naming the field: 400 for a bad request, 403
-for a missing or wrong API key, 413 for a body over the limit, 429 (with Retry-After) when the
-queue is full, 503 while the server stops (stopping.py: a request read after SIGTERM), 500 for a
-failure of ours.
+for a missing or wrong API key, 408 for a body slower than --body-timeout, 413 for a body over the
+limit, 421 for a Host a loopback server does not answer to (access.py), 429 (with Retry-After) when
+the queue is full or a limit a minute is passed (limits.py), 503 while the server stops
+(stopping.py: a request read after SIGTERM), 500 for a bug of ours: its body says only that, with
+an id, and the log has the traceback under that id. Whatever a client sends is a 4xx, never a 500.
 """
 import asyncio
+import inspect
+import logging
 import os
 import time
+import uuid
 
 from aiohttp import web
 
 from ..languages import alpha2, english_name
 from .documents import of_html, of_text
-from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, texts_of
+from .access import Access
+from .connections import Guard
+from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, shown, texts_of
+from .keys import Keys
+from .limits import RateLimits, Refused
+from .markup import MarkupError
 from .pairs import Pairs
 from .scheduler import QueueFull, ShuttingDown, TooWide
 from .stopping import STOPPING, Stopping
 
-__all__ = ["BadRequest", "Limits", "Server"]
+__all__ = ["GUARD", "BadRequest", "Limits", "Server"]
 
 RETRY_AFTER_S = 1
+LOG = logging.getLogger("transformer.serve")
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")   # the page and its assets
 FRONTEND_TIMEOUT_MS = 500           # LibreTranslate's default frontendTimeout
+GUARD = web.AppKey("guard", Guard)
 
 
 def _error(message, status, headers=None):
     return web.json_response({"error": message}, status=status, headers=headers)
+
+
+def _internal_error(request):
+    """The id of a failure of ours, its traceback logged under it: the answer says only that it
+    happened and the id (an exception's text can hold paths, a model's internals, the request)."""
+    error_id = uuid.uuid4().hex[:12]
+    LOG.error("internal error, id %s, answering %s %s", error_id, request.method, request.path, exc_info=True)
+    return error_id
+
+
+def _endpoint(request):
+    """The route a request matched, as /metrics labels it: its pattern ("/static/{filename}"), or
+    "other" for every path no route has (a label a client could choose would grow /metrics, and
+    the server's memory, with every path it makes up)."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else "other"
 
 
 def _join_details(parts):
@@ -75,26 +103,38 @@ def _unique(texts, main, n):
 class Server:
     """The aiohttp application around a Scheduler. detector: a Detector of the served sources."""
 
-    def __init__(self, scheduler, limits, metrics, api_keys=None, detector=None):
+    def __init__(self, scheduler, limits, metrics, api_keys=None, detector=None, access=None):
         from .detect import Detector
 
         self.scheduler, self.limits, self.metrics = scheduler, limits, metrics
-        self.api_keys = api_keys             # a set of valid keys, or None: no key needed (any is ignored)
+        # the valid keys (a Keys, or a set of them), or None: no key needed (any is ignored)
+        self.keys = Keys(plain=api_keys) if isinstance(api_keys, (set, frozenset, list, tuple)) else api_keys
+        self.api_keys = self.keys is not None
+        self.access = access or Access()
+        self.rates = RateLimits()
         self.models = scheduler.models
         self.detector = detector or Detector({m.source for m in self.models.values()})
         self.pairs = Pairs(self.models, self.detector)
         self._defaults = {name: served.options() for name, served in self.models.items()}   # each model's options
         self._splitting = {name: alpha2(served.source) for name, served in self.models.items()}   # its rules' language
         self.stopping = Stopping()           # set by listen() on SIGTERM
+        self.guard = Guard(limits.max_connections, limits.header_timeout)   # listen() puts it in front
+        self.guard.busy = lambda handler: handler in self.stopping.busy
 
     def app(self):
-        app = web.Application(client_max_size=self.limits.max_body, middlewares=[self._errors])
+        bounds = {"client_max_size": self.limits.max_body}
+        if "client_max_fields" in inspect.signature(web.Application).parameters:
+            # a form's fields are bounded by --max-body alone: aiohttp's own bound on their number
+            # (1000 since 3.13) answers a 4 KB form of 1,000 q fields "413 larger than the limit"
+            bounds["client_max_fields"] = self.limits.max_body
+        app = web.Application(**bounds, middlewares=[self._errors])
         app.add_routes([web.post("/translate", self.translate), web.post("/detect", self.detect),
                         web.get("/languages", self.languages), web.get("/frontend/settings", self.settings),
                         web.post("/v1/translate", self.native), web.get("/health", self.health),
                         web.get("/metrics", self.metrics_text), web.get("/", self.page)])
         app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)
         app[STOPPING] = self.stopping
+        app[GUARD] = self.guard
         return app
 
     @web.middleware
@@ -103,10 +143,19 @@ class Server:
         not begun is refused and every answer closes its connection (stopping.py)."""
         started = time.monotonic()
         self.stopping.enter(request.protocol)
+        self.guard.begun(request.protocol)
+        cors = self.access.cors_headers(request.headers.get("Origin"))
         try:
             if self.stopping.since is not None:
                 raise BadRequest("the server is stopping", 503)
-            response = await handler(request)
+            host = request.headers.get("Host")
+            if not self.access.host_allowed(host):
+                raise BadRequest(f"Host {shown(host)} is not a name this server answers to (--allowed-hosts; "
+                                 "bound to loopback, it answers localhost, 127.0.0.1 and ::1: DNS rebinding)", 421)
+            if request.method == "OPTIONS" and cors:      # a browser's preflight, for an allowed origin
+                response = web.Response(status=204)
+            else:
+                response = await handler(request)
         except BadRequest as exc:
             response = _error(str(exc), exc.status, exc.headers)
         except web.HTTPRequestEntityTooLarge:
@@ -119,24 +168,64 @@ class Server:
                 raise
         except asyncio.CancelledError:
             raise
-        except Exception as exc:         # a failure of ours: told, not hidden, and the server goes on
-            response = _error(f"internal error: {type(exc).__name__}: {exc}", 500)
+        except Exception:               # a bug of ours: the server goes on, the log has what happened
+            response = _error(f"internal error, id {_internal_error(request)}", 500)
         finally:
             self.stopping.leave(request.protocol)
         if self.stopping.since is not None:
             response.force_close()       # Connection: close: the client sends nothing more here
-        self.metrics.request(request.path, response.status, time.monotonic() - started,
+        response.headers.update(cors)
+        self.metrics.request(_endpoint(request), response.status, time.monotonic() - started,
                              getattr(response, "sentences", 0))
         return response
 
     # -- reading a request ---------------------------------------------------------------------------
     async def _fields(self, request, json_only=False):
-        fields = await read_fields(request, json_only)
-        if self.api_keys is not None:
-            key = fields.get("api_key")
-            if not isinstance(key, str) or key not in self.api_keys:
-                raise BadRequest("Invalid API key" if key else "an API key is needed (api_key)", 403)
-        return fields
+        """(the request's fields, its key as _key gives it)."""
+        fields = await read_fields(request, self.limits, json_only)
+        return fields, self._key(request, fields.get("api_key"), "translate")
+
+    def _key(self, request, key, route):
+        """(key, its KeyLimits) of the request's valid key, or None when keys are not asked for or
+        it gave none and `route` (--require-key-for) needs none. A key from the api_key field, the
+        query string or `Authorization: Bearer KEY`. 403 for a key that is not valid or missing."""
+        if self.keys is None:
+            return None             # no keys: an api_key is ignored (deep-translator always sends one)
+        if key is None or key == "":
+            try:
+                key = request.query.get("api_key")
+            except UnicodeDecodeError:
+                raise BadRequest("the query string is not valid UTF-8") from None
+        if not key:
+            scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+            key = token.strip() if scheme.lower() == "bearer" else None
+        if key:
+            limits = self.keys.lookup(key) if isinstance(key, str) else None
+            if limits is None:
+                raise BadRequest("Invalid API key", 403)
+            return key, limits
+        if route in self.access.require_key_for:
+            raise BadRequest("an API key is needed (api_key)", 403)
+        return None
+
+    def _char_limit(self, key):
+        """Characters a request at most: the key's own char_limit, else --char-limit."""
+        return key[1].char_limit if key and key[1].char_limit else self.limits.char_limit
+
+    def _charge(self, request, key, characters):
+        """Count the request against its key's or its address's limits a minute (limits.py)."""
+        try:
+            if key is not None:
+                limits = key[1]
+                self.rates.charge(("key", key[0]), characters,
+                                  self.limits.req_limit if limits.req_limit is None else limits.req_limit,
+                                  self.limits.chars_per_minute if limits.chars_per_minute is None
+                                  else limits.chars_per_minute, "this API key's limit")
+            else:
+                self.rates.charge(("address", request.remote), characters, self.limits.req_limit,
+                                  self.limits.chars_per_minute, "this address: --req-limit, --chars-per-minute")
+        except Refused as exc:
+            raise BadRequest(str(exc), 429, {"Retry-After": str(exc.retry_after)}) from None
 
     async def _routes(self, fields, texts):
         """[(model name, detectedLanguage or None)] per text (pairs.py); detection off the loop."""
@@ -161,10 +250,16 @@ class Server:
             self.scheduler.cancel(future)
             raise
 
-    def _document(self, text, fmt, name):
-        """A text's Document, split by the rules of its model's source language."""
+    def _document(self, text, fmt, name, where="q"):
+        """A text's Document, split by the rules of its model's source language. where: the
+        field the text came from, named if its markup cannot be read."""
         language = self._splitting[name]
-        return of_html(text, language) if fmt == "html" else of_text(text, language)
+        if fmt != "html":
+            return of_text(text, language)
+        try:
+            return of_html(text, language)
+        except MarkupError as exc:
+            raise BadRequest(f"{where} is not HTML the server can read ({exc})") from None
 
     async def _documents(self, routes, documents, options, join=None):
         """Each document's sentences' translations, in order: the sentences of every document a
@@ -201,13 +296,15 @@ class Server:
 
     # -- the endpoints ---------------------------------------------------------------------------------
     async def translate(self, request):
-        fields = await self._fields(request)
-        texts, was_list = texts_of(fields, self.limits)
+        fields, key = await self._fields(request)
+        texts, was_list = texts_of(fields, self.limits, self._char_limit(key))
         fmt = format_of(fields)
         alternatives = alternatives_of(fields)
         decoded = alternatives if fmt == "text" else 0       # LibreTranslate gives none for html
+        self._charge(request, key, sum(len(text) for text in texts))
         routes = await self._routes(fields, texts)
-        documents = [self._document(text, fmt, name) for text, (name, _) in zip(texts, routes)]
+        documents = [self._document(text, fmt, name, f"q[{i}]" if was_list else "q")
+                     for i, (text, (name, _)) in enumerate(zip(texts, routes))]
         options = (lambda name: self.models[name].options(alternatives=decoded)) if decoded else self._defaults.get
         results = await self._documents(routes, documents, options, join=_join_alternatives if decoded else None)
         out, others = [], []
@@ -232,8 +329,9 @@ class Server:
         return response
 
     async def native(self, request):
-        fields = await self._fields(request, json_only=True)
-        texts, was_list = texts_of(fields, self.limits)
+        fields, key = await self._fields(request, json_only=True)
+        texts, was_list = texts_of(fields, self.limits, self._char_limit(key))
+        self._charge(request, key, sum(len(text) for text in texts))
         routes = await self._routes(fields, texts)
         name = routes[0][0]
         overrides = {}
@@ -242,7 +340,7 @@ class Server:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-                raise BadRequest(f"{field} must be an integer >= {minimum}, got {value!r}")
+                raise BadRequest(f"{field} must be an integer >= {minimum}, got {shown(value)}")
             overrides[field] = value
         served = self.models[name]
         if overrides.get("max_len", 0) > served.model.cfg.max_len:
@@ -251,7 +349,7 @@ class Server:
         for field in ("scores", "attention"):
             value = fields.get(field, False)
             if not isinstance(value, bool):
-                raise BadRequest(f"{field} must be true or false, got {value!r}")
+                raise BadRequest(f"{field} must be true or false, got {shown(value)}")
             extras[field] = value
         options = served.options(**overrides, **extras)
         detailed = extras["scores"] or extras["attention"]
@@ -275,15 +373,17 @@ class Server:
         return response
 
     async def detect(self, request):
-        fields = await self._fields(request)
+        fields, key = await self._fields(request)
         q = fields.get("q")
         if isinstance(q, list) and all(isinstance(text, str) for text in q):
             q = "\n".join(q)
         if not isinstance(q, str) or not q.strip():
             raise BadRequest("missing field q (the text whose language to detect)" if not q else
                              f"q must be a string, got {type(q).__name__}")
-        if self.limits.char_limit and len(q) > self.limits.char_limit:
-            raise BadRequest(f"q holds {len(q)} characters; at most {self.limits.char_limit} a request (--char-limit)")
+        char_limit = self._char_limit(key)
+        if char_limit and len(q) > char_limit:
+            raise BadRequest(f"q holds {len(q)} characters; at most {char_limit} a request (--char-limit)")
+        self._charge(request, key, len(q))
         return web.json_response(await asyncio.to_thread(self.detector.detect, q))
 
     async def languages(self, request):
@@ -295,10 +395,10 @@ class Server:
         source = ({"code": "auto", "name": "Auto Detect"} if len(sources) > 1 else
                   {"code": sources[0], "name": english_name(sources[0])})
         target = self.pairs.targets[sources[0]][0]
-        keys = self.api_keys is not None
+        keys = "translate" in self.access.require_key_for and self.api_keys
         return web.json_response({
             "charLimit": self.limits.char_limit or -1, "frontendTimeout": FRONTEND_TIMEOUT_MS,
-            "apiKeys": keys, "keyRequired": keys, "suggestions": False, "filesTranslation": False,
+            "apiKeys": self.api_keys, "keyRequired": keys, "suggestions": False, "filesTranslation": False,
             "supportedFilesFormat": [],
             "language": {"source": source, "target": {"code": target, "name": english_name(target)}}})
 
@@ -306,12 +406,23 @@ class Server:
         return web.FileResponse(os.path.join(STATIC, "index.html"))
 
     async def health(self, request):
-        return web.json_response({"status": "ok", "queue": self.scheduler.queue_length(),
-                                  "api_keys": self.api_keys is not None,
-                                  "models": [{"name": name, "source": m.source, "target": m.target,
-                                              "directory": m.directory, **m.defaults}
-                                             for name, m in self.models.items()]})
+        """200 {"status": "ok", ...} while the scheduler's thread lives and no step or batch has run
+        longer than its stuck_after; else 503 with the status saying which. Where the models come
+        from (their directories) is not told: the banner and the log have it."""
+        ok, scheduler = self.scheduler.health()
+        status = "ok" if ok else ("the scheduler stopped" if not scheduler["alive"] else
+                                  f"a decoding step has run {scheduler['step_seconds']:g} s")
+        body = {"status": status, "api_keys": self.api_keys,
+                "models": [{"name": name, "source": m.source, "target": m.target, **m.defaults}
+                           for name, m in self.models.items()]}
+        # the details (queue, scheduler) with a key when --require-key-for health; the status alone
+        # (and the models the page lists, which /languages tells anyway) without
+        key = self._key(request, None, None)          # never needed here; a wrong one is still 403
+        if self.keys is None or "health" not in self.access.require_key_for or key:
+            body.update(queue=self.scheduler.queue_length(), scheduler=scheduler)
+        return web.json_response(body, status=200 if ok else 503)
 
     async def metrics_text(self, request):
+        self._key(request, None, "metrics")
         return web.Response(text=self.metrics.text(), content_type="text/plain", charset="utf-8",
                             headers={"X-Prometheus-Format": "0.0.4"})

@@ -1,10 +1,20 @@
 """Reading a request as LibreTranslate reads it: its fields from a JSON body, or else from the query
 string and a form together (deep-translator posts every field as a query parameter, with an
 api_key even when none is needed); q and the other fields checked against the limits, each
-refusal naming the field."""
+refusal naming the field.
+
+Whatever a client sends is read in time linear in its size, and anything that is not a request
+(JSON nested past what the reader can follow, a field given twice, a lone surrogate or a NUL
+character, a language code longer than any language's) is a 400 naming the field, never a 500;
+an error message shows at most a few dozen characters of what was sent."""
+import asyncio
 import json
 
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
+# The longest language code a request may name (a BCP-47 tag with script, region and variants is
+# far shorter): the language tables cache what they are asked, so a longer one is refused, not kept.
+MAX_CODE = 64
+SHOWN = 40                      # characters of a client's value an error message repeats, at most
 
 
 class BadRequest(ValueError):
@@ -18,64 +28,152 @@ class BadRequest(ValueError):
 class Limits:
     """What one request may hold (each refused with the limit named)."""
 
-    def __init__(self, char_limit=5000, max_texts=64, max_body=1 << 20):
+    def __init__(self, char_limit=5000, max_texts=64, max_body=1 << 20, body_timeout=30.0, header_timeout=10.0,
+                 max_connections=1000, req_limit=0, chars_per_minute=0):
         self.char_limit, self.max_texts, self.max_body = char_limit, max_texts, max_body
+        self.body_timeout = body_timeout          # seconds to read a body, once its headers came
+        self.header_timeout = header_timeout      # seconds for a request's headers (connections.py)
+        self.max_connections = max_connections    # connections open at once (connections.py)
+        self.req_limit, self.chars_per_minute = req_limit, chars_per_minute   # a minute, per client (limits.py)
 
 
-def _multi(pairs, into):
-    """A form's or query's fields into `into`: the last value of each, and every value of q when
-    it is given more than once (a list of texts, as libretranslate-aio sends one)."""
-    for key in pairs:
-        values = pairs.getall(key)
-        into[key] = values if key == "q" and len(values) > 1 else values[-1]
+def shown(value):
+    """A client's value as an error message repeats it: its repr, cut to SHOWN characters."""
+    text = repr(value) if not isinstance(value, (list, dict)) else type(value).__name__
+    return text if len(text) <= SHOWN else text[:SHOWN] + "..."
 
 
-async def read_fields(request, json_only=False):
+def field_name(key):
+    """A field's name as an error message names it: as it is, or shown() when long or unprintable."""
+    return key if isinstance(key, str) and len(key) <= SHOWN and key.isprintable() else shown(key)
+
+
+def _multi(pairs, into, where):
+    """A form's or query's fields into `into`, in one pass over them: every value of q when it is
+    given more than once (a list of texts, as libretranslate-aio sends one); any other field given
+    twice is refused (which one was meant?)."""
+    for key, value in pairs.items():
+        if key not in into:
+            into[key] = value
+        elif key == "q":
+            if not isinstance(into[key], list):
+                into[key] = [into[key]]
+            into[key].append(value)
+        else:
+            raise BadRequest(f"field {field_name(key)} is given more than once in the {where}")
+
+
+def _object(pairs):
+    """json.loads' object_pairs_hook: a JSON object, a key given twice refused."""
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise BadRequest(f"field {field_name(key)} is given more than once in the JSON body")
+        out[key] = value
+    return out
+
+
+async def _within(limits, read):
+    """await read(), or 408 once the body has taken body_timeout seconds (a client that sends a
+    byte now and then holds a connection and a handler)."""
+    try:
+        return await asyncio.wait_for(read, limits.body_timeout) if limits.body_timeout else await read
+    except asyncio.TimeoutError:
+        raise BadRequest(f"the request body took longer than {limits.body_timeout:g} s to arrive "
+                         "(--body-timeout)", 408, {"Connection": "close"}) from None
+
+
+async def read_fields(request, limits, json_only=False):
     """The request's fields: a JSON object (application/json), or the query string's and a form's
     (LibreTranslate's request.values: the query string wins a field given in both)."""
     kind = request.content_type
     if kind == "application/json" or json_only:
+        body = await _within(limits, request.read())
         try:
-            body = await request.read()
-            data = json.loads(body.decode("utf-8"))
+            data = json.loads(body.decode("utf-8"), object_pairs_hook=_object)
         except UnicodeDecodeError:
             raise BadRequest("the request body is not valid UTF-8") from None
+        except RecursionError:
+            raise BadRequest("the request body nests JSON deeper than the server reads") from None
         except ValueError as exc:
+            if isinstance(exc, BadRequest):
+                raise
             raise BadRequest(f"the request body is not valid JSON ({exc})") from None
         if not isinstance(data, dict):
             raise BadRequest("the request body must be a JSON object")
+        check_text(data)
         return data
     data = {}
     if kind in FORMS:
         try:
-            _multi(await request.post(), data)
+            form = await _within(limits, request.post())
+            _multi(form, data, "form")
         except UnicodeDecodeError:
             raise BadRequest("the form is not valid UTF-8") from None
-    elif request.can_read_body and await request.content.read(1):
-        raise BadRequest(f"unsupported Content-Type {kind!r}: send application/json, a form or the query string")
+    elif request.can_read_body and await _within(limits, request.content.read(1)):
+        raise BadRequest(f"unsupported Content-Type {shown(kind)}: send application/json, a form or the query string")
     try:
-        _multi(request.query, data)
+        query = {}
+        _multi(request.query, query, "query string")
     except UnicodeDecodeError:
         raise BadRequest("the query string is not valid UTF-8") from None
+    data.update(query)
+    check_text(data)
     return data
 
 
-def texts_of(fields, limits):
-    """(texts, was_list) from the field q, within the limits."""
+def check_text(fields):
+    """Every string of the fields (and of their lists) is text: no lone surrogate (JSON's \\ud800
+    decodes to one; nothing can encode it) and no NUL character (no text holds one; C code and
+    logs take it for an end)."""
+    for key, value in fields.items():
+        if not isinstance(key, str):
+            continue
+        values = value if isinstance(value, list) else (value,)
+        for i, item in enumerate(values):
+            if not isinstance(item, str):
+                continue
+            where = f"{key}[{i}]" if isinstance(value, list) else key
+            if "\x00" in item:
+                raise BadRequest(f"{field_name(where)} holds a NUL character")
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest(f"{field_name(where)} is not valid Unicode (a lone surrogate)") from None
+
+
+def language_of(fields, field):
+    """The language code of `field` (source or target) as given: a non-empty string of at most
+    MAX_CODE characters."""
+    value = fields.get(field)
+    if value is None or value == "":
+        raise BadRequest(f"missing field {field} (a language code{' or auto' if field == 'source' else ''})")
+    if not isinstance(value, str):
+        raise BadRequest(f"{field} must be a string (a language code), got {type(value).__name__}")
+    if len(value) > MAX_CODE:
+        raise BadRequest(f"{field} is {len(value)} characters long: a language code has at most {MAX_CODE}")
+    return value
+
+
+def texts_of(fields, limits, char_limit=None):
+    """(texts, was_list) from the field q, within the limits (char_limit: in place of the limits')."""
     if "q" not in fields:
         raise BadRequest("missing field q (the text to translate)")
     q = fields["q"]
     was_list = isinstance(q, list)
     texts = q if was_list else [q]
+    if not texts:
+        raise BadRequest("q is an empty list: give at least one text")
+    if len(texts) > limits.max_texts:
+        raise BadRequest(f"q holds {len(texts)} texts; at most {limits.max_texts} a request (--max-texts)")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
             where = f"q[{i}]" if was_list else "q"
             raise BadRequest(f"{where} must be a string, got {type(text).__name__}")
-    if len(texts) > limits.max_texts:
-        raise BadRequest(f"q holds {len(texts)} texts; at most {limits.max_texts} a request (--max-texts)")
     chars = sum(len(text) for text in texts)
-    if limits.char_limit and chars > limits.char_limit:
-        raise BadRequest(f"q holds {chars} characters; at most {limits.char_limit} a request (--char-limit)")
+    char_limit = limits.char_limit if char_limit is None else char_limit
+    if char_limit and chars > char_limit:
+        raise BadRequest(f"q holds {chars} characters; at most {char_limit} a request (--char-limit)")
     for i, text in enumerate(texts):
         try:
             text.encode("utf-8")
@@ -100,6 +198,7 @@ def alternatives_of(fields):
 def format_of(fields):
     """LibreTranslate's format: "text" (the default) or "html"."""
     value = fields.get("format") or "text"
-    if value not in ("text", "html"):
-        raise BadRequest(f"{value} format is not supported (format: text or html)")
+    if not isinstance(value, str) or value not in ("text", "html"):
+        raise BadRequest(f"{value if isinstance(value, str) and len(value) <= SHOWN else shown(value)} format is "
+                         "not supported (format: text or html)")
     return value

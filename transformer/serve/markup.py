@@ -15,6 +15,11 @@ VOID = frozenset(("area", "base", "br", "col", "embed", "hr", "img", "input", "l
                   "track", "wbr"))
 
 
+class MarkupError(ValueError):
+    """Markup html.parser cannot read: it gives up on some declarations (`<![foo[ ... ]]>` raises
+    AssertionError in Python before 3.13), and such a text is the client's to fix (HTTP 400)."""
+
+
 class _Runs(HTMLParser):
     def __init__(self, markup):
         super().__init__(convert_charrefs=True)
@@ -77,8 +82,11 @@ def text_runs(markup):
     """[(raw, text)] covering `markup` in order: raw is the span of the source, text its
     unescaped text when it is to be translated, else None (kept as raw)."""
     parser = _Runs(markup)
-    parser.feed(markup)
-    parser.close()
+    try:
+        parser.feed(markup)
+        parser.close()
+    except (AssertionError, ValueError) as exc:    # the stdlib parser's ways of giving up
+        raise MarkupError(f"html.parser cannot read it: {str(exc)[:80]}") from None
     events = parser.events
     runs = []
     for i, (start, text) in enumerate(events):

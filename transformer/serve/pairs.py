@@ -2,7 +2,7 @@
 standard names (languages.py), "auto" by detection (detect.py), and the errors LibreTranslate gives
 ("xx is not supported", "Spanish (es) is not available as a target language from English (en)")."""
 from ..languages import english_name, match
-from .fields import BadRequest
+from .fields import BadRequest, MAX_CODE, language_of, shown
 
 
 class Pairs:
@@ -53,14 +53,12 @@ class Pairs:
         text's language (Detector.detect)."""
         name = fields.get("model")
         if name is not None:
+            if not isinstance(name, str) or len(name) > MAX_CODE:
+                raise BadRequest(f"model must be the name of a served model, got {shown(name)}")
             if name not in self.models:
-                raise BadRequest(f"model {name!r} is not served (served: {', '.join(self.models)})")
+                raise BadRequest(f"model {shown(name)} is not served (served: {', '.join(self.models)})")
             return [(name, None)] * len(texts)
-        source, target = fields.get("source"), fields.get("target")
-        for field, value in (("source", source), ("target", target)):
-            if not isinstance(value, str) or not value:
-                raise BadRequest(f"missing field {field} (a language code"
-                                 f"{' or auto' if field == 'source' else ''})")
+        source, target = language_of(fields, "source"), language_of(fields, "target")
         if source != "auto":
             name = self._named.get((source, target))
             if name is None:            # resolved once for each spelling a client uses

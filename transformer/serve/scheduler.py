@@ -25,10 +25,24 @@ of its own sentence). The queue is bounded in pieces: a request that would pass 
 refused (QueueFull), never held in unbounded memory. A request whose client went away (cancel) has
 its waiting pieces dropped, and its pieces in the running batch leave it at the next step. stop()
 refuses new requests, finishes everything accepted, and ends the thread.
+
+No client can stop the thread. A request's future may be cancelled at any instant, from the event
+loop, even between the thread's look at it and its answer: an answer to a future nobody waits for
+is dropped, never an error (InvalidStateError ended the thread once, and every later request
+waited forever). A request that failed or was cancelled has its other pieces dropped, not decoded
+for nobody. A failure of ours fails the requests it touched and the thread goes on; `health()`
+says whether the thread lives and since when its current step runs.
+
+Admission takes turns across requests (round robin by request, then by arrival): a one-sentence
+request that arrives during a request of hundreds of sentences takes the next free row, not the
+last one. A group decoded as whole batches (alternatives: the stream keeps one hypothesis a
+sentence) gets one batch between two runs of the streams, so it holds up the others for one batch
+at a time, not for all its sentences.
 """
 import collections
 import concurrent.futures
 import itertools
+import logging
 import threading
 import time
 
@@ -48,6 +62,7 @@ MAX_STEPS = 64
 # p50 1.18x, no better than batching's; every 20 ms 0.90-0.97x. A few milliseconds keep the
 # latency. A base step (about 40 ms) is longer than the interval: it returns after every step.
 MIN_INTERVAL = 0.004
+LOG = logging.getLogger("transformer.serve")
 
 
 class QueueFull(RuntimeError):
@@ -102,7 +117,8 @@ class Scheduler:
     batch_size bound a batch; max_queue bounds the pieces waiting. metrics: a serve.metrics.Metrics
     (or None)."""
 
-    def __init__(self, models, batch_tokens=4096, batch_size=64, max_queue=4096, metrics=None, batching="step"):
+    def __init__(self, models, batch_tokens=4096, batch_size=64, max_queue=4096, metrics=None, batching="step",
+                 stuck_after=60.0):
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         self.models, self.batching = models, batching
@@ -118,6 +134,10 @@ class Scheduler:
         self._condition = threading.Condition()
         self._stopping = False
         self._order = itertools.count()
+        self.stuck_after = stuck_after  # seconds one decoding step or batch may take before health() says stuck
+        self._busy_since = None         # when the step or batch now decoding began (None: between them)
+        self.failures = 0               # failures of ours the thread survived
+        self._holding = []              # pieces taken out of pending, not yet in a stream or answered
         run = self._run_steps if batching == "step" else self._run_batches
         self._thread = threading.Thread(target=run, name="transformer-scheduler", daemon=True)
         self._thread.start()
@@ -173,6 +193,16 @@ class Scheduler:
         with self._condition:
             return len(self._waiting) + len(self._pending)
 
+    def health(self):
+        """(ok, what): whether the thread lives and is not stuck in one step or batch for more than
+        stuck_after seconds, and a dict saying so (GET /health)."""
+        alive = self._thread.is_alive()
+        busy_since = self._busy_since
+        busy = 0.0 if busy_since is None else time.monotonic() - busy_since
+        stuck = busy > self.stuck_after
+        return alive and not stuck, {"alive": alive, "step_seconds": round(busy, 3), "stuck": stuck,
+                                     "stuck_after_s": self.stuck_after, "failures": self.failures}
+
     def stop(self, timeout=None):
         """Refuse new requests, finish the accepted ones, end the thread."""
         with self._condition:
@@ -182,14 +212,23 @@ class Scheduler:
 
     # -- the scheduler's thread --------------------------------------------------------------------
     def _take_waiting(self):
-        """Under the lock: the waiting pieces join the pending ones, the cancelled ones go."""
+        """Under the lock: the waiting pieces join the pending ones, those nobody waits for go, and
+        pending is put in turns: each request's first piece, then each one's second..."""
+        if not self._waiting and all(not _gone(p) for p in self._pending):
+            return
         self._pending.extend(self._waiting)
         self._waiting.clear()
-        self._pending = [p for p in self._pending if not p.request.cancelled]
+        by_request = {}
+        for piece in self._pending:
+            if not _gone(piece):
+                by_request.setdefault(id(piece.request), []).append(piece)
+        queues = list(by_request.values())
+        self._pending = [piece for turn in itertools.zip_longest(*queues) for piece in turn if piece is not None]
 
     def _fitting(self, group, sentences, rows, tokens=None):
-        """The oldest pending pieces of `group` that fit `sentences` sentences, `rows` decoder rows
-        and batch_tokens source tokens (rows x longest x beam), taken out of pending."""
+        """The first pending pieces (in turns across requests) of `group` that fit `sentences`
+        sentences, `rows` decoder rows and batch_tokens source tokens (rows x longest x beam),
+        taken out of pending."""
         beam = _width(group[1])
         sentences = min(sentences, rows // beam)
         batch, longest = [], 0
@@ -213,38 +252,67 @@ class Scheduler:
             joined = [[] for _ in range(request.texts)]
             for owner, part in zip(request.owners, request.results):
                 joined[owner].append(part)
-            request.future.set_result([request.join(parts) for parts in joined])
+            try:
+                answer = [request.join(parts) for parts in joined]
+            except Exception as exc:    # a bug in joining: this request hears it, the thread goes on
+                _settle(request, exc=exc)
+                return
+            _settle(request, answer)
 
     @staticmethod
     def _fail(pieces, exc):
         for piece in pieces:
-            if not piece.request.future.done():
-                piece.request.future.set_exception(exc)
+            _settle(piece.request, exc=exc)
+
+    def _survive(self, exc):
+        """A failure of ours outside any one request's decoding (admitting, starting a stream): every
+        request taken from the queue hears it, the state is cleared, and the thread goes on."""
+        self.failures += 1
+        LOG.error("the scheduler failed; the requests it held are answered with the error", exc_info=exc)
+        with self._condition:
+            touched = list(self._pending) + list(self._decoding) + self._holding
+            self._pending, self._decoding, self._holding = [], set(), []
+        self._fail(touched, exc)
+        for stream in self._streams.values():
+            stream.waves.clear()
 
     # "batch": one batch decoded to its end at a time
     def _run_batches(self):
         while True:
-            with self._condition:
-                while not self._waiting and not self._pending and not self._stopping:
-                    self._condition.wait()
-                self._take_waiting()
-                if not self._pending:
-                    if self._stopping:
-                        return
-                    continue
-                batch = self._fitting(self._pending[0].group, self.batch_size, self.max_rows)
-            self._decode(batch)
+            try:
+                if self._batch_turn():
+                    return
+            except Exception as exc:
+                self._survive(exc)
+
+    def _batch_turn(self):
+        """One batch taken and decoded; True once stopped with nothing left."""
+        with self._condition:
+            while not self._waiting and not self._pending and not self._stopping:
+                self._condition.wait()
+            self._take_waiting()
+            if not self._pending:
+                return self._stopping
+            batch = self._holding = self._fitting(self._pending[0].group, self.batch_size, self.max_rows)
+        self._decode(batch)
+        self._holding = []
+        return False
 
     def _decode(self, batch):
+        batch = [piece for piece in batch if not _gone(piece)]
+        if not batch:
+            return
         served = self.models[batch[0].group[0]]
         options = dict(batch[0].group[1])
         batch.sort(key=lambda piece: len(piece.ids))
-        started = time.monotonic()
+        started = self._busy_since = time.monotonic()
         try:
             translations = served.decode([piece.ids for piece in batch], **options)
         except Exception as exc:        # a bug or a refused option: every request of the batch hears it
             self._fail(batch, exc)
             return
+        finally:
+            self._busy_since = None
         if self.metrics is not None:
             self.metrics.batch(len(batch), time.monotonic() - started)
         for piece, text in zip(batch, translations):
@@ -256,51 +324,65 @@ class Scheduler:
     def _run_steps(self):
         turn = itertools.count()
         while True:
-            with self._condition:
-                while not self._waiting and not self._pending and not self._decoding and not self._stopping:
-                    self._condition.wait()
-                for stream in self._streams.values():
-                    stream.arrived[0] = 0
-                self._take_waiting()
-                for piece in self._decoding:
-                    if piece.request.cancelled:
-                        piece.wave.cancel(piece.slot)
-                if not self._pending and not self._decoding:
-                    if self._stopping:
-                        return
-                    continue
-                whole = next((p for p in self._pending if not _streams(p.group[1])), None)
-                if whole is not None:
-                    whole = self._fitting(whole.group, self.batch_size, self.max_rows)
-                else:
-                    waves = self._admit()
-            if whole is not None:
-                self._decode(whole)
-                continue
-            for stream, group, pieces in waves:
-                self._start(stream, group, pieces)
-            live = [s for s in self._streams.values() if s.waves]
-            if not live:
-                with self._condition:   # nothing decodes: no piece can be left waiting on a wave
-                    self._decoding.clear()
-                continue
-            stream = live[next(turn) % len(live)]   # streams of several models or precisions take turns
-            started = time.monotonic()
-            rows = stream.rows_in_use()
             try:
-                per_step = stream.step_seconds
-                finished = stream.run(MAX_STEPS, max(1, min(MAX_STEPS, round(MIN_INTERVAL / per_step)))
-                                      if per_step else 1)
-            except Exception as exc:    # a bug: every sentence in the stream hears it
-                self._fail([p for p in self._decoding if p.wave in stream.waves], exc)
-                self._drop(stream)
-                continue
-            if self.metrics is not None:
-                self.metrics.batch(rows, time.monotonic() - started)
-            for piece, tokens in finished:
-                self._finish(piece, tokens)
-            if self.metrics is not None:
-                self.metrics.queued(self.queue_length())
+                if self._step_turn(turn):
+                    return
+            except Exception as exc:
+                self._survive(exc)
+
+    def _step_turn(self, turn):
+        """Admit what fits, run one stream for a few steps, and decode at most one whole batch;
+        True once stopped with nothing left."""
+        with self._condition:
+            while not self._waiting and not self._pending and not self._decoding and not self._stopping:
+                self._condition.wait()
+            for stream in self._streams.values():
+                stream.arrived[0] = 0
+            self._take_waiting()
+            for piece in self._decoding:
+                if _gone(piece):
+                    piece.wave.cancel(piece.slot)
+            if not self._pending and not self._decoding:
+                return self._stopping
+            whole = next((p for p in self._pending if not _streams(p.group[1])), None)
+            if whole is not None:
+                whole = self._holding = self._fitting(whole.group, self.batch_size, self.max_rows)
+            waves = self._admit()
+            self._holding = (whole or []) + [piece for _, _, pieces in waves for piece in pieces]
+        for stream, group, pieces in waves:
+            self._start(stream, group, pieces)
+        self._holding = whole or []
+        live = [s for s in self._streams.values() if s.waves]
+        if not live:
+            with self._condition:   # nothing decodes: no piece can be left waiting on a wave
+                self._decoding.clear()
+        else:
+            self._run_stream(live[next(turn) % len(live)])   # streams of several models or precisions take turns
+        if whole:                   # one whole batch between two runs of the streams
+            self._decode(whole)
+        self._holding = []
+        return False
+
+    def _run_stream(self, stream):
+        """A few steps of `stream`, and the sentences that finished answered."""
+        started = self._busy_since = time.monotonic()
+        rows = stream.rows_in_use()
+        try:
+            per_step = stream.step_seconds
+            finished = stream.run(MAX_STEPS, max(1, min(MAX_STEPS, round(MIN_INTERVAL / per_step)))
+                                  if per_step else 1)
+        except Exception as exc:    # a bug: every sentence in the stream hears it
+            self._fail([p for p in self._decoding if p.wave in stream.waves], exc)
+            self._drop(stream)
+            return
+        finally:
+            self._busy_since = None
+        if self.metrics is not None:
+            self.metrics.batch(rows, time.monotonic() - started)
+        for piece, tokens in finished:
+            self._finish(piece, tokens)
+        if self.metrics is not None:
+            self.metrics.queued(self.queue_length())
 
     def _stream(self, model_name, precision):
         from ..streaming import DecodingStream
@@ -352,7 +434,7 @@ class Scheduler:
     def _finish(self, piece, tokens):
         with self._condition:
             self._decoding.discard(piece)
-        if tokens is None or piece.request.cancelled:   # left the batch: its client went away
+        if tokens is None or _gone(piece):     # left the batch, or nobody waits for it: not decoded
             return
         served = self.models[piece.group[0]]
         options = dict(piece.group[1])
@@ -368,3 +450,23 @@ class Scheduler:
         with self._condition:
             self._decoding = {p for p in self._decoding if p.wave not in stream.waves}
         stream.waves.clear()
+
+
+def _gone(piece):
+    """Whether nobody waits for the piece's request: its client went away (cancel), its future was
+    cancelled from the event loop, or another of its pieces failed."""
+    return piece.request.cancelled or piece.request.future.done()
+
+
+def _settle(request, result=None, exc=None):
+    """The request's future answered, unless it is already done: cancelled from the event loop at
+    any instant, even between a look at done() and this call (no lock is shared with asyncio), or
+    failed by another piece. Its other pieces are dropped from then on (_gone)."""
+    request.cancelled = request.cancelled or exc is not None
+    try:
+        if exc is not None:
+            request.future.set_exception(exc)
+        else:
+            request.future.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass                            # nobody waits for it: the answer goes nowhere
