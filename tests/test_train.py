@@ -587,3 +587,44 @@ def test_the_default_vocab_size_is_printed_saved_and_kept_on_resume(tmp_path, mo
     assert cli.main(resumed) == 0
     assert load_checkpoint(out).args["vocab_size"] == want
     assert cli.main(resumed[:-2] + ["--max-steps", "4", "--vocab-size", "40"]) != 0
+
+
+# -- the built-in task trains to its goal ------------------------------------------------------------
+
+def test_the_builtin_default_stops_at_its_goal_and_says_so(tmp_path, monkeypatch, capsys):
+    """With neither --minutes nor --max-steps the built-in task trains until its check words are
+    right (here a goal of 0%: reached at the first check) and says at which step."""
+    from transformer.training import builtin
+    monkeypatch.setattr(builtin, "CHECK_EVERY", 3)
+    monkeypatch.setattr(builtin, "GOAL_EXACT", 0.0)
+    out = str(tmp_path / "run")
+    assert cli.main(["train", *SMALL, "--batch-size", "4", "--out", out]) == 0
+    said = capsys.readouterr()
+    assert "goal reached at step 3" in said.out + said.err
+    assert load_checkpoint(out).train_state["step"] == 3
+
+
+def test_the_builtin_default_stops_at_its_cap_with_a_warning(tmp_path, monkeypatch, capsys):
+    from transformer.training import builtin
+    monkeypatch.setattr(builtin, "CHECK_EVERY", 2)
+    monkeypatch.setattr(builtin, "GOAL_EXACT", 1.01)        # never reached
+    monkeypatch.setattr(builtin, "CAP_MINUTES", 0.02)       # 1.2 s
+    out = str(tmp_path / "run")
+    started = time.monotonic()
+    assert cli.main(["train", *SMALL, "--batch-size", "4", "--out", out]) == 0
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert "stopped at the 0.02-minute cap before the goal of 101% exact" in text, text
+    assert time.monotonic() - started < 60
+    assert "goal reached" not in text
+
+
+def test_a_builtin_run_with_a_budget_has_no_goal(tmp_path, monkeypatch, capsys):
+    from transformer.training import builtin
+    monkeypatch.setattr(builtin, "CHECK_EVERY", 1)
+    monkeypatch.setattr(builtin, "GOAL_EXACT", 0.0)
+    out = str(tmp_path / "run")
+    assert cli.main(["train", *SMALL, "--batch-size", "4", "--max-steps", "4", "--out", out]) == 0
+    said = capsys.readouterr()
+    assert "goal" not in said.out + said.err
+    assert load_checkpoint(out).train_state["step"] == 4

@@ -119,8 +119,8 @@ def register(sub):
                        help="layer norm before each sublayer (pre-LN; the default with --data) or after it "
                             "(--no-norm-first: the paper's post-LN; the default for the built-in task)")
     train.add_argument("--max-steps", type=_positive_int)
-    train.add_argument("--minutes", type=_positive_float, help="wall-clock budget (default 2 built-in, 10 with --data; "
-                       "periodic evaluation is not counted; with --resume: what the interrupted run had left)")
+    train.add_argument("--minutes", type=_positive_float, help="wall-clock budget (default 10 with --data; the built-in task "
+                       "trains until it reverses 99%% of fresh words, within 10; periodic evaluation is not counted; with --resume: what the interrupted run had left)")
     train.add_argument("--threads", type=_positive_int)
     train.add_argument("--batch-tokens", type=_positive_int,
                        help=f"with --data: tokens per batch, padding included (default {TRAIN_DEFAULTS['batch_tokens']})")
