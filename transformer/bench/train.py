@@ -1,7 +1,18 @@
-"""A full training step (forward, backward, Adam), ours against PyTorch, from the same run.
+"""A full training step (forward, backward, clipping, Adam), ours against PyTorch, from the same run.
 
-For each configuration and thread count: both engines warm up, then their steps alternate
-(ours, torch, ours, torch, ...) and the median step time of each gives target tokens per second.
+What training sees: the named configurations step through batches shaped as `transformer train`
+makes them (batches of about 2,048 tokens, padding included, of sentences of similar length drawn
+from a corpus-like length distribution: from about 128 short sentences to about 16 long ones), one
+batch after another, with gradient clipping and Adam, as Trainer.step does. Custom configurations
+(--config KEY=INT,...) keep one uniform batch of their `batch` x `length`.
+
+Timing: the engines take turns by blocks (one pass over the batches each), each block after
+GRACE_S of sleep, so that the other engine's OpenMP workers, which spin for milliseconds after their
+last parallel region (two runtimes: ours and PyTorch's), have parked: neither engine's threads spin
+while the other is timed. The median block gives seconds per step and target tokens per second.
+The record also gives the step's FLOP/s (its products: the linear maps, the output layer over
+the targets, attention; step_flops) and its share of the ceiling of the cores it ran on
+(_C.peak_per_core at the precision of the step, times the threads).
 Peak resident memory of the step is measured for each engine in a fresh subprocess
 (resource.getrusage ru_maxrss), so neither sees the other's allocations.
 """
@@ -15,15 +26,19 @@ import time
 
 import numpy as np
 
-# name: model sizes, batch, source and target length (DESIGN's presets; issue 3's batches)
+# name: model sizes, and the batches: `batch_tokens` tokens a batch (padding included, as
+# --batch-tokens counts them), `batches` of them in a pass; `batch` and `length` are the uniform
+# batch of the data-parallel bench (bench/distributed.py)
 CONFIGS = {
     "tiny": dict(sizes=dict(d_model=128, n_heads=4, d_ff=512, n_encoder_layers=2, n_decoder_layers=2),
-                 vocab=4000, batch=32, length=32, repeats=15),
+                 vocab=4000, batch=32, length=32, repeats=7, batch_tokens=2048, batches=8),
     "base": dict(sizes=dict(d_model=512, n_heads=8, d_ff=2048, n_encoder_layers=6, n_decoder_layers=6),
-                 vocab=8000, batch=16, length=64, repeats=3),
+                 vocab=8000, batch=16, length=64, repeats=3, batch_tokens=2048, batches=2),
 }
 DROPOUT = 0.1
 LABEL_SMOOTHING = 0.1
+CLIP_NORM = 1.0        # train's default (--clip-norm)
+GRACE_S = 0.25         # sleep before each engine's block: the other runtime's spinning workers park
 
 
 def _config(name):
@@ -33,13 +48,74 @@ def _config(name):
                          max_len=max(512, c["length"] + 1), **c["sizes"])
 
 
-def _batch(name, seed=0):
-    c = CONFIGS[name]
-    rng = np.random.default_rng(seed)
+def _uniform_batch(c, rng):
     src = rng.integers(3, c["vocab"], (c["batch"], c["length"]), dtype=np.int64)
     tgt = rng.integers(3, c["vocab"], (c["batch"], c["length"] + 1), dtype=np.int64)
     tgt[:, 0] = 1
     return src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
+
+
+def _run_batches(c, rng):
+    """c["batches"] batches as training makes them: sentence lengths in subwords drawn like a corpus's
+    (median 32, a long tail, 3 to 127; targets about 1.1x their source), sorted by length and packed
+    into batches of at most batch_tokens tokens with padding; the batches are spread over the range
+    of lengths. Ids: random in [3, vocab), BOS 1, EOS 2, pad 0."""
+    n = 4000
+    src_len = np.clip(np.rint(rng.lognormal(np.log(32), 0.5, n)), 3, 127).astype(int)
+    tgt_len = np.clip(np.rint(src_len * rng.lognormal(np.log(1.1), 0.15, n)), 3, 126).astype(int)
+    order = np.argsort(np.maximum(src_len, tgt_len + 1), kind="stable")
+    packs, start = [], 0
+    while start < n:
+        end, width = start, 0
+        while end < n and (end - start + 1) * max(width, src_len[order[end]], tgt_len[order[end]] + 1) <= c["batch_tokens"]:
+            width = max(width, src_len[order[end]], tgt_len[order[end]] + 1)
+            end += 1
+        packs.append(order[start:max(end, start + 1)])
+        start = max(end, start + 1)
+    full = packs[:-1] or packs        # the last pack holds what was left over: not a batch training makes
+    chosen = [full[i] for i in np.linspace(0, len(full) - 1, c["batches"]).round().astype(int)]
+    batches = []
+    for rows in chosen:
+        S, T = int(src_len[rows].max()), int(tgt_len[rows].max()) + 1
+        src = np.zeros((len(rows), S), dtype=np.int64)
+        tgt = np.zeros((len(rows), T + 1), dtype=np.int64)
+        for b, r in enumerate(rows):
+            src[b, :src_len[r]] = rng.integers(3, c["vocab"], src_len[r])
+            tgt[b, 0], tgt[b, 1:tgt_len[r] + 1], tgt[b, tgt_len[r] + 1] = 1, rng.integers(3, c["vocab"], tgt_len[r]), 2
+        batches.append((src, tgt[:, :-1].copy(), tgt[:, 1:].copy()))
+    return batches
+
+
+def _batches(name, seed=0):
+    """The batches a step of config `name` cycles through (a list of (src, tgt_in, tgt_out))."""
+    c = CONFIGS[name]
+    rng = np.random.default_rng(seed)
+    return _run_batches(c, rng) if "batch_tokens" in c else [_uniform_batch(c, rng)]
+
+
+def _batch(name, seed=0):
+    """One uniform batch (the data-parallel bench's and the peak-memory probe's)."""
+    return _uniform_batch(CONFIGS[name], np.random.default_rng(seed))
+
+
+def step_flops(cfg, batch):
+    """FLOPs of one training step's products on `batch` (forward and both backward products of
+    every linear map, the output layer over the non-pad targets, attention's four products per
+    head), counted over the padded shapes the engine computes."""
+    src, _, tgt_out = batch
+    B, S = src.shape
+    T = tgt_out.shape[1]
+    D, F, V = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
+    Le, Ld = cfg.n_encoder_layers, cfg.n_decoder_layers
+    targets = int(np.count_nonzero(tgt_out != cfg.pad_id))
+    linear = 6 * (B * S * Le * (4 * D * D + 2 * D * F) + B * T * Ld * (6 * D * D + 2 * D * F)
+                  + B * S * Ld * 2 * D * D + targets * D * V)
+    attention = 12 * B * D * (Le * S * S + Ld * (T * T + T * S))
+    return linear + attention
+
+
+def _target_tokens(batches, pad=0):
+    return float(np.mean([np.count_nonzero(b[2] != pad) for b in batches]))
 
 
 class _Ours:
@@ -49,14 +125,18 @@ class _Ours:
     def __init__(self, name, precision="fp32"):
         import transformer as T
         self.model = T.Seq2SeqTransformer(_config(name), seed=0)
+        self.T = T
         self.opt = T.Adam(self.model, lr=1e-4)
-        self.batch = _batch(name)
+        self.batches, self.next = _batches(name), 0
         # fp32 calls leave the argument out, so an engine without precision= still runs them
         self.options = {} if precision == "fp32" else {"precision": precision}
 
     def step(self):
+        batch = self.batches[self.next % len(self.batches)]
+        self.next += 1
         self.model.zero_grad()
-        loss = self.model.forward_backward(*self.batch, label_smoothing=LABEL_SMOOTHING, **self.options)
+        loss = self.model.forward_backward(*batch, label_smoothing=LABEL_SMOOTHING, **self.options)
+        self.T.clip_grad_norm(self.model, CLIP_NORM)
         self.opt.step()
         return loss
 
@@ -73,22 +153,36 @@ class _Torch:
         self.model = build_torch_model(_config(name), seed=0)
         self.model.train()
         self.opt = torch.optim.Adam(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
-        self.batch = [torch.from_numpy(x) for x in _batch(name)]
+        self.batches = [[torch.from_numpy(x) for x in batch] for batch in _batches(name)]
+        self.next = 0
         self.autocast = precision == "bf16"
 
     def step(self):
+        batch = self.batches[self.next % len(self.batches)]
+        self.next += 1
         self.opt.zero_grad(set_to_none=True)
         with self.torch.autocast("cpu", dtype=self.torch.bfloat16, enabled=self.autocast):
-            loss = self.model.loss(*self.batch, label_smoothing=LABEL_SMOOTHING)
+            loss = self.model.loss(*batch, label_smoothing=LABEL_SMOOTHING)
         loss.backward()
+        self.torch.nn.utils.clip_grad_norm_(self.model.parameters(), CLIP_NORM)
         self.opt.step()
         return loss.item()
 
 
-def _timed(step):
+def _timed(step, steps=1):
+    """Seconds per step over a block of `steps` consecutive steps."""
     t0 = time.perf_counter()
-    step()
-    return time.perf_counter() - t0
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - t0) / steps
+
+
+def _block(engine):
+    """A block of steps of `engine` (one pass over its batches), timed after GRACE_S of sleep that
+    lets the other runtime's spinning OpenMP workers park, and one untimed step that wakes ours."""
+    time.sleep(GRACE_S)
+    engine.step()
+    return _timed(engine.step, len(engine.batches))
 
 
 def custom_config(text):
@@ -132,6 +226,7 @@ def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True, aga
     is fp32 or bf16), and so is bf16 on an engine without precision= (RuntimeError), before any
     work: nothing falls back to fp32."""
     import transformer as T
+    from transformer import _C
 
     from .precision import require
     require(precision, "train")
@@ -139,6 +234,7 @@ def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True, aga
     if against == "torch":
         import torch
     records = []
+    peak = _C.peak_per_core(0.2)      # this core's ceilings, measured in this run
     prev_ours = T.get_num_threads()
     prev_torch = torch.get_num_threads() if torch else None
     try:
@@ -154,14 +250,14 @@ def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True, aga
                 T.set_num_threads(n)
                 if torch:
                     torch.set_num_threads(n)
-                for engine in engines.values():   # warm-up: buffers, packing, thread teams
-                    for _ in range(2 if name == "tiny" else 1):
+                for engine in engines.values():   # warm-up: buffers for every shape, packing, thread teams
+                    for _ in range(len(engine.batches)):
                         engine.step()
                 times = {label: [] for label in engines}
-                for _ in range(n_rep):            # interleaved: ours, torch, ours, torch, ...
+                for _ in range(n_rep):            # interleaved by blocks: ours, torch, ours, torch, ...
                     for label, engine in engines.items():
-                        times[label].append(_timed(engine.step))
-                records.append(_record(name, n, times, precision))
+                        times[label].append(_block(engine))
+                records.append(_record(name, n, times, precision, engines["ours"].batches, peak))
             del engines
         if memory:
             for name in configs:
@@ -182,7 +278,7 @@ def run(threads=(1, 2), repeats=None, configs=("tiny", "base"), memory=True, aga
     return records
 
 
-def _record(name, threads, times, precision):
+def _record(name, threads, times, precision, batches=None, peak=None):
     """The record of one (config, threads) from {label: [seconds per step]}: "ours" (at
     `precision`), "ref" (PyTorch at the same precision, when measured) and, below fp32, "ours_fp32".
 
@@ -192,21 +288,32 @@ def _record(name, threads, times, precision):
     ours_bf16_vs_torch_autocast_bf16 (= ratio) and ours_bf16_vs_ours_fp32. The steps alternate,
     so each ratio also comes paired (ratio_paired, ..._paired: harness.paired_ratio). Every record names
     the CPU (family and model: the name alone does not tell Zen 3, 4 and 5 apart) and the
-    dispatch level it ran."""
+    dispatch level it ran. With `batches` (the ones the steps cycled through) and `peak`
+    (_C.peak_per_core), also the step's FLOP/s and its share of the ceiling of `threads` cores."""
     from .. import _C
     from .harness import cpu_model, paired_ratio
 
     c = CONFIGS[name]
-    tokens = c["batch"] * c["length"]
+    batches = batches or [_batch(name)]
+    tokens = _target_tokens(batches)
+    shapes = sorted({f"B{b[0].shape[0]} S{b[0].shape[1]} T{b[1].shape[1]}" for b in batches},
+                    key=lambda x: int(x.split()[0][1:]))
     median = {label: statistics.median(t) for label, t in times.items()}
     spread = {label: [min(t), max(t)] for label, t in times.items()}
     o = median["ours"]
     kernel = f"train_step {name}" if precision == "fp32" else f"train_step {precision} {name}"
     record = {"bench": "train_step", "kernel": kernel, "config": name, "threads": threads,
               "precision": precision, "cpu": cpu_model(), "isa": _C.isa(),
-              "shape": f"B{c['batch']} S{c['length']} T{c['length']} V{c['vocab']}",
+              "shape": (f"{len(batches)} batches of ~{c['batch_tokens']} tokens ({shapes[0]} ... {shapes[-1]}) V{c['vocab']}"
+                        if "batch_tokens" in c else f"B{c['batch']} S{c['length']} T{c['length']} V{c['vocab']}"),
+              "target_tokens_per_step": tokens,
               "ours_s": o, "ours_spread_s": spread["ours"],
               "ours_tokens_per_s": tokens / o, "ours_per_s": tokens / o, "repeats": len(times["ours"])}
+    if peak is not None:
+        flops = float(np.mean([step_flops(_config(name), b) for b in batches]))
+        ceiling = peak["bf16_gflops" if precision == "bf16" else "fp32_fma_gflops"] * 1e9 * threads
+        record.update({"step_gflop": flops / 1e9, "ours_gflop_per_s": flops / o / 1e9,
+                       "peak_gflop_per_s": ceiling / 1e9, "ours_peak_share": flops / o / ceiling})
     if "ref" in median:
         r = median["ref"]
         record.update({"ref_s": r, "ref_spread_s": spread["ref"], "ratio": r / o, "ref_tokens_per_s": tokens / r,
