@@ -20,6 +20,7 @@ import threading
 import numpy as np
 
 from . import _C
+from .layers import _splitmix64
 
 __all__ = ["shard_count", "shard_rows", "ShardedSteps"]
 
@@ -83,7 +84,7 @@ def _trimmed(src, tgt_in, tgt_out, pad_id):
 
 
 def _mix(seed, shard):
-    from .layers import _splitmix64
+    """Shard s > 0's dropout seed, mixed from the pass's seed (shard 0 keeps the pass's own)."""
     return _splitmix64(seed ^ _splitmix64(_SHARD_SEED_MIX * shard & 0xFFFFFFFFFFFFFFFF))
 
 
@@ -96,6 +97,8 @@ def _executor(workers):
     global _pool
     with _pool_lock:
         if _pool is None or _pool._max_workers < workers:
+            if _pool is not None:
+                _pool.shutdown(wait=False)    # its idle threads end; a new one has room for more
             _pool = concurrent.futures.ThreadPoolExecutor(max_workers=workers,
                                                           thread_name_prefix="transformer-shard")
         return _pool

@@ -1,0 +1,119 @@
+"""Real training runs, alternated: the step time `transformer train` itself reports, for several
+builds or settings, at several thread counts, in one run of this script (issue 57's measure).
+
+Each run is `transformer train --data BIBLE --preset tiny --max-steps N --eval-every 0` in a fresh
+process; its step time is the final line's seconds over steps (the first step's allocations
+included, as a user's run has them). The variants take turns (A, B, C, A, B, C, ...) `--rounds`
+times, so a drift of the machine's speed hits every variant alike; the record gives each
+variant's median, its spread, and the median ratio of the first variant's step time to each variant's over
+the rounds (paired: each round's runs ran within a minute or two of each other).
+
+    python benchmarks/train_runs.py --variant base=/path/to/old/checkout \\
+        --variant new=. --variant new-whole=.:TRANSFORMER_SHARDS=1 \\
+        --threads 1,2 --precision bf16 --rounds 3 --json benchmarks/results/....json
+
+A variant is NAME=DIR[:VAR=VALUE,...]: the checkout whose `transformer` package (with its compiled
+module) is imported (the process runs in DIR, so DIR's package comes first on the path), and
+environment variables for its runs.
+
+--load K: K other processes spin on the CPU during every run (a machine shared with other work,
+as a laptop or a small VM often is); each record then says so.
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+BIBLE = os.path.join(HERE, "..", "..", "shared", "data", "bible-eng-spa.tsv.gz")
+
+
+def parse_variant(text):
+    name, _, rest = text.partition("=")
+    where, _, env = rest.partition(":")
+    extra = dict(item.split("=", 1) for item in env.split(",") if item)
+    return name, os.path.abspath(where or "."), extra
+
+
+def cpu_model():
+    try:
+        info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    except OSError:
+        return "unknown"
+    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
+    get = lambda k: fields.get(k, "").strip()  # noqa: E731
+    return f"{get('Model name')} (family {get('CPU family')} model {get('Model')})"
+
+
+def one_run(directory, env, threads, precision, steps, preset, data, load=0):
+    out = tempfile.mkdtemp(prefix="train-run-")
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
+    try:
+        return _run(directory, env, threads, precision, steps, preset, data, out)
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+
+
+def _run(directory, env, threads, precision, steps, preset, data, out):
+    code = ("import sys; from transformer.cli import main; sys.exit(main(sys.argv[1:]))")
+    argv = [sys.executable, "-c", code, "train", "--data", data, "--src-col", "eng", "--tgt-col", "spa",
+            "--preset", preset, "--max-steps", str(steps), "--threads", str(threads), "--precision", precision,
+            "--eval-every", "0", "--quiet", "--overwrite", "--out", out]
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=directory, env={**os.environ, **env},
+                          timeout=1800)
+    if done.returncode != 0:
+        raise RuntimeError(f"run failed in {directory}: {done.stderr[-2000:]}")
+    final = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{") and '"seconds"' in line]
+    record = final[-1]
+    return record["seconds"] / record["step"]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", action="append", required=True, help="NAME=DIR[:VAR=VALUE,...]")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--precision", default="bf16", choices=["fp32", "bf16"])
+    parser.add_argument("--preset", default="tiny")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data", default=BIBLE)
+    parser.add_argument("--load", type=int, default=0, help="processes spinning on the CPU during each run")
+    parser.add_argument("--json", help="also write the records to this file")
+    args = parser.parse_args(argv)
+    variants = [parse_variant(v) for v in args.variant]
+    threads = [int(t) for t in args.threads.split(",")]
+    times = {(name, t): [] for name, _, _ in variants for t in threads}
+    for _ in range(args.rounds):
+        for t in threads:
+            for name, directory, env in variants:
+                times[(name, t)].append(one_run(directory, env, t, args.precision, args.steps, args.preset, args.data,
+                                                    args.load))
+                print(f"{name} threads {t}: {times[(name, t)][-1] * 1e3:.1f} ms a step", file=sys.stderr)
+    records = []
+    first = variants[0][0]
+    for name, directory, env in variants:
+        for t in threads:
+            own = times[(name, t)]
+            record = {"bench": "train_run_step", "variant": name, "env": env, "threads": t,
+                      "precision": args.precision, "preset": args.preset, "steps": args.steps, "cpu": cpu_model(),
+                      "spinning_processes": args.load,
+                      "step_s_median": statistics.median(own), "step_s_all": own,
+                      "speedup_vs_" + first: statistics.median(b / a for a, b in zip(own, times[(first, t)]))}
+            if 1 in threads and t != 1:
+                single = times[(name, 1)]
+                record["efficiency"] = statistics.median(s / m / t for s, m in zip(single, own))
+            records.append(record)
+            print(json.dumps(record))
+    if args.json:
+        with open(args.json, "w") as f:
+            for record in records:
+                f.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+    main()
