@@ -1,8 +1,9 @@
 /* Fused attention for training, forward and backward (see attention_train.h).
  *
- * One (sentence, head) pair at a time per thread. Its operands are gathered into contiguous
- * thread-local buffers (rounded to bf16 there when asked; K and V also transposed, once), and
- * every product of the pair is then one small row-major matrix product C = A B:
+ * One (sentence, head) pair at a time per thread. fp32 reads Q, K, V and dC in place; bf16
+ * reads copies rounded into thread-local buffers. Kᵀ (forward) and Vᵀ (backward) are made once
+ * per pair, and every product is then one small matrix product C = A B, B row-major, A read
+ * through two strides (a transposed A costs nothing: its elements are broadcast one by one):
  *   forward   S = Q Kᵀ,  ctx = P_d V
  *   backward  dP_d = dC Vᵀ,  dV = P_dᵀ dC,  dQ = dS K,  dK = dSᵀ Q
  * C[i, j] is always one fp32 chain over k in increasing order, whichever register tile it falls
@@ -17,6 +18,7 @@
 
 #include "cpu.h"
 #include "dropout.h"
+#include "gemm/avx512.h"   /* round_bf16 (gemm's bf16 rounding) and transpose16 */
 #include "simd_math.h"
 #include "softmax.h"
 
@@ -30,27 +32,38 @@
 
 #define TF_ALWAYS_INLINE inline __attribute__((always_inline))
 
-typedef void (*matmul_fn)(float *C, long ldc, const float *A, long lda, const float *B, long ldb,
-                          long M, long N, long K);
+/* The per-ISA pieces of a pair:
+ * matmul     C [M, ldc] = A B, C[:, :N] overwritten; A [M, K] read as A[i * sa + k * ka] (so a
+ *            transposed A costs nothing: its elements are broadcast one at a time), B [K, ldb]
+ * gather     dst [rows, cols] contiguous = src [rows, lds], rounded to bf16 when bf16
+ * transpose  dst [cols, rows] contiguous = the transpose of src [rows, lds]
+ * round      x [n] rounded to bf16 in place */
+typedef struct {
+    void (*matmul)(float *C, long ldc, const float *A, long sa, long ka, const float *B, long ldb,
+                   long M, long N, long K);
+    void (*gather)(float *dst, const float *src, long lds, long rows, long cols, int bf16);
+    void (*transpose)(float *dst, const float *src, long lds, long rows, long cols);
+    void (*round)(float *x, long n);
+} pair_ops;
 
 /* ------------------------------------------------------------------------- */
-/* Operands: gather, round, transpose (plain C at every level: a few percent of a pair's work). */
+/* Plain C: the reference. */
 
-/* x rounded to the nearest bf16, ties to even, as a float with the low 16 bits zero; subnormal
- * results become zero of their sign and NaN stays NaN: gemm.h's GEMM_BF16 rounding. */
-static inline float round_bf16(float x)
+static void matmul_generic(float *C, long ldc, const float *A, long sa, long ka, const float *B,
+                           long ldb, long M, long N, long K)
 {
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) u |= 0x00400000u;
-    else u += 0x7fffu + ((u >> 16) & 1u);
-    u &= (u & 0x7f800000u) ? 0xffff0000u : 0x80000000u;
-    memcpy(&x, &u, 4);
-    return x;
+    for (long i = 0; i < M; i++) {
+        float *c = C + i * ldc;
+        for (long j = 0; j < N; j++) c[j] = 0.0f;
+        for (long k = 0; k < K; k++) {
+            const float a = A[i * sa + k * ka];
+            const float *b = B + k * ldb;
+            for (long j = 0; j < N; j++) c[j] += a * b[j];
+        }
+    }
 }
 
-/* dst [rows, cols] contiguous = src [rows, lds] (rounded to bf16 when bf16). */
-static void gather(float *dst, const float *src, long lds, long rows, long cols, int bf16)
+static void gather_generic(float *dst, const float *src, long lds, long rows, long cols, int bf16)
 {
     for (long r = 0; r < rows; r++) {
         const float *s = src + r * lds;
@@ -62,38 +75,15 @@ static void gather(float *dst, const float *src, long lds, long rows, long cols,
     }
 }
 
-/* dst [cols, rows] contiguous = transpose of src [rows, lds] (rounded to bf16 when bf16). */
-static void transpose(float *dst, const float *src, long lds, long rows, long cols, int bf16)
+static void transpose_generic(float *dst, const float *src, long lds, long rows, long cols)
 {
-    for (long r = 0; r < rows; r++) {
-        const float *s = src + r * lds;
-        if (bf16)
-            for (long c = 0; c < cols; c++) dst[c * rows + r] = round_bf16(s[c]);
-        else
-            for (long c = 0; c < cols; c++) dst[c * rows + r] = s[c];
-    }
+    for (long r = 0; r < rows; r++)
+        for (long c = 0; c < cols; c++) dst[c * rows + r] = src[r * lds + c];
 }
 
-static void round_block(float *x, long n)
+static void round_generic(float *x, long n)
 {
     for (long i = 0; i < n; i++) x[i] = round_bf16(x[i]);
-}
-
-/* ------------------------------------------------------------------------- */
-/* C [M, ldc] = A [M, lda] B [K, ldb] (C[:, :N] overwritten). Plain C: the reference. */
-
-static void matmul_generic(float *C, long ldc, const float *A, long lda, const float *B, long ldb,
-                           long M, long N, long K)
-{
-    for (long i = 0; i < M; i++) {
-        float *c = C + i * ldc;
-        for (long j = 0; j < N; j++) c[j] = 0.0f;
-        for (long k = 0; k < K; k++) {
-            const float a = A[i * lda + k];
-            const float *b = B + k * ldb;
-            for (long j = 0; j < N; j++) c[j] += a * b[j];
-        }
-    }
 }
 
 #if TF_HAVE_X86
@@ -101,8 +91,8 @@ static void matmul_generic(float *C, long ldc, const float *A, long lda, const f
 /* AVX-512: R rows x NV vectors of 16 columns held in registers over the whole k loop. */
 
 TF_TARGET_AVX512 static TF_ALWAYS_INLINE void matmul_tile_avx512(
-    float *C, long ldc, const float *A, long lda, const float *B, long ldb, long K, long ncols,
-    const int R, const int NV)
+    float *C, long ldc, const float *A, long sa, long ka, const float *B, long ldb, long K,
+    long ncols, const int R, const int NV)
 {
     __m512 acc[8][4];
     const __mmask16 last = tf_lanes16(ncols - 16 * (NV - 1));
@@ -112,13 +102,13 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void matmul_tile_avx512(
         for (int j = 0; j < NV; j++) acc[r][j] = _mm512_setzero_ps();
     for (long k = 0; k < K; k++) {
         __m512 b[4];
-        const float *bk = B + k * ldb;
+        const float *bk = B + k * ldb, *ak = A + k * ka;
 #pragma GCC unroll 4
         for (int j = 0; j < NV; j++)
             b[j] = j == NV - 1 ? _mm512_maskz_loadu_ps(last, bk + 16 * j) : _mm512_loadu_ps(bk + 16 * j);
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            const __m512 a = _mm512_set1_ps(A[r * lda + k]);
+            const __m512 a = _mm512_set1_ps(ak[r * sa]);
 #pragma GCC unroll 4
             for (int j = 0; j < NV; j++) acc[r][j] = _mm512_fmadd_ps(a, b[j], acc[r][j]);
         }
@@ -132,7 +122,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void matmul_tile_avx512(
         }
 }
 
-TF_TARGET_AVX512 static void matmul_avx512(float *C, long ldc, const float *A, long lda,
+TF_TARGET_AVX512 static void matmul_avx512(float *C, long ldc, const float *A, long sa, long ka,
                                            const float *B, long ldb, long M, long N, long K)
 {
     for (long j0 = 0; j0 < N; j0 += 64) {
@@ -142,8 +132,8 @@ TF_TARGET_AVX512 static void matmul_avx512(float *C, long ldc, const float *A, l
         for (long i = 0; i < M; i += rb) {
             const int rows = (int)(M - i < rb ? M - i : rb);
             float *c = C + i * ldc + j0;
-            const float *a = A + i * lda, *b = B + j0;
-#define TILE(R, NV) matmul_tile_avx512(c, ldc, a, lda, b, ldb, K, nc, R, NV)
+            const float *a = A + i * sa, *b = B + j0;
+#define TILE(R, NV) matmul_tile_avx512(c, ldc, a, sa, ka, b, ldb, K, nc, R, NV)
             switch (nv) {
             case 1:
                 switch (rows) {
@@ -177,12 +167,60 @@ TF_TARGET_AVX512 static void matmul_avx512(float *C, long ldc, const float *A, l
     }
 }
 
+/* round_bf16 of 16 lanes (the same bits). */
+TF_TARGET_AVX512 static inline __m512 round16_bf16(__m512 x)
+{
+    const __m512i u = _mm512_castps_si512(x);
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
+                                                     _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
+    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x00400000));
+    const __mmask16 tiny = _mm512_testn_epi32_mask(r, _mm512_set1_epi32(0x7f800000));   /* exponent 0 */
+    r = _mm512_and_si512(r, _mm512_mask_blend_epi32(tiny, _mm512_set1_epi32((int)0xffff0000u),
+                                                    _mm512_set1_epi32((int)0x80000000u)));
+    return _mm512_castsi512_ps(r);
+}
+
+TF_TARGET_AVX512 static void gather_avx512(float *dst, const float *src, long lds, long rows,
+                                           long cols, int bf16)
+{
+    for (long r = 0; r < rows; r++) {
+        const float *s = src + r * lds;
+        float *d = dst + r * cols;
+        for (long c = 0; c < cols; c += 16) {
+            __m512 x = tf_load16(s + c, cols - c);
+            tf_store16(d + c, cols - c, bf16 ? round16_bf16(x) : x);
+        }
+    }
+}
+
+TF_TARGET_AVX512 static void round_avx512(float *x, long n)
+{
+    for (long i = 0; i < n; i += 16) tf_store16(x + i, n - i, round16_bf16(tf_load16(x + i, n - i)));
+}
+
+/* 16 x 16 blocks through registers (transpose16); partial blocks read and write only inside. */
+TF_TARGET_AVX512 static void transpose_avx512(float *dst, const float *src, long lds, long rows,
+                                              long cols)
+{
+    for (long r0 = 0; r0 < rows; r0 += 16) {
+        const long nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (long c0 = 0; c0 < cols; c0 += 16) {
+            const long nc = cols - c0 < 16 ? cols - c0 : 16;
+            __m512 t[16];
+            for (int i = 0; i < 16; i++)
+                t[i] = i < nr ? tf_load16(src + (r0 + i) * lds + c0, nc) : _mm512_setzero_ps();
+            transpose16(t);
+            for (int i = 0; i < nc; i++) tf_store16(dst + (c0 + i) * rows + r0, nr, t[i]);
+        }
+    }
+}
+
 /* ------------------------------------------------------------------------- */
 /* AVX2: R rows x NV vectors of 8 columns (at most 12 accumulators of the 16 ymm registers). */
 
 TF_TARGET_AVX2 static TF_ALWAYS_INLINE void matmul_tile_avx2(
-    float *C, long ldc, const float *A, long lda, const float *B, long ldb, long K, long ncols,
-    const int R, const int NV)
+    float *C, long ldc, const float *A, long sa, long ka, const float *B, long ldb, long K,
+    long ncols, const int R, const int NV)
 {
     __m256 acc[4][4];
     const __m256i last = tf_lanes8(ncols - 8 * (NV - 1));
@@ -192,13 +230,13 @@ TF_TARGET_AVX2 static TF_ALWAYS_INLINE void matmul_tile_avx2(
         for (int j = 0; j < NV; j++) acc[r][j] = _mm256_setzero_ps();
     for (long k = 0; k < K; k++) {
         __m256 b[4];
-        const float *bk = B + k * ldb;
+        const float *bk = B + k * ldb, *ak = A + k * ka;
 #pragma GCC unroll 4
         for (int j = 0; j < NV; j++)
             b[j] = j == NV - 1 ? _mm256_maskload_ps(bk + 8 * j, last) : _mm256_loadu_ps(bk + 8 * j);
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
-            const __m256 a = _mm256_broadcast_ss(A + r * lda + k);
+            const __m256 a = _mm256_broadcast_ss(ak + r * sa);
 #pragma GCC unroll 4
             for (int j = 0; j < NV; j++) acc[r][j] = _mm256_fmadd_ps(a, b[j], acc[r][j]);
         }
@@ -212,7 +250,7 @@ TF_TARGET_AVX2 static TF_ALWAYS_INLINE void matmul_tile_avx2(
         }
 }
 
-TF_TARGET_AVX2 static void matmul_avx2(float *C, long ldc, const float *A, long lda,
+TF_TARGET_AVX2 static void matmul_avx2(float *C, long ldc, const float *A, long sa, long ka,
                                        const float *B, long ldb, long M, long N, long K)
 {
     for (long j0 = 0; j0 < N; j0 += 32) {
@@ -222,8 +260,8 @@ TF_TARGET_AVX2 static void matmul_avx2(float *C, long ldc, const float *A, long 
         for (long i = 0; i < M; i += rb) {
             const int rows = (int)(M - i < rb ? M - i : rb);
             float *c = C + i * ldc + j0;
-            const float *a = A + i * lda, *b = B + j0;
-#define TILE(R, NV) matmul_tile_avx2(c, ldc, a, lda, b, ldb, K, nc, R, NV)
+            const float *a = A + i * sa, *b = B + j0;
+#define TILE(R, NV) matmul_tile_avx2(c, ldc, a, sa, ka, b, ldb, K, nc, R, NV)
             switch (nv * 4 + rows) {
             case 5: TILE(1, 1); break; case 6: TILE(2, 1); break; case 7: TILE(3, 1); break;
             case 8: TILE(4, 1); break;
@@ -235,6 +273,41 @@ TF_TARGET_AVX2 static void matmul_avx2(float *C, long ldc, const float *A, long 
 #undef TILE
         }
     }
+}
+
+/* round_bf16 of 8 lanes (the same bits). */
+TF_TARGET_AVX2 static inline __m256 round8_bf16(__m256 x)
+{
+    const __m256i u = _mm256_castps_si256(x);
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
+                                                     _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+    r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
+    const __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(r, _mm256_set1_epi32(0x7f800000)),
+                                            _mm256_setzero_si256());
+    r = _mm256_and_si256(r, _mm256_blendv_epi8(_mm256_set1_epi32((int)0xffff0000u),
+                                               _mm256_set1_epi32((int)0x80000000u), tiny));
+    return _mm256_castsi256_ps(r);
+}
+
+TF_TARGET_AVX2 static void gather_avx2(float *dst, const float *src, long lds, long rows, long cols,
+                                       int bf16)
+{
+    if (!bf16) { gather_generic(dst, src, lds, rows, cols, 0); return; }
+    for (long r = 0; r < rows; r++) {
+        const float *s = src + r * lds;
+        float *d = dst + r * cols;
+        long c = 0;
+        for (; c + 8 <= cols; c += 8) _mm256_storeu_ps(d + c, round8_bf16(_mm256_loadu_ps(s + c)));
+        for (; c < cols; c++) d[c] = round_bf16(s[c]);
+    }
+}
+
+TF_TARGET_AVX2 static void round_avx2(float *x, long n)
+{
+    long i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, round8_bf16(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) x[i] = round_bf16(x[i]);
 }
 #endif /* TF_HAVE_X86 */
 
@@ -248,16 +321,16 @@ int attention_train_path(void)
     return 0;
 }
 
-static matmul_fn matmul_pick(void)
+static pair_ops ops_pick(void)
 {
 #if TF_HAVE_X86
     switch (attention_train_path()) {
-    case 2: return matmul_avx512;
-    case 1: return matmul_avx2;
+    case 2: return (pair_ops){matmul_avx512, gather_avx512, transpose_avx512, round_avx512};
+    case 1: return (pair_ops){matmul_avx2, gather_avx2, transpose_generic, round_avx2};
     default: break;
     }
 #endif
-    return matmul_generic;
+    return (pair_ops){matmul_generic, gather_generic, transpose_generic, round_generic};
 }
 
 /* ------------------------------------------------------------------------- */
@@ -274,6 +347,22 @@ static int pair_team(long pairs, long Tq, long Tk, long dh)
 {
     int team = tf_team(pairs * Tq * Tk * dh, ATTENTION_TRAIN_GRAIN);
     return team < pairs ? team : (int)pairs;
+}
+
+/* Ask for the rows a pair will read (rw 0) or write (rw 1) while the current pair computes: the
+ * heads of one sentence lie ld floats apart (a 1.5 KB stride at tiny's shapes), out of L1 and
+ * L2 by the time their pair comes, and waiting for them is most of a pair's time otherwise. */
+static inline void prefetch_rows(const float *x, long ld, long rows, long cols, int rw)
+{
+    for (long r = 0; r < rows; r++) {
+        const float *row = x + r * ld;
+        for (long c = 0; c < cols; c += 16) {
+            if (rw) __builtin_prefetch(row + c, 1);
+            else __builtin_prefetch(row + c, 0);
+        }
+        if (rw) __builtin_prefetch(row + cols - 1, 1);
+        else __builtin_prefetch(row + cols - 1, 0);
+    }
 }
 
 #ifdef _OPENMP
@@ -298,29 +387,40 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
         for (long r = 0; r < B * Tq; r++) memset(ctx + r * ldc, 0, (size_t)(H * dh) * sizeof(float));
         return;
     }
-    const matmul_fn matmul = matmul_pick();
+    const pair_ops ops = ops_pick();
     const long block = Tq * Tk;
 #pragma omp parallel num_threads(pair_team(pairs, Tq, Tk, dh))
     {
         long p0, p1;
         PAIR_RANGE(pairs, p0, p1);
-        /* Qc [Tq, dh], Kt [dh, Tk], Vc [Tk, dh], S [Tq, Tk], Pd [Tq, Tk] */
-        float *buf = pair_buffer(Tq * dh + 2 * Tk * dh + 2 * block);
-        float *Qc = buf, *Kt = Qc + Tq * dh, *Vc = Kt + Tk * dh, *S = Vc + Tk * dh, *Pd = S + block;
+        /* Qc [Tq, dh], Kc [Tk, dh], Kt [dh, Tk], Vc [Tk, dh], S [Tq, Tk], Pd [Tq, Tk] */
+        float *buf = pair_buffer(Tq * dh + 3 * Tk * dh + 2 * block);
+        float *Qc = buf, *Kc = Qc + Tq * dh, *Kt = Kc + Tk * dh, *Vc = Kt + Tk * dh;
+        float *S = Vc + Tk * dh, *Pd = S + block;
         for (long pair = p0; pair < p1; pair++) {
             const long b = pair / H, h = pair % H;
             const float *Q = q + b * Tq * ldq + h * dh;
             const float *K = k + b * Tk * ldk + h * dh;
             const float *V = v + b * Tk * ldv + h * dh;
             float *P = probs + pair * block;
-            /* Q read in place in fp32 (unit stride along dh); rounded copies for bf16 */
-            const float *A = Q;
-            long lda = ldq;
-            if (bf16) { gather(Qc, Q, ldq, Tq, dh, 1); A = Qc; lda = dh; }
-            transpose(Kt, K, ldk, Tk, dh, bf16);
-            matmul(S, Tk, A, lda, Kt, Tk, Tq, Tk, dh);                       /* S = Q Kᵀ */
+            if (pair + 1 < p1) {
+                const long nb = (pair + 1) / H, nh = (pair + 1) % H;
+                prefetch_rows(q + nb * Tq * ldq + nh * dh, ldq, Tq, dh, 0);
+                prefetch_rows(k + nb * Tk * ldk + nh * dh, ldk, Tk, dh, 0);
+                prefetch_rows(v + nb * Tk * ldv + nh * dh, ldv, Tk, dh, 0);
+                prefetch_rows(ctx + nb * Tq * ldc + nh * dh, ldc, Tq, dh, 1);
+            }
+            /* fp32 reads Q and V in place; bf16 reads rounded copies */
+            long lq = ldq, lk = ldk, lv = ldv;
+            if (bf16) {
+                ops.gather(Qc, Q, ldq, Tq, dh, 1), Q = Qc, lq = dh;
+                ops.gather(Kc, K, ldk, Tk, dh, 1), K = Kc, lk = dh;
+                ops.gather(Vc, V, ldv, Tk, dh, 1), V = Vc, lv = dh;
+            }
+            ops.transpose(Kt, K, lk, Tk, dh);
+            ops.matmul(S, Tk, Q, lq, 1, Kt, Tk, Tq, Tk, dh);                   /* S = Q Kᵀ */
             softmax_block_forward(P, S, key_padding_mask ? key_padding_mask + b * Tk : NULL, Tq, Tk,
-                                  scale, causal);                            /* softmax(S / sqrt(dk)) */
+                                  scale, causal);                              /* softmax(S / sqrt(dk)) */
             const float *W = P;
             if (dropout_p > 0.0f) {
                 dropout_forward_span(P, Pd, (size_t)block, dropout_p, seed, offset + (uint64_t)(pair * block));
@@ -328,13 +428,10 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
             }
             if (bf16) {
                 if (W == P) memcpy(Pd, P, (size_t)block * sizeof(float));
-                round_block(Pd, block);
+                ops.round(Pd, block);
                 W = Pd;
             }
-            const float *Vb = V;
-            long ldvb = ldv;
-            if (bf16) { gather(Vc, V, ldv, Tk, dh, 1); Vb = Vc; ldvb = dh; }
-            matmul(ctx + b * Tq * ldc + h * dh, ldc, W, Tk, Vb, ldvb, Tq, dh, Tk);   /* (.) V */
+            ops.matmul(ctx + b * Tq * ldc + h * dh, ldc, W, Tk, 1, V, lv, Tq, dh, Tk);   /* (.) V */
         }
         free(buf);
     }
@@ -357,16 +454,16 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
         }
         return;
     }
-    const matmul_fn matmul = matmul_pick();
+    const pair_ops ops = ops_pick();
     const long block = Tq * Tk;
 #pragma omp parallel num_threads(pair_team(pairs, Tq, Tk, dh))
     {
         long p0, p1;
         PAIR_RANGE(pairs, p0, p1);
-        /* dCc [Tq, dh], Qc [Tq, dh], Kc [Tk, dh], Vt [dh, Tk], G [Tq, Tk], W [Tq, Tk], T [Tk, Tq] */
-        float *buf = pair_buffer(2 * Tq * dh + 2 * Tk * dh + 3 * block);
-        float *dCc = buf, *Qc = dCc + Tq * dh, *Kc = Qc + Tq * dh, *Vt = Kc + Tk * dh;
-        float *G = Vt + Tk * dh, *W = G + block, *T = W + block;
+        /* dCc [Tq, dh], Qc [Tq, dh], Kc [Tk, dh], Vc [Tk, dh], Vt [dh, Tk], G [Tq, Tk], W [Tq, Tk] */
+        float *buf = pair_buffer(2 * Tq * dh + 3 * Tk * dh + 2 * block);
+        float *dCc = buf, *Qc = dCc + Tq * dh, *Kc = Qc + Tq * dh, *Vc = Kc + Tk * dh;
+        float *Vt = Vc + Tk * dh, *G = Vt + Tk * dh, *W = G + block;
         for (long pair = p0; pair < p1; pair++) {
             const long b = pair / H, h = pair % H;
             const float *Q = q + b * Tq * ldq + h * dh;
@@ -375,30 +472,44 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
             const float *dC = dctx + b * Tq * lddc + h * dh;
             const float *P = probs + pair * block;
             const uint64_t counter0 = offset + (uint64_t)(pair * block);
-            const float *dCb = dC, *Qb = Q, *Kb = K;
-            long lddcb = lddc, ldqb = ldq, ldkb = ldk;
-            if (bf16) {
-                gather(dCc, dC, lddc, Tq, dh, 1); dCb = dCc; lddcb = dh;
-                gather(Qc, Q, ldq, Tq, dh, 1); Qb = Qc; ldqb = dh;
-                gather(Kc, K, ldk, Tk, dh, 1); Kb = Kc; ldkb = dh;
+            if (pair + 1 < p1) {
+                const long nb = (pair + 1) / H, nh = (pair + 1) % H;
+                prefetch_rows(dctx + nb * Tq * lddc + nh * dh, lddc, Tq, dh, 0);
+                prefetch_rows(q + nb * Tq * ldq + nh * dh, ldq, Tq, dh, 0);
+                prefetch_rows(k + nb * Tk * ldk + nh * dh, ldk, Tk, dh, 0);
+                prefetch_rows(v + nb * Tk * ldv + nh * dh, ldv, Tk, dh, 0);
+                prefetch_rows(P + block, block, 1, block, 0);
+                prefetch_rows(dq + nb * Tq * lddq + nh * dh, lddq, Tq, dh, 1);
+                prefetch_rows(dk + nb * Tk * lddk + nh * dh, lddk, Tk, dh, 1);
+                prefetch_rows(dv + nb * Tk * lddv + nh * dh, lddv, Tk, dh, 1);
             }
-            transpose(Vt, V, ldv, Tk, dh, bf16);
-            matmul(G, Tk, dCb, lddcb, Vt, Tk, Tq, Tk, dh);                   /* dP_d = dC Vᵀ */
+            long lc = lddc, lq = ldq, lk = ldk, lv = ldv;
+            if (bf16) {
+                ops.gather(dCc, dC, lddc, Tq, dh, 1), dC = dCc, lc = dh;
+                ops.gather(Qc, Q, ldq, Tq, dh, 1), Q = Qc, lq = dh;
+                ops.gather(Kc, K, ldk, Tk, dh, 1), K = Kc, lk = dh;
+                ops.gather(Vc, V, ldv, Tk, dh, 1), V = Vc, lv = dh;
+            }
+            ops.transpose(Vt, V, lv, Tk, dh);
+            ops.matmul(G, Tk, dC, lc, 1, Vt, Tk, Tq, Tk, dh);                  /* dP_d = dC Vᵀ */
             /* P_d, as the forward multiplied V by it */
             const float *Pd = P;
             if (dropout_p > 0.0f) {
                 dropout_forward_span(P, W, (size_t)block, dropout_p, seed, counter0);
                 Pd = W;
             }
-            transpose(T, Pd, Tk, Tq, Tk, bf16);
-            matmul(dv + b * Tk * lddv + h * dh, lddv, T, Tq, dCb, lddcb, Tk, dh, Tq);  /* dV = P_dᵀ dC */
+            if (bf16) {
+                if (Pd == P) memcpy(W, P, (size_t)block * sizeof(float));
+                ops.round(W, block);
+                Pd = W;
+            }
+            ops.matmul(dv + b * Tk * lddv + h * dh, lddv, Pd, 1, Tk, dC, lc, Tk, dh, Tq);  /* dV = P_dᵀ dC */
             if (dropout_p > 0.0f)
                 dropout_forward_span(G, G, (size_t)block, dropout_p, seed, counter0);   /* dP */
-            softmax_block_backward(G, P, G, Tq, Tk, scale);                 /* dS, scaled */
-            if (bf16) round_block(G, block);
-            matmul(dq + b * Tq * lddq + h * dh, lddq, G, Tk, Kb, ldkb, Tq, dh, Tk);   /* dQ = dS K */
-            transpose(T, G, Tk, Tq, Tk, 0);
-            matmul(dk + b * Tk * lddk + h * dh, lddk, T, Tq, Qb, ldqb, Tk, dh, Tq);   /* dK = dSᵀ Q */
+            softmax_block_backward(G, P, G, Tq, Tk, scale);                   /* dS, scaled */
+            if (bf16) ops.round(G, block);
+            ops.matmul(dq + b * Tq * lddq + h * dh, lddq, G, Tk, 1, K, lk, Tq, dh, Tk);    /* dQ = dS K */
+            ops.matmul(dk + b * Tk * lddk + h * dh, lddk, G, 1, Tk, Q, lq, Tk, dh, Tq);    /* dK = dSᵀ Q */
         }
         free(buf);
     }

@@ -231,3 +231,84 @@ def test_arguments_are_checked_by_name():
         _C.attention_train_forward(q, k, v, probs, q, 1.0)
     with pytest.raises(ValueError, match="dq must not overlap q"):
         _C.attention_train_backward(dctx, q, k, v, probs, q, np.empty_like(k), np.empty_like(v), 1.0)
+
+
+# ---- the layer: MultiHeadAttention takes the fused kernel when it fits, same results ----------
+
+LAYER_RTOL = 1e-5   # per tensor, max|fused - unfused| / max|unfused| (fp32: the same FMA chains, equal so far)
+LAYER_RTOL_BF16 = 1e-3   # bf16: vdpbf16ps sums pairs in its own order; an operand may round the other way
+
+
+def _model(dropout, n_heads=2, d_model=64):
+    import transformer as T
+    cfg = T.ModelConfig(src_vocab_size=37, tgt_vocab_size=41, d_model=d_model, n_heads=n_heads,
+                        d_ff=96, n_encoder_layers=2, n_decoder_layers=2, dropout=dropout, max_len=40)
+    return T.Seq2SeqTransformer(cfg, seed=0)
+
+
+def _batch(model, B=5, S=19, Tt=17, seed=0):
+    rng = np.random.default_rng(seed)
+    cfg = model.cfg
+    src = rng.integers(3, cfg.src_vocab_size, (B, S))
+    tgt = rng.integers(3, cfg.tgt_vocab_size, (B, Tt + 1))
+    tgt[:, 0] = cfg.bos_id
+    for b in range(1, B):
+        src[b, S - min(2 * b, S - 1):] = cfg.pad_id
+        tgt[b, Tt + 1 - min(2 * b, Tt - 1):] = cfg.pad_id
+    return src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
+
+
+def _attentions(model):
+    return [layer.self_attn for layer in model.encoder.layers] + \
+        [a for layer in model.decoder.layers for a in (layer.self_attn, layer.cross_attn)]
+
+
+def _train_pass(model, fused, precision, batch):
+    """Loss and gradients of one training pass (dropout on when the model has it), the model's
+    call counter rewound so both paths draw the same masks."""
+    model.ws.fused_attention = fused
+    calls = model.stream.calls
+    model.zero_grad()
+    loss = model.forward_backward(*batch, label_smoothing=0.1, precision=precision)
+    model.stream.calls = calls
+    assert all(a.fused == fused for a in _attentions(model))
+    return loss, {k: v.copy() for k, v in model.grads().items()}
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_layer_fused_path_matches_unfused_path(precision, dropout):
+    if _C.attention_train_path() == "generic":
+        pytest.skip("the layer keeps the batched GEMMs at the generic level")
+    model = _model(dropout)
+    batch = _batch(model)
+    loss_u, grads_u = _train_pass(model, False, precision, batch)
+    loss_f, grads_f = _train_pass(model, True, precision, batch)
+    rtol = LAYER_RTOL if precision == "fp32" else LAYER_RTOL_BF16
+    assert abs(loss_f - loss_u) <= rtol * abs(loss_u), (loss_f, loss_u)
+    for name, g in grads_u.items():
+        err = np.abs(grads_f[name] - g).max() / max(np.abs(g).max(), 1e-30)
+        assert err <= rtol, f"{name}: relative difference {err:.3e} > {rtol}"
+
+
+def test_layer_keeps_probs_for_return_attention():
+    if _C.attention_train_path() == "generic":
+        pytest.skip("the layer keeps the batched GEMMs at the generic level")
+    model = _model(0.0)
+    src, tgt_in, _ = _batch(model)
+    out = {}
+    for fused in (False, True):
+        model.ws.fused_attention = fused
+        out[fused] = model.forward(src, tgt_in, return_attention=True)
+        assert all(a.fused == fused for a in _attentions(model))
+    np.testing.assert_allclose(out[True][0], out[False][0], rtol=1e-4, atol=1e-5)
+    for key, maps in out[False][1].items():
+        for a, b in zip(out[True][1][key], maps):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_layer_takes_fused_kernel_only_for_heads_of_32_to_64():
+    model = _model(0.0, n_heads=4, d_model=64)   # d_head 16: the batched GEMMs
+    src, tgt_in, _ = _batch(model)
+    model.forward(src, tgt_in)
+    assert not any(a.fused for a in _attentions(model))
