@@ -309,12 +309,187 @@ TF_TARGET_AVX2 static void round_avx2(float *x, long n)
     for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, round8_bf16(_mm256_loadu_ps(x + i)));
     for (; i < n; i++) x[i] = round_bf16(x[i]);
 }
+
+/* ------------------------------------------------------------------------- */
+/* avx512_bf16 with bf16 operands: vdpbf16ps, two products per fp32 lane and instruction (twice the
+ * multiply-adds of an FMA). Operands are packed as bf16 pairs along k, each pair one 32-bit word
+ * (k = 2t in the low half, 2t + 1 in the high half, a missing odd k zero), rounded exactly as
+ * round_bf16 does; the words are then read like the floats of the fp32 tiles. */
+
+/* dst [rows, ceil(K / 2)] words = the pairs of each row of src [rows, lds] (K floats a row). */
+TF_TARGET_AVX512 static void pack_rows_bf16(float *dst, const float *src, long lds, long rows, long K)
+{
+    const long Kp = (K + 1) / 2;
+    __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
+                                   31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
+    for (long r = 0; r < rows; r++) {
+        const float *s = src + r * lds;
+        float *d = dst + r * Kp;
+        for (long k0 = 0; k0 < K; k0 += 32) {
+            __m512i lo = _mm512_castps_si512(round16_bf16(tf_load16(s + k0, K - k0)));
+            __m512i hi = _mm512_castps_si512(round16_bf16(tf_load16(s + k0 + 16, K - k0 - 16)));
+            tf_store16(d + k0 / 2, Kp - k0 / 2, _mm512_castsi512_ps(_mm512_permutex2var_epi16(lo, odd, hi)));
+        }
+    }
+}
+
+/* dst [ceil(K / 2), N] words: word (t, j) pairs rows 2t and 2t + 1 of src [K, lds] at column j. */
+TF_TARGET_AVX512 static void pack_row_pairs_bf16(float *dst, const float *src, long lds, long K, long N)
+{
+    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
+    for (long t = 0; t < (K + 1) / 2; t++) {
+        const float *a = src + 2 * t * lds, *b = 2 * t + 1 < K ? a + lds : NULL;
+        float *d = dst + t * N;
+        for (long j = 0; j < N; j += 16) {
+            __m512i ra = _mm512_castps_si512(round16_bf16(tf_load16(a + j, N - j)));
+            __m512i w = _mm512_srli_epi32(ra, 16);
+            if (b) w = _mm512_or_si512(w, _mm512_and_si512(_mm512_castps_si512(round16_bf16(tf_load16(b + j, N - j))), high));
+            tf_store16(d + j, N - j, _mm512_castsi512_ps(w));
+        }
+    }
+}
+
+TF_TARGET_AVX512_BF16 static TF_ALWAYS_INLINE void matmul_tile_dpbf16(
+    float *C, long ldc, const float *A, long sa, long ka, const float *B, long ldb, long Kp,
+    long ncols, const int R, const int NV)
+{
+    __m512 acc[8][4];
+    const __mmask16 last = tf_lanes16(ncols - 16 * (NV - 1));
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) acc[r][j] = _mm512_setzero_ps();
+    for (long t = 0; t < Kp; t++) {
+        __m512bh b[4];
+        const float *bt = B + t * ldb, *at = A + t * ka;
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++)
+            b[j] = (__m512bh)(j == NV - 1 ? _mm512_maskz_loadu_ps(last, bt + 16 * j) : _mm512_loadu_ps(bt + 16 * j));
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            const __m512bh a = (__m512bh)_mm512_set1_ps(at[r * sa]);   /* the pair's 32 bits */
+#pragma GCC unroll 4
+            for (int j = 0; j < NV; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, b[j]);
+        }
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; j++) {
+            if (j == NV - 1) _mm512_mask_storeu_ps(C + r * ldc + 16 * j, last, acc[r][j]);
+            else _mm512_storeu_ps(C + r * ldc + 16 * j, acc[r][j]);
+        }
+}
+
+/* C [M, ldc] = A B with A's words read as A[i * sa + t * ka], B [Kp, ldb] words, Kp pairs. */
+TF_TARGET_AVX512_BF16 static void matmul_dpbf16(float *C, long ldc, const float *A, long sa, long ka,
+                                                const float *B, long ldb, long M, long N, long Kp)
+{
+    for (long j0 = 0; j0 < N; j0 += 64) {
+        const long nc = N - j0 < 64 ? N - j0 : 64;
+        const int nv = (int)((nc + 15) / 16);
+        const long rb = nv <= 2 ? 8 : 4;
+        for (long i = 0; i < M; i += rb) {
+            const int rows = (int)(M - i < rb ? M - i : rb);
+            float *c = C + i * ldc + j0;
+            const float *a = A + i * sa, *b = B + j0;
+#define TILE(R, NV) matmul_tile_dpbf16(c, ldc, a, sa, ka, b, ldb, Kp, nc, R, NV)
+            switch (nv) {
+            case 1:
+                switch (rows) {
+                case 1: TILE(1, 1); break; case 2: TILE(2, 1); break; case 3: TILE(3, 1); break;
+                case 4: TILE(4, 1); break; case 5: TILE(5, 1); break; case 6: TILE(6, 1); break;
+                case 7: TILE(7, 1); break; default: TILE(8, 1); break;
+                }
+                break;
+            case 2:
+                switch (rows) {
+                case 1: TILE(1, 2); break; case 2: TILE(2, 2); break; case 3: TILE(3, 2); break;
+                case 4: TILE(4, 2); break; case 5: TILE(5, 2); break; case 6: TILE(6, 2); break;
+                case 7: TILE(7, 2); break; default: TILE(8, 2); break;
+                }
+                break;
+            case 3:
+                switch (rows) {
+                case 1: TILE(1, 3); break; case 2: TILE(2, 3); break; case 3: TILE(3, 3); break;
+                default: TILE(4, 3); break;
+                }
+                break;
+            default:
+                switch (rows) {
+                case 1: TILE(1, 4); break; case 2: TILE(2, 4); break; case 3: TILE(3, 4); break;
+                default: TILE(4, 4); break;
+                }
+                break;
+            }
+#undef TILE
+        }
+    }
+}
+
+/* One pair at bf16 with vdpbf16ps (see attention_train_forward for the steps). buf: at least
+ * dp_buffer_floats(Tq, Tk, dh) floats. */
+TF_TARGET_AVX512_BF16 static void forward_pair_dpbf16(
+    const float *Q, long ldq, const float *K, long ldk, const float *V, long ldv, const uint8_t *pad,
+    float *P, float *ctx, long ldc, long Tq, long Tk, long dh, float scale, int causal,
+    float dropout_p, uint64_t seed, uint64_t counter0, float *buf)
+{
+    const long dhp = (dh + 1) / 2, Tkp = (Tk + 1) / 2, block = Tq * Tk;
+    float *Qw = buf, *Kw = Qw + Tq * dhp, *Kt = Kw + Tk * dhp, *S = Kt + dhp * Tk, *W = S + block;
+    float *Pw = W + block, *Vw = Pw + Tq * Tkp;
+    pack_rows_bf16(Qw, Q, ldq, Tq, dh);
+    pack_rows_bf16(Kw, K, ldk, Tk, dh);
+    transpose_avx512(Kt, Kw, dhp, Tk, dhp);                                  /* Kᵀ's pairs */
+    matmul_dpbf16(S, Tk, Qw, dhp, 1, Kt, Tk, Tq, Tk, dhp);                   /* S = Q Kᵀ */
+    softmax_block_forward(P, S, pad, Tq, Tk, scale, causal);
+    const float *Pd = P;
+    if (dropout_p > 0.0f) {
+        dropout_forward_span(P, W, (size_t)block, dropout_p, seed, counter0);
+        Pd = W;
+    }
+    pack_rows_bf16(Pw, Pd, Tk, Tq, Tk);
+    pack_row_pairs_bf16(Vw, V, ldv, Tk, dh);
+    matmul_dpbf16(ctx, ldc, Pw, Tkp, 1, Vw, dh, Tq, dh, Tkp);                /* (.) V */
+}
+
+TF_TARGET_AVX512_BF16 static void backward_pair_dpbf16(
+    const float *dC, long lddc, const float *Q, long ldq, const float *K, long ldk, const float *V,
+    long ldv, const float *P, float *dq, long lddq, float *dk, long lddk, float *dv, long lddv,
+    long Tq, long Tk, long dh, float scale, float dropout_p, uint64_t seed, uint64_t counter0,
+    float *buf)
+{
+    const long dhp = (dh + 1) / 2, Tkp = (Tk + 1) / 2, Tqp = (Tq + 1) / 2, block = Tq * Tk;
+    float *dCw = buf, *Vw = dCw + Tq * dhp, *Vt = Vw + Tk * dhp, *G = Vt + dhp * Tk, *W = G + block;
+    float *Pp = W + block, *dCp = Pp + Tqp * Tk, *dSw = dCp + Tqp * dh, *Kp = dSw + Tq * Tkp;
+    float *dSp = Kp + Tkp * dh, *Qp = dSp + Tqp * Tk;
+    pack_rows_bf16(dCw, dC, lddc, Tq, dh);
+    pack_rows_bf16(Vw, V, ldv, Tk, dh);
+    transpose_avx512(Vt, Vw, dhp, Tk, dhp);                                  /* Vᵀ's pairs */
+    matmul_dpbf16(G, Tk, dCw, dhp, 1, Vt, Tk, Tq, Tk, dhp);                  /* dP_d = dC Vᵀ */
+    const float *Pd = P;
+    if (dropout_p > 0.0f) {
+        dropout_forward_span(P, W, (size_t)block, dropout_p, seed, counter0);
+        Pd = W;
+    }
+    pack_row_pairs_bf16(Pp, Pd, Tk, Tq, Tk);                                 /* P_dᵀ's pairs, by column */
+    pack_row_pairs_bf16(dCp, dC, lddc, Tq, dh);
+    matmul_dpbf16(dv, lddv, Pp, 1, Tk, dCp, dh, Tk, dh, Tqp);                /* dV = P_dᵀ dC */
+    if (dropout_p > 0.0f) dropout_forward_span(G, G, (size_t)block, dropout_p, seed, counter0);
+    softmax_block_backward(G, P, G, Tq, Tk, scale);                          /* dS, scaled */
+    pack_rows_bf16(dSw, G, Tk, Tq, Tk);
+    pack_row_pairs_bf16(Kp, K, ldk, Tk, dh);
+    matmul_dpbf16(dq, lddq, dSw, Tkp, 1, Kp, dh, Tq, dh, Tkp);               /* dQ = dS K */
+    pack_row_pairs_bf16(dSp, G, Tk, Tq, Tk);
+    pack_row_pairs_bf16(Qp, Q, ldq, Tq, dh);
+    matmul_dpbf16(dk, lddk, dSp, 1, Tk, Qp, dh, Tk, dh, Tqp);                /* dK = dSᵀ Q */
+}
 #endif /* TF_HAVE_X86 */
 
 int attention_train_path(void)
 {
 #if TF_HAVE_X86
     const int isa = tf_isa();
+    if (isa >= TF_ISA_AVX512_BF16) return 3;
     if (isa >= TF_ISA_AVX512) return 2;
     if (isa >= TF_ISA_AVX2) return 1;
 #endif
@@ -325,6 +500,7 @@ static pair_ops ops_pick(void)
 {
 #if TF_HAVE_X86
     switch (attention_train_path()) {
+    case 3:
     case 2: return (pair_ops){matmul_avx512, gather_avx512, transpose_avx512, round_avx512};
     case 1: return (pair_ops){matmul_avx2, gather_avx2, transpose_generic, round_avx2};
     default: break;
@@ -341,6 +517,12 @@ static float *pair_buffer(long floats)
 {
     size_t bytes = ((size_t)floats * sizeof(float) + 63) & ~(size_t)63;
     return aligned_alloc(64, bytes ? bytes : 64);
+}
+
+/* Floats the vdpbf16ps path of one pair needs, forward or backward (bounds on both). */
+static long dp_buffer_floats(long Tq, long Tk, long dh)
+{
+    return 3 * (Tq + Tk) * (dh + 1) + 5 * (Tq + 1) * (Tk + 1);
 }
 
 static int pair_team(long pairs, long Tq, long Tk, long dh)
@@ -388,13 +570,14 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
         return;
     }
     const pair_ops ops = ops_pick();
+    const int dp = bf16 && attention_train_path() == 3;   /* bf16 products through vdpbf16ps */
     const long block = Tq * Tk;
 #pragma omp parallel num_threads(pair_team(pairs, Tq, Tk, dh))
     {
         long p0, p1;
         PAIR_RANGE(pairs, p0, p1);
         /* Qc [Tq, dh], Kc [Tk, dh], Kt [dh, Tk], Vc [Tk, dh], S [Tq, Tk], Pd [Tq, Tk] */
-        float *buf = pair_buffer(Tq * dh + 3 * Tk * dh + 2 * block);
+        float *buf = pair_buffer(dp ? dp_buffer_floats(Tq, Tk, dh) : Tq * dh + 3 * Tk * dh + 2 * block);
         float *Qc = buf, *Kc = Qc + Tq * dh, *Kt = Kc + Tk * dh, *Vc = Kt + Tk * dh;
         float *S = Vc + Tk * dh, *Pd = S + block;
         for (long pair = p0; pair < p1; pair++) {
@@ -410,6 +593,14 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
                 prefetch_rows(v + nb * Tk * ldv + nh * dh, ldv, Tk, dh, 0);
                 prefetch_rows(ctx + nb * Tq * ldc + nh * dh, ldc, Tq, dh, 1);
             }
+#if TF_HAVE_X86
+            if (dp) {
+                forward_pair_dpbf16(Q, ldq, K, ldk, V, ldv, key_padding_mask ? key_padding_mask + b * Tk : NULL,
+                                    P, ctx + b * Tq * ldc + h * dh, ldc, Tq, Tk, dh, scale, causal,
+                                    dropout_p, seed, offset + (uint64_t)(pair * block), buf);
+                continue;
+            }
+#endif
             /* fp32 reads Q and V in place; bf16 reads rounded copies */
             long lq = ldq, lk = ldk, lv = ldv;
             if (bf16) {
@@ -455,13 +646,14 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
         return;
     }
     const pair_ops ops = ops_pick();
+    const int dp = bf16 && attention_train_path() == 3;   /* bf16 products through vdpbf16ps */
     const long block = Tq * Tk;
 #pragma omp parallel num_threads(pair_team(pairs, Tq, Tk, dh))
     {
         long p0, p1;
         PAIR_RANGE(pairs, p0, p1);
         /* dCc [Tq, dh], Qc [Tq, dh], Kc [Tk, dh], Vc [Tk, dh], Vt [dh, Tk], G [Tq, Tk], W [Tq, Tk] */
-        float *buf = pair_buffer(2 * Tq * dh + 3 * Tk * dh + 2 * block);
+        float *buf = pair_buffer(dp ? dp_buffer_floats(Tq, Tk, dh) : 2 * Tq * dh + 3 * Tk * dh + 2 * block);
         float *dCc = buf, *Qc = dCc + Tq * dh, *Kc = Qc + Tq * dh, *Vc = Kc + Tk * dh;
         float *Vt = Vc + Tk * dh, *G = Vt + Tk * dh, *W = G + block;
         for (long pair = p0; pair < p1; pair++) {
@@ -483,6 +675,14 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
                 prefetch_rows(dk + nb * Tk * lddk + nh * dh, lddk, Tk, dh, 1);
                 prefetch_rows(dv + nb * Tk * lddv + nh * dh, lddv, Tk, dh, 1);
             }
+#if TF_HAVE_X86
+            if (dp) {
+                backward_pair_dpbf16(dC, lddc, Q, ldq, K, ldk, V, ldv, P, dq + b * Tq * lddq + h * dh, lddq,
+                                     dk + b * Tk * lddk + h * dh, lddk, dv + b * Tk * lddv + h * dh, lddv,
+                                     Tq, Tk, dh, scale, dropout_p, seed, counter0, buf);
+                continue;
+            }
+#endif
             long lc = lddc, lq = ldq, lk = ldk, lv = ldv;
             if (bf16) {
                 ops.gather(dCc, dC, lddc, Tq, dh, 1), dC = dCc, lc = dh;

@@ -43,8 +43,11 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
                               float scale, float dropout_p, uint64_t seed, uint64_t offset,
                               int bf16);
 
-/* The code the two calls take at the current SIMD level: 2 AVX-512 micro-kernels, 1 AVX2 ones,
- * 0 plain C loops (the reference the tests hold the others to; slower than batched GEMMs). */
+/* The code the two calls take at the current SIMD level: 3 AVX-512 micro-kernels with vdpbf16ps
+ * for bf16 (two products per lane and instruction, added in its own order: the sums differ from
+ * the other levels' by fp32 rounding), 2 AVX-512 micro-kernels (bf16: rounded operands, fp32
+ * FMAs), 1 AVX2 ones, 0 plain C loops (the reference the tests hold the others to; slower than
+ * batched GEMMs). */
 int attention_train_path(void);
 
 #endif

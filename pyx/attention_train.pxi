@@ -52,9 +52,10 @@ cdef inline float *_at_ptr(object x):
 
 
 def attention_train_path():
-    """Which code the fused attention runs at the current SIMD level: "avx512" or "avx2"
-    micro-kernels, or "generic" (plain C loops: the reference, slower than batched GEMMs)."""
-    return ("generic", "avx2", "avx512")[c_attention_train_path()]
+    """Which code the fused attention runs at the current SIMD level: "avx512_bf16" (bf16 products
+    through vdpbf16ps, fp32 ones as avx512), "avx512" or "avx2" micro-kernels, or "generic" (plain C
+    loops: the reference, slower than batched GEMMs)."""
+    return ("generic", "avx2", "avx512", "avx512_bf16")[c_attention_train_path()]
 
 
 def attention_train_forward(q, k, v, probs, ctx, float scale, bint causal=False,
