@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import ALL_ISA_LEVELS, isa_fixture, needs_threads, num_threads, restore_threads  # noqa: F401
-from transformer import _C
+from transformer import _C, layers
 
 # the levels with code of their own here: avx512_bf16 multiplies bf16 operands with vdpbf16ps
 isa = isa_fixture([level for level in ALL_ISA_LEVELS
@@ -282,8 +282,8 @@ def _train_pass(model, fused, precision, batch):
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("dropout", [0.0, 0.1])
 def test_layer_fused_path_matches_unfused_path(precision, dropout):
-    if _C.attention_train_path() == "generic":
-        pytest.skip("the layer keeps the batched GEMMs at the generic level")
+    if not layers.fused_attention_fits(32, 17, 19, precision == "bf16"):
+        pytest.skip("the layer keeps the batched GEMMs at this level and precision")
     model = _model(dropout)
     batch = _batch(model)
     loss_u, grads_u = _train_pass(model, False, precision, batch)
@@ -296,8 +296,8 @@ def test_layer_fused_path_matches_unfused_path(precision, dropout):
 
 
 def test_layer_keeps_probs_for_return_attention():
-    if _C.attention_train_path() == "generic":
-        pytest.skip("the layer keeps the batched GEMMs at the generic level")
+    if not layers.fused_attention_fits(32, 17, 19, False):
+        pytest.skip("the layer keeps the batched GEMMs at this level and precision")
     model = _model(0.0)
     src, tgt_in, _ = _batch(model)
     out = {}
