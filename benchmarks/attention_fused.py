@@ -6,7 +6,7 @@
 Times exactly what MultiHeadAttention runs between its projections (the current path: Q Kᵀ,
 softmax, dropout, P V, then dP, dV, dropout backward, softmax backward, dQ, dK; the fused path:
 attention_train_forward and attention_train_backward), on self-attention's layout (q, k, v
-column slices of one [B*T, 3D] array, no padding, not causal). The two are interleaved
+column slices of one [B*T, 3D] array, no padding; causal with --causal). The two are interleaved
 (A, B, A, B, ...) in one process so both see the same background load; each prints its median
 and best over `reps` rounds. One JSON line per (shape, precision, threads) on stdout: shape
 B x T x H x d_head, both timings in ms, ratio = current / fused (above 1 the fused one is
@@ -34,10 +34,10 @@ def cpu_name():
 
 
 class Case:
-    def __init__(self, B, T, H, dh, p, bf16, seed=0):
+    def __init__(self, B, T, H, dh, p, bf16, causal=False, seed=0):
         rng = np.random.default_rng(seed)
         D = H * dh
-        self.B, self.T, self.H, self.dh, self.p, self.bf16 = B, T, H, dh, p, bf16
+        self.B, self.T, self.H, self.dh, self.p, self.bf16, self.causal = B, T, H, dh, p, bf16, causal
         self.scale = 1.0 / np.sqrt(dh)
         self.qkv = rng.standard_normal((B * T, 3 * D), dtype=np.float32)
         self.dqkv = np.empty_like(self.qkv)
@@ -59,7 +59,7 @@ class Case:
         """layers.MultiHeadAttention's forward and backward between the projections."""
         bf16, probs, p = self.bf16, self.probs, self.p
         _C.gemm(self.q4, self.k4, probs, False, True, bf16=bf16)
-        _C.softmax_forward(probs, probs, self.scale, False, None)
+        _C.softmax_forward(probs, probs, self.scale, self.causal, None)
         probs_d = probs
         if p > 0:
             probs_d = self.probs_d
@@ -75,10 +75,10 @@ class Case:
         _C.gemm(dprobs, self.q4, self.dk4, True, False, bf16=bf16)
 
     def fused(self):
-        _C.attention_train_forward(self.q, self.k, self.v, self.probs, self.ctx, self.scale, False,
+        _C.attention_train_forward(self.q, self.k, self.v, self.probs, self.ctx, self.scale, self.causal,
                                    None, self.p, 1, 0, self.bf16)
         _C.attention_train_backward(self.dctx, self.q, self.k, self.v, self.probs, self.dq, self.dk,
-                                    self.dv, self.scale, self.p, 1, 0, self.bf16)
+                                    self.dv, self.scale, self.causal, self.p, 1, 0, self.bf16)
 
 
 def measure(case, reps):
@@ -104,6 +104,7 @@ def main():
                     help="B x T x H x d_head, comma-separated (tiny: d_head 32, small: 64)")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--isa", default=None)
+    ap.add_argument("--causal", action="store_true", help="the decoder's self-attention (causal mask)")
     args = ap.parse_args()
     if args.isa:
         _C.set_isa(args.isa)
@@ -113,11 +114,11 @@ def main():
         for shape in args.shapes.split(","):
             B, T, H, dh = (int(x) for x in shape.split("x"))
             for precision in args.precision.split(","):
-                case = Case(B, T, H, dh, args.dropout, precision == "bf16")
+                case = Case(B, T, H, dh, args.dropout, precision == "bf16", args.causal)
                 t = measure(case, args.reps)
                 print(json.dumps({
                     "bench": "attention_fused", "shape": shape, "precision": precision,
-                    "threads": threads, "dropout": args.dropout, "isa": _C.isa(),
+                    "threads": threads, "dropout": args.dropout, "causal": args.causal, "isa": _C.isa(),
                     "current_ms": round(t["current"][0], 4), "fused_ms": round(t["fused"][0], 4),
                     "current_best_ms": round(t["current"][1], 4), "fused_best_ms": round(t["fused"][1], 4),
                     "ratio": round(t["current"][0] / t["fused"][0], 3),

@@ -32,15 +32,41 @@
 
 #define TF_ALWAYS_INLINE inline __attribute__((always_inline))
 
+/* Causal attention (query i sees keys j <= i) leaves half of each product zero; a matmul told
+ * which half skips it. Rows of C are always the mask's rows i:
+ * BAND_COLS    only C[i, j <= i] is needed (S = Q Kᵀ, dP = dC Vᵀ); the rest is written as zeros
+ * BAND_K_UPTO  A[i, k] is zero for k > i (P V, dS K): those terms are skipped
+ * BAND_K_FROM  A[i, k] is zero for k < i (P_dᵀ dC, dSᵀ Q: rows are keys, k queries)
+ * Skipped terms are exact zeros added to a chain, so the sums are unchanged (but for the sign of
+ * a zero). Limits move by whole row tiles, as the tiles fall, the same on every thread. */
+enum { BAND_NONE = 0, BAND_COLS = 1, BAND_K_UPTO = 2, BAND_K_FROM = 3 };
+
+/* [k_lo, k_hi) of the terms rows [i, i + rows) need out of K, and the columns below n_hi. */
+static inline void band_limits(int band, long i, long rows, long K, long N, long *k_lo, long *k_hi,
+                               long *n_hi)
+{
+    const long end = i + rows;   /* rows of the tile see keys below end */
+    *k_lo = band == BAND_K_FROM ? (i < K ? i : K) : 0;
+    *k_hi = band == BAND_K_UPTO && end < K ? end : K;
+    *n_hi = band == BAND_COLS && end < N ? end : N;
+}
+
+static void zero_cols(float *C, long ldc, long rows, long j0, long j1)
+{
+    if (j1 > j0)
+        for (long r = 0; r < rows; r++) memset(C + r * ldc + j0, 0, (size_t)(j1 - j0) * sizeof(float));
+}
+
 /* The per-ISA pieces of a pair:
  * matmul     C [M, ldc] = A B, C[:, :N] overwritten; A [M, K] read as A[i * sa + k * ka] (so a
- *            transposed A costs nothing: its elements are broadcast one at a time), B [K, ldb]
+ *            transposed A costs nothing: its elements are broadcast one at a time), B [K, ldb];
+ *            band: the causal half to skip (BAND_*)
  * gather     dst [rows, cols] contiguous = src [rows, lds], rounded to bf16 when bf16
  * transpose  dst [cols, rows] contiguous = the transpose of src [rows, lds]
  * round      x [n] rounded to bf16 in place */
 typedef struct {
     void (*matmul)(float *C, long ldc, const float *A, long sa, long ka, const float *B, long ldb,
-                   long M, long N, long K);
+                   long M, long N, long K, int band);
     void (*gather)(float *dst, const float *src, long lds, long rows, long cols, int bf16);
     void (*transpose)(float *dst, const float *src, long lds, long rows, long cols);
     void (*round)(float *x, long n);
@@ -50,15 +76,17 @@ typedef struct {
 /* Plain C: the reference. */
 
 static void matmul_generic(float *C, long ldc, const float *A, long sa, long ka, const float *B,
-                           long ldb, long M, long N, long K)
+                           long ldb, long M, long N, long K, int band)
 {
     for (long i = 0; i < M; i++) {
         float *c = C + i * ldc;
+        long k_lo, k_hi, n_hi;
+        band_limits(band, i, 1, K, N, &k_lo, &k_hi, &n_hi);
         for (long j = 0; j < N; j++) c[j] = 0.0f;
-        for (long k = 0; k < K; k++) {
+        for (long k = k_lo; k < k_hi; k++) {
             const float a = A[i * sa + k * ka];
             const float *b = B + k * ldb;
-            for (long j = 0; j < N; j++) c[j] += a * b[j];
+            for (long j = 0; j < n_hi; j++) c[j] += a * b[j];
         }
     }
 }
@@ -123,7 +151,7 @@ TF_TARGET_AVX512 static TF_ALWAYS_INLINE void matmul_tile_avx512(
 }
 
 TF_TARGET_AVX512 static void matmul_avx512(float *C, long ldc, const float *A, long sa, long ka,
-                                           const float *B, long ldb, long M, long N, long K)
+                                           const float *B, long ldb, long M, long N, long K, int band)
 {
     for (long j0 = 0; j0 < N; j0 += 64) {
         const long nc = N - j0 < 64 ? N - j0 : 64;
@@ -131,10 +159,18 @@ TF_TARGET_AVX512 static void matmul_avx512(float *C, long ldc, const float *A, l
         const long rb = nv <= 2 ? 8 : 4;   /* 16 accumulators either way */
         for (long i = 0; i < M; i += rb) {
             const int rows = (int)(M - i < rb ? M - i : rb);
+            long k_lo, k_hi, n_hi;
+            band_limits(band, i, rows, K, N, &k_lo, &k_hi, &n_hi);
+            
+            const long ne = n_hi - j0 < nc ? n_hi - j0 : nc;   /* columns computed */
             float *c = C + i * ldc + j0;
-            const float *a = A + i * sa, *b = B + j0;
-#define TILE(R, NV) matmul_tile_avx512(c, ldc, a, sa, ka, b, ldb, K, nc, R, NV)
-            switch (nv) {
+            zero_cols(c, ldc, rows, ne > 0 ? ne : 0, nc);
+            if (ne <= 0) continue;
+            const int nve = (int)((ne + 15) / 16);
+            const long kn = k_hi > k_lo ? k_hi - k_lo : 0;
+            const float *a = A + i * sa + k_lo * ka, *b = B + k_lo * ldb + j0;
+#define TILE(R, NV) matmul_tile_avx512(c, ldc, a, sa, ka, b, ldb, kn, ne, R, NV)
+            switch (nve) {
             case 1:
                 switch (rows) {
                 case 1: TILE(1, 1); break; case 2: TILE(2, 1); break; case 3: TILE(3, 1); break;
@@ -251,7 +287,7 @@ TF_TARGET_AVX2 static TF_ALWAYS_INLINE void matmul_tile_avx2(
 }
 
 TF_TARGET_AVX2 static void matmul_avx2(float *C, long ldc, const float *A, long sa, long ka,
-                                       const float *B, long ldb, long M, long N, long K)
+                                       const float *B, long ldb, long M, long N, long K, int band)
 {
     for (long j0 = 0; j0 < N; j0 += 32) {
         const long nc = N - j0 < 32 ? N - j0 : 32;
@@ -259,10 +295,17 @@ TF_TARGET_AVX2 static void matmul_avx2(float *C, long ldc, const float *A, long 
         const long rb = nv <= 2 ? 4 : 3;
         for (long i = 0; i < M; i += rb) {
             const int rows = (int)(M - i < rb ? M - i : rb);
+            long k_lo, k_hi, n_hi;
+            band_limits(band, i, rows, K, N, &k_lo, &k_hi, &n_hi);
+            const long ne = n_hi - j0 < nc ? n_hi - j0 : nc;
             float *c = C + i * ldc + j0;
-            const float *a = A + i * sa, *b = B + j0;
-#define TILE(R, NV) matmul_tile_avx2(c, ldc, a, sa, ka, b, ldb, K, nc, R, NV)
-            switch (nv * 4 + rows) {
+            zero_cols(c, ldc, rows, ne > 0 ? ne : 0, nc);
+            if (ne <= 0) continue;
+            const int nve = (int)((ne + 7) / 8);
+            const long kn = k_hi > k_lo ? k_hi - k_lo : 0;
+            const float *a = A + i * sa + k_lo * ka, *b = B + k_lo * ldb + j0;
+#define TILE(R, NV) matmul_tile_avx2(c, ldc, a, sa, ka, b, ldb, kn, ne, R, NV)
+            switch (nve * 4 + rows) {
             case 5: TILE(1, 1); break; case 6: TILE(2, 1); break; case 7: TILE(3, 1); break;
             case 8: TILE(4, 1); break;
             case 9: TILE(1, 2); break; case 10: TILE(2, 2); break; case 11: TILE(3, 2); break;
@@ -383,7 +426,7 @@ TF_TARGET_AVX512_BF16 static TF_ALWAYS_INLINE void matmul_tile_dpbf16(
 
 /* C [M, ldc] = A B with A's words read as A[i * sa + t * ka], B [Kp, ldb] words, Kp pairs. */
 TF_TARGET_AVX512_BF16 static void matmul_dpbf16(float *C, long ldc, const float *A, long sa, long ka,
-                                                const float *B, long ldb, long M, long N, long Kp)
+                                                const float *B, long ldb, long M, long N, long Kp, int band)
 {
     for (long j0 = 0; j0 < N; j0 += 64) {
         const long nc = N - j0 < 64 ? N - j0 : 64;
@@ -391,10 +434,18 @@ TF_TARGET_AVX512_BF16 static void matmul_dpbf16(float *C, long ldc, const float 
         const long rb = nv <= 2 ? 8 : 4;
         for (long i = 0; i < M; i += rb) {
             const int rows = (int)(M - i < rb ? M - i : rb);
+            long k_lo, k_hi, n_hi;
+            band_limits(band, i, rows, 2 * Kp, N, &k_lo, &k_hi, &n_hi);
+            k_lo /= 2, k_hi = (k_hi + 1) / 2;   /* pairs holding those terms */
+            const long ne = n_hi - j0 < nc ? n_hi - j0 : nc;   /* columns computed */
             float *c = C + i * ldc + j0;
-            const float *a = A + i * sa, *b = B + j0;
-#define TILE(R, NV) matmul_tile_dpbf16(c, ldc, a, sa, ka, b, ldb, Kp, nc, R, NV)
-            switch (nv) {
+            zero_cols(c, ldc, rows, ne > 0 ? ne : 0, nc);
+            if (ne <= 0) continue;
+            const int nve = (int)((ne + 15) / 16);
+            const long kn = k_hi > k_lo ? k_hi - k_lo : 0;
+            const float *a = A + i * sa + k_lo * ka, *b = B + k_lo * ldb + j0;
+#define TILE(R, NV) matmul_tile_dpbf16(c, ldc, a, sa, ka, b, ldb, kn, ne, R, NV)
+            switch (nve) {
             case 1:
                 switch (rows) {
                 case 1: TILE(1, 1); break; case 2: TILE(2, 1); break; case 3: TILE(3, 1); break;
@@ -435,12 +486,13 @@ TF_TARGET_AVX512_BF16 static void forward_pair_dpbf16(
     float dropout_p, uint64_t seed, uint64_t counter0, float *buf)
 {
     const long dhp = (dh + 1) / 2, Tkp = (Tk + 1) / 2, block = Tq * Tk;
+    const int cols = causal ? BAND_COLS : BAND_NONE, upto = causal ? BAND_K_UPTO : BAND_NONE;
     float *Qw = buf, *Kw = Qw + Tq * dhp, *Kt = Kw + Tk * dhp, *S = Kt + dhp * Tk, *W = S + block;
     float *Pw = W + block, *Vw = Pw + Tq * Tkp;
     pack_rows_bf16(Qw, Q, ldq, Tq, dh);
     pack_rows_bf16(Kw, K, ldk, Tk, dh);
     transpose_avx512(Kt, Kw, dhp, Tk, dhp);                                  /* Kᵀ's pairs */
-    matmul_dpbf16(S, Tk, Qw, dhp, 1, Kt, Tk, Tq, Tk, dhp);                   /* S = Q Kᵀ */
+    matmul_dpbf16(S, Tk, Qw, dhp, 1, Kt, Tk, Tq, Tk, dhp, cols);                   /* S = Q Kᵀ */
     softmax_block_forward(P, S, pad, Tq, Tk, scale, causal);
     const float *Pd = P;
     if (dropout_p > 0.0f) {
@@ -449,23 +501,25 @@ TF_TARGET_AVX512_BF16 static void forward_pair_dpbf16(
     }
     pack_rows_bf16(Pw, Pd, Tk, Tq, Tk);
     pack_row_pairs_bf16(Vw, V, ldv, Tk, dh);
-    matmul_dpbf16(ctx, ldc, Pw, Tkp, 1, Vw, dh, Tq, dh, Tkp);                /* (.) V */
+    matmul_dpbf16(ctx, ldc, Pw, Tkp, 1, Vw, dh, Tq, dh, Tkp, upto);                /* (.) V */
 }
 
 TF_TARGET_AVX512_BF16 static void backward_pair_dpbf16(
     const float *dC, long lddc, const float *Q, long ldq, const float *K, long ldk, const float *V,
     long ldv, const float *P, float *dq, long lddq, float *dk, long lddk, float *dv, long lddv,
-    long Tq, long Tk, long dh, float scale, float dropout_p, uint64_t seed, uint64_t counter0,
-    float *buf)
+    long Tq, long Tk, long dh, float scale, int causal, float dropout_p, uint64_t seed,
+    uint64_t counter0, float *buf)
 {
     const long dhp = (dh + 1) / 2, Tkp = (Tk + 1) / 2, Tqp = (Tq + 1) / 2, block = Tq * Tk;
+    const int cols = causal ? BAND_COLS : BAND_NONE, upto = causal ? BAND_K_UPTO : BAND_NONE;
+    const int from = causal ? BAND_K_FROM : BAND_NONE;
     float *dCw = buf, *Vw = dCw + Tq * dhp, *Vt = Vw + Tk * dhp, *G = Vt + dhp * Tk, *W = G + block;
     float *Pp = W + block, *dCp = Pp + Tqp * Tk, *dSw = dCp + Tqp * dh, *Kp = dSw + Tq * Tkp;
     float *dSp = Kp + Tkp * dh, *Qp = dSp + Tqp * Tk;
     pack_rows_bf16(dCw, dC, lddc, Tq, dh);
     pack_rows_bf16(Vw, V, ldv, Tk, dh);
     transpose_avx512(Vt, Vw, dhp, Tk, dhp);                                  /* Vᵀ's pairs */
-    matmul_dpbf16(G, Tk, dCw, dhp, 1, Vt, Tk, Tq, Tk, dhp);                  /* dP_d = dC Vᵀ */
+    matmul_dpbf16(G, Tk, dCw, dhp, 1, Vt, Tk, Tq, Tk, dhp, cols);                  /* dP_d = dC Vᵀ */
     const float *Pd = P;
     if (dropout_p > 0.0f) {
         dropout_forward_span(P, W, (size_t)block, dropout_p, seed, counter0);
@@ -473,15 +527,15 @@ TF_TARGET_AVX512_BF16 static void backward_pair_dpbf16(
     }
     pack_row_pairs_bf16(Pp, Pd, Tk, Tq, Tk);                                 /* P_dᵀ's pairs, by column */
     pack_row_pairs_bf16(dCp, dC, lddc, Tq, dh);
-    matmul_dpbf16(dv, lddv, Pp, 1, Tk, dCp, dh, Tk, dh, Tqp);                /* dV = P_dᵀ dC */
+    matmul_dpbf16(dv, lddv, Pp, 1, Tk, dCp, dh, Tk, dh, Tqp, from);                /* dV = P_dᵀ dC */
     if (dropout_p > 0.0f) dropout_forward_span(G, G, (size_t)block, dropout_p, seed, counter0);
     softmax_block_backward(G, P, G, Tq, Tk, scale);                          /* dS, scaled */
     pack_rows_bf16(dSw, G, Tk, Tq, Tk);
     pack_row_pairs_bf16(Kp, K, ldk, Tk, dh);
-    matmul_dpbf16(dq, lddq, dSw, Tkp, 1, Kp, dh, Tq, dh, Tkp);               /* dQ = dS K */
+    matmul_dpbf16(dq, lddq, dSw, Tkp, 1, Kp, dh, Tq, dh, Tkp, upto);               /* dQ = dS K */
     pack_row_pairs_bf16(dSp, G, Tk, Tq, Tk);
     pack_row_pairs_bf16(Qp, Q, ldq, Tq, dh);
-    matmul_dpbf16(dk, lddk, dSp, 1, Tk, Qp, dh, Tk, dh, Tqp);                /* dK = dSᵀ Q */
+    matmul_dpbf16(dk, lddk, dSp, 1, Tk, Qp, dh, Tk, dh, Tqp, from);                /* dK = dSᵀ Q */
 }
 #endif /* TF_HAVE_X86 */
 
@@ -571,6 +625,7 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
     }
     const pair_ops ops = ops_pick();
     const int dp = bf16 && attention_train_path() == 3;   /* bf16 products through vdpbf16ps */
+    const int cols = causal ? BAND_COLS : BAND_NONE, upto = causal ? BAND_K_UPTO : BAND_NONE;
     const long block = Tq * Tk;
 #pragma omp parallel num_threads(pair_team(pairs, Tq, Tk, dh))
     {
@@ -609,7 +664,7 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
                 ops.gather(Vc, V, ldv, Tk, dh, 1), V = Vc, lv = dh;
             }
             ops.transpose(Kt, K, lk, Tk, dh);
-            ops.matmul(S, Tk, Q, lq, 1, Kt, Tk, Tq, Tk, dh);                   /* S = Q Kᵀ */
+            ops.matmul(S, Tk, Q, lq, 1, Kt, Tk, Tq, Tk, dh, cols);                   /* S = Q Kᵀ */
             softmax_block_forward(P, S, key_padding_mask ? key_padding_mask + b * Tk : NULL, Tq, Tk,
                                   scale, causal);                              /* softmax(S / sqrt(dk)) */
             const float *W = P;
@@ -622,7 +677,7 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
                 ops.round(Pd, block);
                 W = Pd;
             }
-            ops.matmul(ctx + b * Tq * ldc + h * dh, ldc, W, Tk, 1, V, lv, Tq, dh, Tk);   /* (.) V */
+            ops.matmul(ctx + b * Tq * ldc + h * dh, ldc, W, Tk, 1, V, lv, Tq, dh, Tk, upto);   /* (.) V */
         }
         free(buf);
     }
@@ -632,8 +687,8 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
                               const float *k, long ldk, const float *v, long ldv,
                               const float *probs, float *dq, long lddq, float *dk, long lddk,
                               float *dv, long lddv, long B, long H, long Tq, long Tk, long dh,
-                              float scale, float dropout_p, uint64_t seed, uint64_t offset,
-                              int bf16)
+                              float scale, int causal, float dropout_p, uint64_t seed,
+                              uint64_t offset, int bf16)
 {
     const long pairs = B * H;
     if (pairs == 0) return;
@@ -647,6 +702,8 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
     }
     const pair_ops ops = ops_pick();
     const int dp = bf16 && attention_train_path() == 3;   /* bf16 products through vdpbf16ps */
+    const int cols = causal ? BAND_COLS : BAND_NONE, upto = causal ? BAND_K_UPTO : BAND_NONE;
+    const int from = causal ? BAND_K_FROM : BAND_NONE;
     const long block = Tq * Tk;
 #pragma omp parallel num_threads(pair_team(pairs, Tq, Tk, dh))
     {
@@ -679,7 +736,7 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
             if (dp) {
                 backward_pair_dpbf16(dC, lddc, Q, ldq, K, ldk, V, ldv, P, dq + b * Tq * lddq + h * dh, lddq,
                                      dk + b * Tk * lddk + h * dh, lddk, dv + b * Tk * lddv + h * dh, lddv,
-                                     Tq, Tk, dh, scale, dropout_p, seed, counter0, buf);
+                                     Tq, Tk, dh, scale, causal, dropout_p, seed, counter0, buf);
                 continue;
             }
 #endif
@@ -691,7 +748,7 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
                 ops.gather(Vc, V, ldv, Tk, dh, 1), V = Vc, lv = dh;
             }
             ops.transpose(Vt, V, lv, Tk, dh);
-            ops.matmul(G, Tk, dC, lc, 1, Vt, Tk, Tq, Tk, dh);                  /* dP_d = dC Vᵀ */
+            ops.matmul(G, Tk, dC, lc, 1, Vt, Tk, Tq, Tk, dh, cols);                  /* dP_d = dC Vᵀ */
             /* P_d, as the forward multiplied V by it */
             const float *Pd = P;
             if (dropout_p > 0.0f) {
@@ -703,13 +760,13 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
                 ops.round(W, block);
                 Pd = W;
             }
-            ops.matmul(dv + b * Tk * lddv + h * dh, lddv, Pd, 1, Tk, dC, lc, Tk, dh, Tq);  /* dV = P_dᵀ dC */
+            ops.matmul(dv + b * Tk * lddv + h * dh, lddv, Pd, 1, Tk, dC, lc, Tk, dh, Tq, from);  /* dV = P_dᵀ dC */
             if (dropout_p > 0.0f)
                 dropout_forward_span(G, G, (size_t)block, dropout_p, seed, counter0);   /* dP */
             softmax_block_backward(G, P, G, Tq, Tk, scale);                   /* dS, scaled */
             if (bf16) ops.round(G, block);
-            ops.matmul(dq + b * Tq * lddq + h * dh, lddq, G, Tk, 1, K, lk, Tq, dh, Tk);    /* dQ = dS K */
-            ops.matmul(dk + b * Tk * lddk + h * dh, lddk, G, 1, Tk, Q, lq, Tk, dh, Tq);    /* dK = dSᵀ Q */
+            ops.matmul(dq + b * Tq * lddq + h * dh, lddq, G, Tk, 1, K, lk, Tq, dh, Tk, upto);    /* dQ = dS K */
+            ops.matmul(dk + b * Tk * lddk + h * dh, lddk, G, 1, Tk, Q, lq, Tk, dh, Tq, from);    /* dK = dSᵀ Q */
         }
         free(buf);
     }

@@ -34,14 +34,15 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
                              int causal, float dropout_p, uint64_t seed, uint64_t offset, int bf16);
 
 /* dctx   [B*Tq, lddc] gradient of ctx
- * q, k, v, probs: as the forward read and wrote them (same dropout_p, seed, offset, bf16)
+ * q, k, v, probs: as the forward read and wrote them (same causal, dropout_p, seed, offset, bf16;
+ * causal only skips the products' zero half)
  * dq     [B*Tq, lddq] out (overwritten), dk [B*Tk, lddk] out, dv [B*Tk, lddv] out */
 void attention_train_backward(const float *dctx, long lddc, const float *q, long ldq,
                               const float *k, long ldk, const float *v, long ldv,
                               const float *probs, float *dq, long lddq, float *dk, long lddk,
                               float *dv, long lddv, long B, long H, long Tq, long Tk, long dh,
-                              float scale, float dropout_p, uint64_t seed, uint64_t offset,
-                              int bf16);
+                              float scale, int causal, float dropout_p, uint64_t seed,
+                              uint64_t offset, int bf16);
 
 /* The code the two calls take at the current SIMD level: 3 AVX-512 micro-kernels with vdpbf16ps
  * for bf16 (two products per lane and instruction, added in its own order: the sums differ from

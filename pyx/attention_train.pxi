@@ -9,7 +9,7 @@ cdef extern from "attention_train.h" nogil:
     void c_attention_train_backward "attention_train_backward"(
         const float *dctx, long lddc, const float *q, long ldq, const float *k, long ldk,
         const float *v, long ldv, const float *probs, float *dq, long lddq, float *dk, long lddk,
-        float *dv, long lddv, long B, long H, long Tq, long Tk, long dh, float scale,
+        float *dv, long lddv, long B, long H, long Tq, long Tk, long dh, float scale, int causal,
         float dropout_p, uint64_t seed, uint64_t offset, int bf16)
     int c_attention_train_path "attention_train_path"()
 
@@ -110,11 +110,11 @@ def attention_train_forward(q, k, v, probs, ctx, float scale, bint causal=False,
                                   scale, causal, pf, s, o, bf16)
 
 
-def attention_train_backward(dctx, q, k, v, probs, dq, dk, dv, float scale, dropout_p=0.0, seed=0,
-                             offset=0, bint bf16=False):
+def attention_train_backward(dctx, q, k, v, probs, dq, dk, dv, float scale, bint causal=False,
+                             dropout_p=0.0, seed=0, offset=0, bint bf16=False):
     """Gradients of attention_train_forward: dq [B*Tq, H*dh], dk, dv [B*Tk, H*dh] (float32, unit
     inner stride, any row stride; overwritten) from dctx [B*Tq, H*dh] and the forward's q, k, v,
-    probs, scale, dropout_p, seed, offset and bf16. dq, dk, dv must not overlap the inputs nor
+    probs, scale, causal (it skips the zero half of the products), dropout_p, seed, offset and bf16. dq, dk, dv must not overlap the inputs nor
     share an element with each other (they may interleave: column slices of one array)."""
     _check_f32(probs, "probs", 4, False)
     cdef Py_ssize_t B = probs.shape[0], H = probs.shape[1], Tq = probs.shape[2], Tk = probs.shape[3]
@@ -148,4 +148,4 @@ def attention_train_backward(dctx, q, k, v, probs, dq, dk, dv, float scale, drop
     cdef float *pdv = _at_ptr(dv)
     with nogil:
         c_attention_train_backward(pdc, lddc, pq, ldq, pk, ldk, pv, ldv, pp, pdq, lddq, pdk, lddk,
-                                   pdv, lddv, B, H, Tq, Tk, dh, scale, pf, s, o, bf16)
+                                   pdv, lddv, B, H, Tq, Tk, dh, scale, causal, pf, s, o, bf16)

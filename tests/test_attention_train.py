@@ -147,7 +147,7 @@ def run(q, k, v, pad, dctx, B, H, Tq, Tk, causal, p, bf16, seed=123, offset=456)
     grads = np.full((B * Tq, D), np.nan, np.float32), np.full((B * Tk, 2 * D), np.nan, np.float32)
     dq, dkv = grads
     dk, dv = dkv[:, :D], dkv[:, D:]
-    _C.attention_train_backward(dctx, q, k, v, probs, dq, dk, dv, scale, p, seed, offset, bf16)
+    _C.attention_train_backward(dctx, q, k, v, probs, dq, dk, dv, scale, causal, p, seed, offset, bf16)
     return scale, probs, ctx, dq, dk, dv
 
 

@@ -364,9 +364,9 @@ class MultiHeadAttention:
         self.fused = self.ws.fused_attention and fused_attention_fits(self.d_head, Tq, Tk, bf16)
         if self.fused:   # scores, masks, softmax, dropout and (.) V per (sentence, head), in cache
             drop = self.attn_dropout
-            self.fused_dropout = (drop.p if drop.active else 0.0, drop.stream.seed, drop.offset)
+            self.fused_call = (causal, drop.p if drop.active else 0.0, drop.stream.seed, drop.offset)
             _C.attention_train_forward(self.q2, self.k2, self.v2, probs, self.ctx, self.scale, causal,
-                                       key_padding_mask, *self.fused_dropout, bf16)
+                                       key_padding_mask, *self.fused_call[1:], bf16)
             return self.out_proj.forward(self.ctx, self.out)                 # Concat(heads) W^O
         _C.gemm(self.q4, self.k4, probs, False, True, bf16=bf16)            # Q Kᵀ
         _C.softmax_forward(probs, probs, self.scale, causal, key_padding_mask)  # softmax(QKᵀ/sqrt(dk))
@@ -386,7 +386,7 @@ class MultiHeadAttention:
         bf16 = self.ws.bf16_attention
         if self.fused:
             _C.attention_train_backward(self.dctx, self.q2, self.k2, self.v2, self.probs, self.dq2,
-                                        self.dk2, self.dv2, self.scale, *self.fused_dropout, bf16)
+                                        self.dk2, self.dv2, self.scale, *self.fused_call, bf16)
         else:
             self._backward_unfused(bf16)
         if self.cross:
