@@ -10,7 +10,8 @@ column slices of one [B*T, 3D] array, no padding; causal with --causal). The two
 (A, B, A, B, ...) in one process so both see the same background load; each prints its median
 and best over `reps` rounds. One JSON line per (shape, precision, threads) on stdout: shape
 B x T x H x d_head, both timings in ms, ratio = current / fused (above 1 the fused one is
-faster), the CPU.
+faster), the CPU. --step PRESET times whole training steps of a model preset instead (shapes
+B x T), the layers' attention fused or not (Workspace.fused_attention), interleaved the same way.
 """
 import argparse
 import json
@@ -95,6 +96,29 @@ def measure(case, reps):
     return {name: (float(np.median(t)) * 1e3, float(np.min(t)) * 1e3) for name, t in times.items()}
 
 
+def measure_step(preset, B, T, precision, reps, dropout):
+    """A whole training step (forward_backward) of a model preset on a B x T batch (source and
+    target of T tokens, vocabulary 8000), the layers' attention fused or not, interleaved."""
+    import transformer as tf
+    from transformer.config import PRESETS
+    cfg = tf.ModelConfig(**PRESETS[preset], dropout=dropout)
+    model = tf.Seq2SeqTransformer(cfg, seed=0)
+    rng = np.random.default_rng(0)
+    src = rng.integers(3, cfg.src_vocab_size, (B, T))
+    tgt = rng.integers(3, cfg.tgt_vocab_size, (B, T + 1))
+    tgt[:, 0] = cfg.bos_id
+    times = {"current": [], "fused": []}
+    for rep in range(reps + 2):
+        for name in ("current", "fused"):
+            model.ws.fused_attention = name == "fused"
+            model.zero_grad()
+            t0 = time.perf_counter()
+            model.forward_backward(src, tgt[:, :-1], tgt[:, 1:], precision=precision)
+            if rep >= 2:
+                times[name].append(time.perf_counter() - t0)
+    return {name: (float(np.median(t)) * 1e3, float(np.min(t)) * 1e3) for name, t in times.items()}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", default="1,2")
@@ -105,10 +129,28 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--isa", default=None)
     ap.add_argument("--causal", action="store_true", help="the decoder's self-attention (causal mask)")
+    ap.add_argument("--step", default=None, metavar="PRESET",
+                    help="time whole training steps of this preset (tiny, small) instead; shapes B x T")
     args = ap.parse_args()
     if args.isa:
         _C.set_isa(args.isa)
     cpu = cpu_name()
+    if args.step:
+        for threads in (int(t) for t in args.threads.split(",")):
+            _C.set_num_threads(threads)
+            for shape in args.shapes.split(","):
+                B, T = (int(x) for x in shape.split("x")[:2])
+                for precision in args.precision.split(","):
+                    t = measure_step(args.step, B, T, precision, args.reps, args.dropout)
+                    print(json.dumps({
+                        "bench": "attention_fused_step", "preset": args.step, "shape": f"{B}x{T}",
+                        "precision": precision, "threads": threads, "dropout": args.dropout,
+                        "isa": _C.isa(), "current_ms": round(t["current"][0], 3),
+                        "fused_ms": round(t["fused"][0], 3), "current_best_ms": round(t["current"][1], 3),
+                        "fused_best_ms": round(t["fused"][1], 3),
+                        "ratio": round(t["current"][0] / t["fused"][0], 3),
+                        "cpu": cpu, "date": time.strftime("%Y-%m-%d")}), flush=True)
+        return
     for threads in (int(t) for t in args.threads.split(",")):
         _C.set_num_threads(threads)
         for shape in args.shapes.split(","):
