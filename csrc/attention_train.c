@@ -51,6 +51,14 @@ static inline void band_limits(int band, long i, long rows, long K, long N, long
     *n_hi = band == BAND_COLS && end < N ? end : N;
 }
 
+/* out = x * factors, elementwise: with factors = dropout_forward_span of ones (keep / (1 - p) or
+ * 0, exactly), the bits dropout_forward_span gives x itself; backward draws a pair's mask once
+ * this way for both P_d and dP. */
+static void multiply(float *out, const float *x, const float *factors, long n)
+{
+    for (long i = 0; i < n; i++) out[i] = x[i] * factors[i];
+}
+
 static void zero_cols(float *C, long ldc, long rows, long j0, long j1)
 {
     if (j1 > j0)
@@ -346,6 +354,43 @@ TF_TARGET_AVX2 static void gather_avx2(float *dst, const float *src, long lds, l
     }
 }
 
+/* 8 x 8 blocks through registers; partial blocks read and write only inside. */
+TF_TARGET_AVX2 static void transpose_avx2(float *dst, const float *src, long lds, long rows, long cols)
+{
+    for (long r0 = 0; r0 < rows; r0 += 8) {
+        const long nr = rows - r0 < 8 ? rows - r0 : 8;
+        const __m256i row_lanes = tf_lanes8(nr);
+        for (long c0 = 0; c0 < cols; c0 += 8) {
+            const long nc = cols - c0 < 8 ? cols - c0 : 8;
+            const __m256i col_lanes = tf_lanes8(nc);
+            __m256 r[8], t[8], u[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = i < nr ? (nc == 8 ? _mm256_loadu_ps(src + (r0 + i) * lds + c0)
+                                         : _mm256_maskload_ps(src + (r0 + i) * lds + c0, col_lanes))
+                              : _mm256_setzero_ps();
+            for (int i = 0; i < 8; i += 2) {
+                t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+            }
+            for (int i = 0; i < 8; i += 4) {
+                u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+                u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+                u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+                u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+            }
+            for (int i = 0; i < 4; i++) {
+                r[i] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x20);
+                r[i + 4] = _mm256_permute2f128_ps(u[i], u[i + 4], 0x31);
+            }
+            for (int i = 0; i < nc; i++) {
+                float *d = dst + (c0 + i) * rows + r0;
+                if (nr == 8) _mm256_storeu_ps(d, r[i]);
+                else _mm256_maskstore_ps(d, row_lanes, r[i]);
+            }
+        }
+    }
+}
+
 TF_TARGET_AVX2 static void round_avx2(float *x, long n)
 {
     long i = 0;
@@ -507,8 +552,7 @@ TF_TARGET_AVX512_BF16 static void forward_pair_dpbf16(
 TF_TARGET_AVX512_BF16 static void backward_pair_dpbf16(
     const float *dC, long lddc, const float *Q, long ldq, const float *K, long ldk, const float *V,
     long ldv, const float *P, float *dq, long lddq, float *dk, long lddk, float *dv, long lddv,
-    long Tq, long Tk, long dh, float scale, int causal, float dropout_p, uint64_t seed,
-    uint64_t counter0, float *buf)
+    long Tq, long Tk, long dh, float scale, int causal, const float *factors, float *buf)
 {
     const long dhp = (dh + 1) / 2, Tkp = (Tk + 1) / 2, Tqp = (Tq + 1) / 2, block = Tq * Tk;
     const int cols = causal ? BAND_COLS : BAND_NONE, upto = causal ? BAND_K_UPTO : BAND_NONE;
@@ -521,14 +565,14 @@ TF_TARGET_AVX512_BF16 static void backward_pair_dpbf16(
     transpose_avx512(Vt, Vw, dhp, Tk, dhp);                                  /* Vᵀ's pairs */
     matmul_dpbf16(G, Tk, dCw, dhp, 1, Vt, Tk, Tq, Tk, dhp, cols);                  /* dP_d = dC Vᵀ */
     const float *Pd = P;
-    if (dropout_p > 0.0f) {
-        dropout_forward_span(P, W, (size_t)block, dropout_p, seed, counter0);
+    if (factors) {
+        multiply(W, P, factors, block);
         Pd = W;
     }
     pack_row_pairs_bf16(Pp, Pd, Tk, Tq, Tk);                                 /* P_dᵀ's pairs, by column */
     pack_row_pairs_bf16(dCp, dC, lddc, Tq, dh);
     matmul_dpbf16(dv, lddv, Pp, 1, Tk, dCp, dh, Tk, dh, Tqp, from);                /* dV = P_dᵀ dC */
-    if (dropout_p > 0.0f) dropout_forward_span(G, G, (size_t)block, dropout_p, seed, counter0);
+    if (factors) multiply(G, G, factors, block);                              /* dP */
     softmax_block_backward(G, P, G, Tq, Tk, scale);                          /* dS, scaled */
     pack_rows_bf16(dSw, G, Tk, Tq, Tk);
     pack_row_pairs_bf16(Kp, K, ldk, Tk, dh);
@@ -556,7 +600,7 @@ static pair_ops ops_pick(void)
     switch (attention_train_path()) {
     case 3:
     case 2: return (pair_ops){matmul_avx512, gather_avx512, transpose_avx512, round_avx512};
-    case 1: return (pair_ops){matmul_avx2, gather_avx2, transpose_generic, round_avx2};
+    case 1: return (pair_ops){matmul_avx2, gather_avx2, transpose_avx2, round_avx2};
     default: break;
     }
 #endif
@@ -710,7 +754,13 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
         long p0, p1;
         PAIR_RANGE(pairs, p0, p1);
         /* dCc [Tq, dh], Qc [Tq, dh], Kc [Tk, dh], Vc [Tk, dh], Vt [dh, Tk], G [Tq, Tk], W [Tq, Tk] */
-        float *buf = pair_buffer(dp ? dp_buffer_floats(Tq, Tk, dh) : 2 * Tq * dh + 3 * Tk * dh + 2 * block);
+        const long used = dp ? dp_buffer_floats(Tq, Tk, dh) : 2 * Tq * dh + 3 * Tk * dh + 2 * block;
+        float *buf = pair_buffer(used + (dropout_p > 0.0f ? 2 * block : 0));
+        float *ones = buf + used, *factors = NULL;   /* the dropout factors of the pair, when dropout */
+        if (dropout_p > 0.0f) {
+            for (long i = 0; i < block; i++) ones[i] = 1.0f;
+            factors = ones + block;
+        }
         float *dCc = buf, *Qc = dCc + Tq * dh, *Kc = Qc + Tq * dh, *Vc = Kc + Tk * dh;
         float *Vt = Vc + Tk * dh, *G = Vt + Tk * dh, *W = G + block;
         for (long pair = p0; pair < p1; pair++) {
@@ -720,7 +770,9 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
             const float *V = v + b * Tk * ldv + h * dh;
             const float *dC = dctx + b * Tq * lddc + h * dh;
             const float *P = probs + pair * block;
-            const uint64_t counter0 = offset + (uint64_t)(pair * block);
+            if (factors)
+                dropout_forward_span(ones, factors, (size_t)block, dropout_p, seed,
+                                     offset + (uint64_t)(pair * block));
             if (pair + 1 < p1) {
                 const long nb = (pair + 1) / H, nh = (pair + 1) % H;
                 prefetch_rows(dctx + nb * Tq * lddc + nh * dh, lddc, Tq, dh, 0);
@@ -736,7 +788,7 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
             if (dp) {
                 backward_pair_dpbf16(dC, lddc, Q, ldq, K, ldk, V, ldv, P, dq + b * Tq * lddq + h * dh, lddq,
                                      dk + b * Tk * lddk + h * dh, lddk, dv + b * Tk * lddv + h * dh, lddv,
-                                     Tq, Tk, dh, scale, causal, dropout_p, seed, counter0, buf);
+                                     Tq, Tk, dh, scale, causal, factors, buf);
                 continue;
             }
 #endif
@@ -751,8 +803,8 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
             ops.matmul(G, Tk, dC, lc, 1, Vt, Tk, Tq, Tk, dh, cols);                  /* dP_d = dC Vᵀ */
             /* P_d, as the forward multiplied V by it */
             const float *Pd = P;
-            if (dropout_p > 0.0f) {
-                dropout_forward_span(P, W, (size_t)block, dropout_p, seed, counter0);
+            if (factors) {
+                multiply(W, P, factors, block);
                 Pd = W;
             }
             if (bf16) {
@@ -761,8 +813,7 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
                 Pd = W;
             }
             ops.matmul(dv + b * Tk * lddv + h * dh, lddv, Pd, 1, Tk, dC, lc, Tk, dh, Tq, from);  /* dV = P_dᵀ dC */
-            if (dropout_p > 0.0f)
-                dropout_forward_span(G, G, (size_t)block, dropout_p, seed, counter0);   /* dP */
+            if (factors) multiply(G, G, factors, block);                       /* dP */
             softmax_block_backward(G, P, G, Tq, Tk, scale);                   /* dS, scaled */
             if (bf16) ops.round(G, block);
             ops.matmul(dq + b * Tq * lddq + h * dh, lddq, G, Tk, 1, K, lk, Tq, dh, Tk, upto);    /* dQ = dS K */

@@ -264,13 +264,11 @@ FUSED_ATTENTION_MAX_LEN = 512   # longer sentences: the per-thread Tq x Tk buffe
 def fused_attention_fits(d_head, Tq, Tk, bf16):
     """Whether attention of this shape takes the fused kernel (csrc/attention_train.h): heads of
     32 to 64 dimensions (what its register tiles are sized for), sentences up to
-    FUSED_ATTENTION_MAX_LEN, and a SIMD level where it beats the batched GEMMs (measured on Zen 4,
-    benchmarks/attention_fused.py): AVX-512 at both precisions; AVX2 for bf16 only (its fp32 was
-    0.9x); never the plain C loops."""
-    if not (32 <= d_head <= 64 and Tq <= FUSED_ATTENTION_MAX_LEN and Tk <= FUSED_ATTENTION_MAX_LEN):
-        return False
-    path = _C.attention_train_path()
-    return path in ("avx512", "avx512_bf16") or (path == "avx2" and bf16)
+    FUSED_ATTENTION_MAX_LEN, and a SIMD level with its micro-kernels (AVX2 or better: 1.0-1.6x
+    the batched GEMMs on Zen 4, benchmarks/attention_fused.py; the plain C loops are slower).
+    bf16 is the precision of the products: the kernel handles both."""
+    return (32 <= d_head <= 64 and Tq <= FUSED_ATTENTION_MAX_LEN and Tk <= FUSED_ATTENTION_MAX_LEN
+            and _C.attention_train_path() != "generic")
 
 
 class MultiHeadAttention:
