@@ -6,10 +6,12 @@
  * through two strides (a transposed A costs nothing: its elements are broadcast one by one):
  *   forward   S = Q Kᵀ,  ctx = P_d V
  *   backward  dP_d = dC Vᵀ,  dV = P_dᵀ dC,  dQ = dS K,  dK = dSᵀ Q
- * C[i, j] is always one fp32 chain over k in increasing order, whichever register tile it falls
- * in, so a pair's results do not depend on how its rows are blocked nor on the thread that runs
- * it. The softmax is softmax.c's row code and the dropout dropout.c's range code, called on one
- * pair's block: the same bits as the unfused kernels for the same scores.
+ * C[i, j] is always one fp32 chain over k in increasing order (at avx512_bf16 with bf16 operands,
+ * over pairs of k: vdpbf16ps), whichever register tile it falls in, so a pair's results do not
+ * depend on how its rows are blocked nor on the thread that runs it. The softmax is softmax.c's
+ * row code and the dropout dropout.c's range code, called on one pair's block: the same bits as
+ * the unfused kernels for the same scores. Pairs are split into one contiguous range per thread;
+ * while one pair computes, the next one's rows are prefetched.
  */
 #include "attention_train.h"
 
@@ -45,7 +47,8 @@ enum { BAND_NONE = 0, BAND_COLS = 1, BAND_K_UPTO = 2, BAND_K_FROM = 3 };
 static inline void band_limits(int band, long i, long rows, long K, long N, long *k_lo, long *k_hi,
                                long *n_hi)
 {
-    const long end = i + rows;   /* rows of the tile see keys below end */
+    /* rows of the tile see keys below end */
+    const long end = i + rows;
     *k_lo = band == BAND_K_FROM ? (i < K ? i : K) : 0;
     *k_hi = band == BAND_K_UPTO && end < K ? end : K;
     *n_hi = band == BAND_COLS && end < N ? end : N;
@@ -164,13 +167,14 @@ TF_TARGET_AVX512 static void matmul_avx512(float *C, long ldc, const float *A, l
     for (long j0 = 0; j0 < N; j0 += 64) {
         const long nc = N - j0 < 64 ? N - j0 : 64;
         const int nv = (int)((nc + 15) / 16);
-        const long rb = nv <= 2 ? 8 : 4;   /* 16 accumulators either way */
+        /* 16 accumulators either way */
+        const long rb = nv <= 2 ? 8 : 4;
         for (long i = 0; i < M; i += rb) {
             const int rows = (int)(M - i < rb ? M - i : rb);
             long k_lo, k_hi, n_hi;
             band_limits(band, i, rows, K, N, &k_lo, &k_hi, &n_hi);
             
-            const long ne = n_hi - j0 < nc ? n_hi - j0 : nc;   /* columns computed */
+            const long ne = n_hi - j0 < nc ? n_hi - j0 : nc;                  /* columns computed */
             float *c = C + i * ldc + j0;
             zero_cols(c, ldc, rows, ne > 0 ? ne : 0, nc);
             if (ne <= 0) continue;
@@ -215,10 +219,12 @@ TF_TARGET_AVX512 static void matmul_avx512(float *C, long ldc, const float *A, l
 TF_TARGET_AVX512 static inline __m512 round16_bf16(__m512 x)
 {
     const __m512i u = _mm512_castps_si512(x);
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff),
-                                                     _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))));
-    r = _mm512_mask_or_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), u, _mm512_set1_epi32(0x00400000));
-    const __mmask16 tiny = _mm512_testn_epi32_mask(r, _mm512_set1_epi32(0x7f800000));   /* exponent 0 */
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+    /* exponent 0 */
+    const __mmask16 tiny = _mm512_testn_epi32_mask(r, _mm512_set1_epi32(0x7f800000));
     r = _mm512_and_si512(r, _mm512_mask_blend_epi32(tiny, _mm512_set1_epi32((int)0xffff0000u),
                                                     _mm512_set1_epi32((int)0x80000000u)));
     return _mm512_castsi512_ps(r);
@@ -330,8 +336,8 @@ TF_TARGET_AVX2 static void matmul_avx2(float *C, long ldc, const float *A, long 
 TF_TARGET_AVX2 static inline __m256 round8_bf16(__m256 x)
 {
     const __m256i u = _mm256_castps_si256(x);
-    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff),
-                                                     _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))));
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb));
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
     r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x00400000)), nan);
     const __m256i tiny = _mm256_cmpeq_epi32(_mm256_and_si256(r, _mm256_set1_epi32(0x7f800000)),
@@ -416,7 +422,8 @@ TF_TARGET_AVX512 static void pack_rows_bf16(float *dst, const float *src, long l
         for (long k0 = 0; k0 < K; k0 += 32) {
             __m512i lo = _mm512_castps_si512(round16_bf16(tf_load16(s + k0, K - k0)));
             __m512i hi = _mm512_castps_si512(round16_bf16(tf_load16(s + k0 + 16, K - k0 - 16)));
-            tf_store16(d + k0 / 2, Kp - k0 / 2, _mm512_castsi512_ps(_mm512_permutex2var_epi16(lo, odd, hi)));
+            __m512i words = _mm512_permutex2var_epi16(lo, odd, hi);   /* the high halves, in order */
+            tf_store16(d + k0 / 2, Kp - k0 / 2, _mm512_castsi512_ps(words));
         }
     }
 }
@@ -431,7 +438,10 @@ TF_TARGET_AVX512 static void pack_row_pairs_bf16(float *dst, const float *src, l
         for (long j = 0; j < N; j += 16) {
             __m512i ra = _mm512_castps_si512(round16_bf16(tf_load16(a + j, N - j)));
             __m512i w = _mm512_srli_epi32(ra, 16);
-            if (b) w = _mm512_or_si512(w, _mm512_and_si512(_mm512_castps_si512(round16_bf16(tf_load16(b + j, N - j))), high));
+            if (b) {
+                __m512i rb = _mm512_castps_si512(round16_bf16(tf_load16(b + j, N - j)));
+                w = _mm512_or_si512(w, _mm512_and_si512(rb, high));
+            }
             tf_store16(d + j, N - j, _mm512_castsi512_ps(w));
         }
     }
@@ -452,10 +462,12 @@ TF_TARGET_AVX512_BF16 static TF_ALWAYS_INLINE void matmul_tile_dpbf16(
         const float *bt = B + t * ldb, *at = A + t * ka;
 #pragma GCC unroll 4
         for (int j = 0; j < NV; j++)
-            b[j] = (__m512bh)(j == NV - 1 ? _mm512_maskz_loadu_ps(last, bt + 16 * j) : _mm512_loadu_ps(bt + 16 * j));
+            b[j] = (__m512bh)(j == NV - 1 ? _mm512_maskz_loadu_ps(last, bt + 16 * j)
+                                          : _mm512_loadu_ps(bt + 16 * j));
 #pragma GCC unroll 8
         for (int r = 0; r < R; r++) {
-            const __m512bh a = (__m512bh)_mm512_set1_ps(at[r * sa]);   /* the pair's 32 bits */
+            /* the pair's 32 bits */
+            const __m512bh a = (__m512bh)_mm512_set1_ps(at[r * sa]);
 #pragma GCC unroll 4
             for (int j = 0; j < NV; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, b[j]);
         }
@@ -481,8 +493,9 @@ TF_TARGET_AVX512_BF16 static void matmul_dpbf16(float *C, long ldc, const float 
             const int rows = (int)(M - i < rb ? M - i : rb);
             long k_lo, k_hi, n_hi;
             band_limits(band, i, rows, 2 * Kp, N, &k_lo, &k_hi, &n_hi);
-            k_lo /= 2, k_hi = (k_hi + 1) / 2;   /* pairs holding those terms */
-            const long ne = n_hi - j0 < nc ? n_hi - j0 : nc;   /* columns computed */
+            /* pairs holding those terms */
+            k_lo /= 2, k_hi = (k_hi + 1) / 2;
+            const long ne = n_hi - j0 < nc ? n_hi - j0 : nc;                  /* columns computed */
             float *c = C + i * ldc + j0;
             zero_cols(c, ldc, rows, ne > 0 ? ne : 0, nc);
             if (ne <= 0) continue;
@@ -536,8 +549,8 @@ TF_TARGET_AVX512_BF16 static void forward_pair_dpbf16(
     float *Pw = W + block, *Vw = Pw + Tq * Tkp;
     pack_rows_bf16(Qw, Q, ldq, Tq, dh);
     pack_rows_bf16(Kw, K, ldk, Tk, dh);
-    transpose_avx512(Kt, Kw, dhp, Tk, dhp);                                  /* Kᵀ's pairs */
-    matmul_dpbf16(S, Tk, Qw, dhp, 1, Kt, Tk, Tq, Tk, dhp, cols);                   /* S = Q Kᵀ */
+    transpose_avx512(Kt, Kw, dhp, Tk, dhp);                                   /* Kᵀ's pairs */
+    matmul_dpbf16(S, Tk, Qw, dhp, 1, Kt, Tk, Tq, Tk, dhp, cols);              /* S = Q Kᵀ */
     softmax_block_forward(P, S, pad, Tq, Tk, scale, causal);
     const float *Pd = P;
     if (dropout_p > 0.0f) {
@@ -546,7 +559,7 @@ TF_TARGET_AVX512_BF16 static void forward_pair_dpbf16(
     }
     pack_rows_bf16(Pw, Pd, Tk, Tq, Tk);
     pack_row_pairs_bf16(Vw, V, ldv, Tk, dh);
-    matmul_dpbf16(ctx, ldc, Pw, Tkp, 1, Vw, dh, Tq, dh, Tkp, upto);                /* (.) V */
+    matmul_dpbf16(ctx, ldc, Pw, Tkp, 1, Vw, dh, Tq, dh, Tkp, upto);           /* (.) V */
 }
 
 TF_TARGET_AVX512_BF16 static void backward_pair_dpbf16(
@@ -562,24 +575,25 @@ TF_TARGET_AVX512_BF16 static void backward_pair_dpbf16(
     float *dSp = Kp + Tkp * dh, *Qp = dSp + Tqp * Tk;
     pack_rows_bf16(dCw, dC, lddc, Tq, dh);
     pack_rows_bf16(Vw, V, ldv, Tk, dh);
-    transpose_avx512(Vt, Vw, dhp, Tk, dhp);                                  /* Vᵀ's pairs */
-    matmul_dpbf16(G, Tk, dCw, dhp, 1, Vt, Tk, Tq, Tk, dhp, cols);                  /* dP_d = dC Vᵀ */
+    transpose_avx512(Vt, Vw, dhp, Tk, dhp);                                   /* Vᵀ's pairs */
+    matmul_dpbf16(G, Tk, dCw, dhp, 1, Vt, Tk, Tq, Tk, dhp, cols);             /* dP_d = dC Vᵀ */
     const float *Pd = P;
     if (factors) {
         multiply(W, P, factors, block);
         Pd = W;
     }
-    pack_row_pairs_bf16(Pp, Pd, Tk, Tq, Tk);                                 /* P_dᵀ's pairs, by column */
+    /* P_dᵀ's pairs, by column */
+    pack_row_pairs_bf16(Pp, Pd, Tk, Tq, Tk);
     pack_row_pairs_bf16(dCp, dC, lddc, Tq, dh);
-    matmul_dpbf16(dv, lddv, Pp, 1, Tk, dCp, dh, Tk, dh, Tqp, from);                /* dV = P_dᵀ dC */
+    matmul_dpbf16(dv, lddv, Pp, 1, Tk, dCp, dh, Tk, dh, Tqp, from);           /* dV = P_dᵀ dC */
     if (factors) multiply(G, G, factors, block);                              /* dP */
-    softmax_block_backward(G, P, G, Tq, Tk, scale);                          /* dS, scaled */
+    softmax_block_backward(G, P, G, Tq, Tk, scale);                           /* dS, scaled */
     pack_rows_bf16(dSw, G, Tk, Tq, Tk);
     pack_row_pairs_bf16(Kp, K, ldk, Tk, dh);
-    matmul_dpbf16(dq, lddq, dSw, Tkp, 1, Kp, dh, Tq, dh, Tkp, upto);               /* dQ = dS K */
+    matmul_dpbf16(dq, lddq, dSw, Tkp, 1, Kp, dh, Tq, dh, Tkp, upto);          /* dQ = dS K */
     pack_row_pairs_bf16(dSp, G, Tk, Tq, Tk);
     pack_row_pairs_bf16(Qp, Q, ldq, Tq, dh);
-    matmul_dpbf16(dk, lddk, dSp, 1, Tk, Qp, dh, Tk, dh, Tqp, from);                /* dK = dSᵀ Q */
+    matmul_dpbf16(dk, lddk, dSp, 1, Tk, Qp, dh, Tk, dh, Tqp, from);           /* dK = dSᵀ Q */
 }
 #endif /* TF_HAVE_X86 */
 
@@ -668,7 +682,8 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
         return;
     }
     const pair_ops ops = ops_pick();
-    const int dp = bf16 && attention_train_path() == 3;   /* bf16 products through vdpbf16ps */
+    /* bf16 products through vdpbf16ps */
+    const int dp = bf16 && attention_train_path() == 3;
     const int cols = causal ? BAND_COLS : BAND_NONE, upto = causal ? BAND_K_UPTO : BAND_NONE;
     const long block = Tq * Tk;
 #pragma omp parallel num_threads(pair_team(pairs, Tq, Tk, dh))
@@ -694,7 +709,8 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
             }
 #if TF_HAVE_X86
             if (dp) {
-                forward_pair_dpbf16(Q, ldq, K, ldk, V, ldv, key_padding_mask ? key_padding_mask + b * Tk : NULL,
+                forward_pair_dpbf16(Q, ldq, K, ldk, V, ldv,
+                                    key_padding_mask ? key_padding_mask + b * Tk : NULL,
                                     P, ctx + b * Tq * ldc + h * dh, ldc, Tq, Tk, dh, scale, causal,
                                     dropout_p, seed, offset + (uint64_t)(pair * block), buf);
                 continue;
@@ -708,12 +724,14 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
                 ops.gather(Vc, V, ldv, Tk, dh, 1), V = Vc, lv = dh;
             }
             ops.transpose(Kt, K, lk, Tk, dh);
-            ops.matmul(S, Tk, Q, lq, 1, Kt, Tk, Tq, Tk, dh, cols);                   /* S = Q Kᵀ */
+            ops.matmul(S, Tk, Q, lq, 1, Kt, Tk, Tq, Tk, dh, cols);            /* S = Q Kᵀ */
             softmax_block_forward(P, S, key_padding_mask ? key_padding_mask + b * Tk : NULL, Tq, Tk,
-                                  scale, causal);                              /* softmax(S / sqrt(dk)) */
+                                  /* softmax(S / sqrt(dk)) */
+                                  scale, causal);
             const float *W = P;
             if (dropout_p > 0.0f) {
-                dropout_forward_span(P, Pd, (size_t)block, dropout_p, seed, offset + (uint64_t)(pair * block));
+                dropout_forward_span(P, Pd, (size_t)block, dropout_p, seed,
+                                     offset + (uint64_t)(pair * block));
                 W = Pd;
             }
             if (bf16) {
@@ -721,7 +739,8 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
                 ops.round(Pd, block);
                 W = Pd;
             }
-            ops.matmul(ctx + b * Tq * ldc + h * dh, ldc, W, Tk, 1, V, lv, Tq, dh, Tk, upto);   /* (.) V */
+            /* (.) V */
+            ops.matmul(ctx + b * Tq * ldc + h * dh, ldc, W, Tk, 1, V, lv, Tq, dh, Tk, upto);
         }
         free(buf);
     }
@@ -745,7 +764,8 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
         return;
     }
     const pair_ops ops = ops_pick();
-    const int dp = bf16 && attention_train_path() == 3;   /* bf16 products through vdpbf16ps */
+    /* bf16 products through vdpbf16ps */
+    const int dp = bf16 && attention_train_path() == 3;
     const int cols = causal ? BAND_COLS : BAND_NONE, upto = causal ? BAND_K_UPTO : BAND_NONE;
     const int from = causal ? BAND_K_FROM : BAND_NONE;
     const long block = Tq * Tk;
@@ -756,7 +776,8 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
         /* dCc [Tq, dh], Qc [Tq, dh], Kc [Tk, dh], Vc [Tk, dh], Vt [dh, Tk], G [Tq, Tk], W [Tq, Tk] */
         const long used = dp ? dp_buffer_floats(Tq, Tk, dh) : 2 * Tq * dh + 3 * Tk * dh + 2 * block;
         float *buf = pair_buffer(used + (dropout_p > 0.0f ? 2 * block : 0));
-        float *ones = buf + used, *factors = NULL;   /* the dropout factors of the pair, when dropout */
+        /* the dropout factors of the pair, when dropout */
+        float *ones = buf + used, *factors = NULL;
         if (dropout_p > 0.0f) {
             for (long i = 0; i < block; i++) ones[i] = 1.0f;
             factors = ones + block;
@@ -786,8 +807,10 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
             }
 #if TF_HAVE_X86
             if (dp) {
-                backward_pair_dpbf16(dC, lddc, Q, ldq, K, ldk, V, ldv, P, dq + b * Tq * lddq + h * dh, lddq,
-                                     dk + b * Tk * lddk + h * dh, lddk, dv + b * Tk * lddv + h * dh, lddv,
+                backward_pair_dpbf16(dC, lddc, Q, ldq, K, ldk, V, ldv, P,
+                                     dq + b * Tq * lddq + h * dh, lddq,
+                                     dk + b * Tk * lddk + h * dh, lddk,
+                                     dv + b * Tk * lddv + h * dh, lddv,
                                      Tq, Tk, dh, scale, causal, factors, buf);
                 continue;
             }
@@ -800,7 +823,7 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
                 ops.gather(Vc, V, ldv, Tk, dh, 1), V = Vc, lv = dh;
             }
             ops.transpose(Vt, V, lv, Tk, dh);
-            ops.matmul(G, Tk, dC, lc, 1, Vt, Tk, Tq, Tk, dh, cols);                  /* dP_d = dC Vᵀ */
+            ops.matmul(G, Tk, dC, lc, 1, Vt, Tk, Tq, Tk, dh, cols);           /* dP_d = dC Vᵀ */
             /* P_d, as the forward multiplied V by it */
             const float *Pd = P;
             if (factors) {
@@ -812,12 +835,15 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
                 ops.round(W, block);
                 Pd = W;
             }
-            ops.matmul(dv + b * Tk * lddv + h * dh, lddv, Pd, 1, Tk, dC, lc, Tk, dh, Tq, from);  /* dV = P_dᵀ dC */
-            if (factors) multiply(G, G, factors, block);                       /* dP */
+            /* dV = P_dᵀ dC */
+            ops.matmul(dv + b * Tk * lddv + h * dh, lddv, Pd, 1, Tk, dC, lc, Tk, dh, Tq, from);
+            if (factors) multiply(G, G, factors, block);                      /* dP */
             softmax_block_backward(G, P, G, Tq, Tk, scale);                   /* dS, scaled */
             if (bf16) ops.round(G, block);
-            ops.matmul(dq + b * Tq * lddq + h * dh, lddq, G, Tk, 1, K, lk, Tq, dh, Tk, upto);    /* dQ = dS K */
-            ops.matmul(dk + b * Tk * lddk + h * dh, lddk, G, 1, Tk, Q, lq, Tk, dh, Tq, from);    /* dK = dSᵀ Q */
+            /* dQ = dS K */
+            ops.matmul(dq + b * Tq * lddq + h * dh, lddq, G, Tk, 1, K, lk, Tq, dh, Tk, upto);
+            /* dK = dSᵀ Q */
+            ops.matmul(dk + b * Tk * lddk + h * dh, lddk, G, 1, Tk, Q, lq, Tk, dh, Tq, from);
         }
         free(buf);
     }

@@ -92,7 +92,8 @@ def attention_train_forward(q, k, v, probs, ctx, float scale, bint causal=False,
     if key_padding_mask is not None:
         key_padding_mask = _check_mask(key_padding_mask, "key_padding_mask", 2)
         if key_padding_mask.shape != (B, Tk):
-            raise ValueError(f"key_padding_mask must have shape {(B, Tk)} ([B, Tk]), got {key_padding_mask.shape}")
+            raise ValueError(f"key_padding_mask must have shape {(B, Tk)} ([B, Tk]), "
+                             f"got {key_padding_mask.shape}")
         if B * Tk > 0:
             mview = key_padding_mask
             pmask = &mview[0, 0]
@@ -114,8 +115,9 @@ def attention_train_backward(dctx, q, k, v, probs, dq, dk, dv, float scale, bint
                              dropout_p=0.0, seed=0, offset=0, bint bf16=False):
     """Gradients of attention_train_forward: dq [B*Tq, H*dh], dk, dv [B*Tk, H*dh] (float32, unit
     inner stride, any row stride; overwritten) from dctx [B*Tq, H*dh] and the forward's q, k, v,
-    probs, scale, causal (it skips the zero half of the products), dropout_p, seed, offset and bf16. dq, dk, dv must not overlap the inputs nor
-    share an element with each other (they may interleave: column slices of one array)."""
+    probs, scale, causal (it skips the zero half of the products), dropout_p, seed, offset and
+    bf16. dq, dk, dv must not overlap the inputs nor share an element with each other (they may
+    interleave: column slices of one array)."""
     _check_f32(probs, "probs", 4, False)
     cdef Py_ssize_t B = probs.shape[0], H = probs.shape[1], Tq = probs.shape[2], Tk = probs.shape[3]
     if H == 0:
