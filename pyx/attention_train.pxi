@@ -38,6 +38,25 @@ cdef Py_ssize_t _at_rows(object x, str name, Py_ssize_t rows, Py_ssize_t cols,
     return stride // 4
 
 
+cdef void _at_disjoint(object a, str aname, object b, str bname) except *:
+    """Two outputs checked by _at_rows share no element: their byte extents are apart, or they
+    are column ranges of one row layout (the same row stride) that do not meet within a row
+    (dq, dk, dv: column slices of one [B*T, 3D] gradient)."""
+    if not _att_meet(a, b):
+        return
+    cdef Py_ssize_t sa = a.strides[0], sb = b.strides[0]
+    cdef Py_ssize_t pa = <Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>a)
+    cdef Py_ssize_t pb = <Py_ssize_t>cnp.PyArray_DATA(<cnp.ndarray>b)
+    cdef Py_ssize_t wa = 4 * a.shape[1], wb = 4 * b.shape[1], shift
+    if a.shape[0] > 1 and b.shape[0] > 1 and sa == sb and sa > 0:
+        shift = (pb - pa) % sa
+        if shift < 0:
+            shift += sa
+        if wa <= shift and shift + wb <= sa:
+            return
+    raise ValueError(f"{aname} and {bname} must not share elements")
+
+
 cdef float _at_prob(object p) except? -1.0:
     if isinstance(p, bool) or not isinstance(p, (int, float, np.integer, np.floating)):
         raise TypeError(f"dropout_p must be a real number, got {type(p).__name__}")
@@ -140,6 +159,9 @@ def attention_train_backward(dctx, q, k, v, probs, dq, dk, dv, float scale, bint
     for out, oname in ((dq, "dq"), (dk, "dk"), (dv, "dv")):
         for x, xname in ((dctx, "dctx"), (q, "q"), (k, "k"), (v, "v"), (probs, "probs")):
             _att_apart(out, oname, x, xname)
+    _at_disjoint(dq, "dq", dk, "dk")
+    _at_disjoint(dq, "dq", dv, "dv")
+    _at_disjoint(dk, "dk", dv, "dv")
     cdef const float *pdc = _at_ptr(dctx)
     cdef const float *pq = _at_ptr(q)
     cdef const float *pk = _at_ptr(k)

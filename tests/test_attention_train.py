@@ -316,3 +316,15 @@ def test_layer_takes_fused_kernel_only_for_heads_of_32_to_64():
     src, tgt_in, _ = _batch(model)
     model.forward(src, tgt_in)
     assert not any(a.fused for a in _attentions(model))
+
+
+def test_gradients_must_not_share_elements():
+    """dq, dk, dv may be interleaved column slices of one array, never the same columns."""
+    B, H, T, dh = 2, 2, 5, 32
+    D = H * dh
+    q, k, v, pad, dctx = case(B, H, T, T, dh, cross=False, padded=False)
+    probs = np.zeros((B, H, T, T), np.float32)
+    dqkv = np.empty((B * T, 3 * D), np.float32)
+    _C.attention_train_backward(dctx, q, k, v, probs, dqkv[:, :D], dqkv[:, D:2 * D], dqkv[:, 2 * D:], 1.0)
+    with pytest.raises(ValueError, match="dk and dv must not share elements"):
+        _C.attention_train_backward(dctx, q, k, v, probs, dqkv[:, :D], dqkv[:, D:2 * D], dqkv[:, D + 1:2 * D + 1], 1.0)
