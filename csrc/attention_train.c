@@ -10,8 +10,8 @@
  * over pairs of k: vdpbf16ps), whichever register tile it falls in, so a pair's results do not
  * depend on how its rows are blocked nor on the thread that runs it. The softmax is softmax.c's
  * row code and the dropout dropout.c's range code, called on one pair's block: the same bits as
- * the unfused kernels for the same scores. Pairs are split into one contiguous range per thread;
- * while one pair computes, the next one's rows are prefetched.
+ * the unfused kernels for the same scores. Pairs are split into one contiguous range per thread
+ * (software prefetch of the next pair's rows was measured: no gain, the hardware's suffices).
  */
 #include "attention_train.h"
 
@@ -643,22 +643,6 @@ static int pair_team(long pairs, long Tq, long Tk, long dh)
     return team < pairs ? team : (int)pairs;
 }
 
-/* Ask for the rows a pair will read (rw 0) or write (rw 1) while the current pair computes: the
- * heads of one sentence lie ld floats apart (a 1.5 KB stride at tiny's shapes), out of L1 and
- * L2 by the time their pair comes, and waiting for them is most of a pair's time otherwise. */
-static inline void prefetch_rows(const float *x, long ld, long rows, long cols, int rw)
-{
-    for (long r = 0; r < rows; r++) {
-        const float *row = x + r * ld;
-        for (long c = 0; c < cols; c += 16) {
-            if (rw) __builtin_prefetch(row + c, 1);
-            else __builtin_prefetch(row + c, 0);
-        }
-        if (rw) __builtin_prefetch(row + cols - 1, 1);
-        else __builtin_prefetch(row + cols - 1, 0);
-    }
-}
-
 #ifdef _OPENMP
 #define PAIR_RANGE(pairs, p0, p1)                                                        \
     int team_ = omp_get_num_threads(), t_ = omp_get_thread_num();                        \
@@ -700,13 +684,6 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
             const float *K = k + b * Tk * ldk + h * dh;
             const float *V = v + b * Tk * ldv + h * dh;
             float *P = probs + pair * block;
-            if (pair + 1 < p1) {
-                const long nb = (pair + 1) / H, nh = (pair + 1) % H;
-                prefetch_rows(q + nb * Tq * ldq + nh * dh, ldq, Tq, dh, 0);
-                prefetch_rows(k + nb * Tk * ldk + nh * dh, ldk, Tk, dh, 0);
-                prefetch_rows(v + nb * Tk * ldv + nh * dh, ldv, Tk, dh, 0);
-                prefetch_rows(ctx + nb * Tq * ldc + nh * dh, ldc, Tq, dh, 1);
-            }
 #if TF_HAVE_X86
             if (dp) {
                 forward_pair_dpbf16(Q, ldq, K, ldk, V, ldv,
@@ -794,17 +771,6 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
             if (factors)
                 dropout_forward_span(ones, factors, (size_t)block, dropout_p, seed,
                                      offset + (uint64_t)(pair * block));
-            if (pair + 1 < p1) {
-                const long nb = (pair + 1) / H, nh = (pair + 1) % H;
-                prefetch_rows(dctx + nb * Tq * lddc + nh * dh, lddc, Tq, dh, 0);
-                prefetch_rows(q + nb * Tq * ldq + nh * dh, ldq, Tq, dh, 0);
-                prefetch_rows(k + nb * Tk * ldk + nh * dh, ldk, Tk, dh, 0);
-                prefetch_rows(v + nb * Tk * ldv + nh * dh, ldv, Tk, dh, 0);
-                prefetch_rows(P + block, block, 1, block, 0);
-                prefetch_rows(dq + nb * Tq * lddq + nh * dh, lddq, Tq, dh, 1);
-                prefetch_rows(dk + nb * Tk * lddk + nh * dh, lddk, Tk, dh, 1);
-                prefetch_rows(dv + nb * Tk * lddv + nh * dh, lddv, Tk, dh, 1);
-            }
 #if TF_HAVE_X86
             if (dp) {
                 backward_pair_dpbf16(dC, lddc, Q, ldq, K, ldk, V, ldv, P,
