@@ -269,6 +269,19 @@ void dropout_backward(const float *dout, float *dx, size_t n, float p, uint64_t 
     dropout_forward(dout, dx, n, p, seed, offset);
 }
 
+void dropout_forward_span(const float *x, float *out, size_t n, float p, uint64_t seed,
+                          uint64_t counter0)
+{
+    if (n == 0) return;
+    if (p == 0.0f) {
+        if (out != x) memmove(out, x, n * sizeof(float));
+        return;
+    }
+    const uint32_t thr = dropout_threshold(p);
+    dropout_range_fn fn = thr == 0 ? keep_all_range : dropout_pick();
+    fn(x, NULL, NULL, out, 0, n, thr, dropout_scale(p), tf_rng_key(seed), counter0);
+}
+
 void dropout_mask(uint8_t *mask, size_t n, float p, uint64_t seed, uint64_t offset)
 {
     const uint32_t thr = dropout_threshold(p);

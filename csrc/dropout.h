@@ -35,6 +35,12 @@ void dropout_add_forward(const float *x, const float *residual, float *out, size
  * dx = dropout_backward(dout), dbias += column sums of dx. */
 void bias_dropout_add_forward(const float *x, const float *bias, const float *residual, float *out,
                               size_t N, size_t D, float p, uint64_t seed, uint64_t offset);
+/* One thread's piece of a larger call, for kernels that fuse dropout into their own parallel loop
+ * (attention_train.c): out[i] = x[i] * keep(counter0 + i) / (1 - p) for i < n, the bits
+ * dropout_forward(x0, out0, ..., offset) gives element counter0 - offset of its array.
+ * x, out: [n] (out may be x). Runs on the calling thread alone. */
+void dropout_forward_span(const float *x, float *out, size_t n, float p, uint64_t seed,
+                          uint64_t counter0);
 /* mask[i] = keep[i] (1 kept, 0 dropped), the mask dropout_forward applies.  mask: [n]. */
 void dropout_mask(uint8_t *mask, size_t n, float p, uint64_t seed, uint64_t offset);
 

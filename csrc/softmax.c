@@ -572,6 +572,46 @@ void softmax_backward(float *dscores, const float *probs, const float *dprobs,
     }
 }
 
+void softmax_block_forward(float *probs, const float *scores, const uint8_t *pad, long Tq, long Tk,
+                           float scale, int causal)
+{
+    const int isa = tf_isa();
+    for (long q = 0; q < Tq;) {
+        const uint8_t *pads[4];
+        long n[4];
+        int count = 0;
+        for (; count < 4 && q + count < Tq; count++) {
+            pads[count] = pad;
+            n[count] = causal && q + count + 1 < Tk ? q + count + 1 : Tk;
+        }
+        float *p = probs + q * Tk;
+        const float *s = scores + q * Tk;
+#if TF_HAVE_X86
+        if (isa >= TF_ISA_AVX512) {
+            softmax_rows_avx512(p, s, pads, n, count, Tk, scale);
+        } else if (isa >= TF_ISA_AVX2) {
+            softmax_rows_avx2(p, s, pads, n, count, Tk, scale);
+        } else
+#endif
+        {
+            for (int i = 0; i < count; i++) softmax_row_generic(p + i * Tk, s + i * Tk, pads[i], n[i], Tk, scale);
+        }
+        q += count;
+    }
+}
+
+void softmax_block_backward(float *dscores, const float *probs, const float *dprobs, long rows,
+                            long Tk, float scale)
+{
+#if TF_HAVE_X86
+    const int isa = tf_isa();
+    if (isa >= TF_ISA_AVX512) { softmax_backward_rows_avx512(dscores, probs, dprobs, 0, rows, Tk, scale); return; }
+    if (isa >= TF_ISA_AVX2) { softmax_backward_rows_avx2(dscores, probs, dprobs, 0, rows, Tk, scale); return; }
+#endif
+    for (long r = 0; r < rows; r++)
+        softmax_backward_row_generic(dscores + r * Tk, probs + r * Tk, dprobs + r * Tk, Tk, scale);
+}
+
 void tf_exp_array(float *out, const float *x, long n)
 {
 #if TF_HAVE_X86

@@ -29,6 +29,16 @@ void softmax_forward(float *probs, const float *scores, const uint8_t *key_paddi
 void softmax_backward(float *dscores, const float *probs, const float *dprobs,
                       long rows, long Tk, float scale);
 
+/* One (sentence, head) block on the calling thread alone, for kernels that fuse the softmax into
+ * their own parallel loop (attention_train.c): the bits softmax_forward / softmax_backward give
+ * these rows (each row is computed the same way wherever it falls).
+ * probs, scores [Tq, Tk] (probs may be scores); pad [Tk] or NULL; causal: query q sees keys <= q.
+ * dscores, probs, dprobs [rows, Tk] (dscores may be dprobs). */
+void softmax_block_forward(float *probs, const float *scores, const uint8_t *pad, long Tq, long Tk,
+                           float scale, int causal);
+void softmax_block_backward(float *dscores, const float *probs, const float *dprobs, long rows,
+                            long Tk, float scale);
+
 /* exp of every element (the vectorised exp the softmax uses at the current ISA level;
  * the plain C level uses expf). out [n] may be x. For tests of the exp's accuracy. */
 void tf_exp_array(float *out, const float *x, long n);

@@ -1589,6 +1589,34 @@ def door_cases(rng):
         cases["gemm_packed"] = (_C.gemm_packed, lambda a: (
             [a.array(_f(rng, M, K)), _C.gemm_pack_b(_f(rng, Nn, K), trans_b=True), a.array(_f(rng, M, Nn))],
             {"alpha": 0.5, "accumulate": bool(rng.integers(0, 2))}))
+    if hasattr(_C, "attention_train_forward"):
+        Ha = max(H, 1)
+        HD = Ha * dh
+
+        def attention_inputs(a):
+            qkv = a.array(_f(rng, B * Tq, 3 * HD))   # self-attention's layout when Tq == Tk
+            kv = qkv if Tq == Tk else a.array(_f(rng, B * Tk, 2 * HD))
+            k0 = HD if kv is qkv else 0
+            return qkv[:, :HD], kv[:, k0:k0 + HD], kv[:, k0 + HD:k0 + 2 * HD]
+
+        def attention_forward(a):
+            q, k, v = attention_inputs(a)
+            return [q, k, v, a.array(_f(rng, B, Ha, Tq, Tk)), a.array(_f(rng, B * Tq, HD)), 0.5], \
+                {"causal": bool(rng.integers(0, 2)), "key_padding_mask": a.array(rng.random((B, Tk)) < 0.3),
+                 "dropout_p": 0.1, "seed": 3, "offset": 5, "bf16": bool(rng.integers(0, 2))}
+
+        def attention_backward(a):
+            q, k, v = attention_inputs(a)
+            dqkv = a.array(_f(rng, B * Tq, 3 * HD))
+            dkv = dqkv if Tq == Tk else a.array(_f(rng, B * Tk, 2 * HD))
+            k0 = HD if dkv is dqkv else 0
+            probs = a.array(np.abs(_f(rng, B, Ha, Tq, Tk)))
+            return [a.array(_f(rng, B * Tq, HD)), q, k, v, probs, dqkv[:, :HD], dkv[:, k0:k0 + HD],
+                    dkv[:, k0 + HD:k0 + 2 * HD], 0.5], \
+                {"causal": bool(rng.integers(0, 2)), "dropout_p": 0.1, "seed": 3, "offset": 5,
+                 "bf16": bool(rng.integers(0, 2))}
+        cases["attention_train_forward"] = (_C.attention_train_forward, attention_forward)
+        cases["attention_train_backward"] = (_C.attention_train_backward, attention_backward)
     if hasattr(_C, "beam_topk"):
         width = int(rng.integers(1, 6))
         cases["beam_topk"] = (_C.beam_topk, lambda a: (
@@ -1613,7 +1641,8 @@ OUTPUTS = {"gemm": {2}, "gemm_reference": {2}, "softmax_forward": {1}, "softmax_
            "cross_entropy": {"dlogits"}, "log_softmax": {1}, "adam_step": {0, 2, 3}, "scale_": {0}, "zero_": {0},
            "attention_decode": {4, "probs"}, "attention_decode_rows": {4, "probs"},
            "attention_cache_store": {1}, "beam_topk": {4, 5}, "gemm_pack_b": set(), "gemm_packed": {2},
-           "no_repeat_ngram_ban": {0}}
+           "no_repeat_ngram_ban": {0}, "attention_train_forward": {3, 4},
+           "attention_train_backward": {5, 6, 7}}
 
 
 ARRAY_MUTATIONS = ("dtype", "rank_up", "rank_down", "shape_up", "shape_down", "strided", "reversed",

@@ -51,6 +51,7 @@ class Workspace:
         self.bf16_attention = False   # and the attention products too (training, forward)
         self.int8 = None      # or, for an int8 inference call, its PreparedWeights (prepared.py)
         self.kv_bf16 = False  # the decoder's keys and values rounded to bf16 (bf16 or int8 inference)
+        self.fused_attention = True   # MultiHeadAttention may take the fused kernel (fused_attention_fits)
         self._backing = {}
         self._views = {}
 
@@ -257,6 +258,19 @@ class LayerNorm:
         return dx
 
 
+FUSED_ATTENTION_MAX_LEN = 512   # longer sentences: the per-thread Tq x Tk buffers outgrow L2
+
+
+def fused_attention_fits(d_head, Tq, Tk, bf16):
+    """Whether attention of this shape takes the fused kernel (csrc/attention_train.h): heads of
+    32 to 64 dimensions (what its register tiles are sized for), sentences up to
+    FUSED_ATTENTION_MAX_LEN, and a SIMD level with its micro-kernels (AVX2 or better: 1.0-1.6x
+    the batched GEMMs on Zen 4, benchmarks/attention_fused.py; the plain C loops are slower).
+    bf16 is the precision of the products: the kernel handles both."""
+    return (32 <= d_head <= 64 and Tq <= FUSED_ATTENTION_MAX_LEN and Tk <= FUSED_ATTENTION_MAX_LEN
+            and _C.attention_train_path() != "generic")
+
+
 class MultiHeadAttention:
     """Multi-head scaled dot-product attention (sections 3.2.1-3.2.2), all heads at once.
 
@@ -305,6 +319,9 @@ class MultiHeadAttention:
             dkv5 = self.dkv.reshape(B, Tk, 2, H, dh)
             self.dk4 = dkv5[:, :, 0].transpose(0, 2, 1, 3)
             self.dv4 = dkv5[:, :, 1].transpose(0, 2, 1, 3)
+            # the fused kernel's views: rows of heads side by side
+            self.q2, self.k2, self.v2 = self.q, self.kv[:, :D], self.kv[:, D:]
+            self.dq2, self.dk2, self.dv2 = self.dq, self.dkv[:, :D], self.dkv[:, D:]
         else:
             self.qkv = ws.persistent(self, "qkv", (B * Tq, 3 * D))
             qkv5 = self.qkv.reshape(B, Tq, 3, H, dh)
@@ -316,6 +333,8 @@ class MultiHeadAttention:
             self.dq4 = dqkv5[:, :, 0].transpose(0, 2, 1, 3)
             self.dk4 = dqkv5[:, :, 1].transpose(0, 2, 1, 3)
             self.dv4 = dqkv5[:, :, 2].transpose(0, 2, 1, 3)
+            self.q2, self.k2, self.v2 = self.qkv[:, :D], self.qkv[:, D:2 * D], self.qkv[:, 2 * D:]
+            self.dq2, self.dk2, self.dv2 = self.dqkv[:, :D], self.dqkv[:, D:2 * D], self.dqkv[:, 2 * D:]
         # softmax probabilities, written over the raw scores (backward needs only the probs)
         self.probs = ws.persistent(self, "probs", (B, H, Tq, Tk))
         # the context is written head by head straight into [B, T, H, dh] = [N, D]: the concat of 3.2.2
@@ -324,7 +343,6 @@ class MultiHeadAttention:
         self.out = ws.scratch("attn.out", (B * Tq, D))   # consumed by the caller at once
         self.dctx = ws.scratch("attn.dctx", (B * Tq, D))
         self.dctx4 = self.dctx.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
-        self.dprobs = ws.scratch("attn.dprobs", (B, H, Tq, Tk))
 
     def forward(self, x, memory, B, Tq, Tk, key_padding_mask, causal):
         # x [B*Tq, D]; memory [B*Tk, D] (cross) or None (self); key_padding_mask bool [B, Tk] or None
@@ -341,6 +359,13 @@ class MultiHeadAttention:
         if self.cached and self.ws.kv_bf16:   # the keys and values a bf16 cache holds
             _C.round_bf16_(self.kv if self.cross else self.qkv[:, self.d_model:])
         probs, bf16 = self.probs, self.ws.bf16_attention
+        self.fused = self.ws.fused_attention and fused_attention_fits(self.d_head, Tq, Tk, bf16)
+        if self.fused:   # scores, masks, softmax, dropout and (.) V per (sentence, head), in cache
+            drop = self.attn_dropout
+            self.fused_call = (causal, drop.p if drop.active else 0.0, drop.stream.seed, drop.offset)
+            _C.attention_train_forward(self.q2, self.k2, self.v2, probs, self.ctx, self.scale, causal,
+                                       key_padding_mask, *self.fused_call[1:], bf16)
+            return self.out_proj.forward(self.ctx, self.out)                 # Concat(heads) W^O
         _C.gemm(self.q4, self.k4, probs, False, True, bf16=bf16)            # Q Kᵀ
         _C.softmax_forward(probs, probs, self.scale, causal, key_padding_mask)  # softmax(QKᵀ/sqrt(dk))
         if self.attn_dropout.active:
@@ -356,7 +381,21 @@ class MultiHeadAttention:
         # dout [B*Tq, D] (read before dx is written, so dx may be dout); dx [B*Tq, D];
         # dmemory [B*Tk, D] receives (or, accumulate_memory, adds) the gradient of memory (cross)
         self.out_proj.backward(dout, self.ctx, self.dctx)
-        dprobs, bf16 = self.dprobs, self.ws.bf16_attention
+        bf16 = self.ws.bf16_attention
+        if self.fused:
+            _C.attention_train_backward(self.dctx, self.q2, self.k2, self.v2, self.probs, self.dq2,
+                                        self.dk2, self.dv2, self.scale, *self.fused_call, bf16)
+        else:
+            self._backward_unfused(bf16)
+        if self.cross:
+            self.kv_proj.backward(self.dkv, self.memory, dmemory, accumulate_memory)
+            self.q_proj.backward(self.dq, self.x, dx, accumulate)
+        else:
+            self.qkv_proj.backward(self.dqkv, self.x, dx, accumulate)
+        return dx
+
+    def _backward_unfused(self, bf16):
+        dprobs = self.ws.scratch("attn.dprobs", self.probs.shape)
         _C.gemm(self.dctx4, self.v4, dprobs, False, True, bf16=bf16)         # dP = dC Vᵀ
         _C.gemm(self.probs_d, self.dctx4, self.dv4, True, False, bf16=bf16)  # dV = Pᵀ dC
         if self.attn_dropout.active:
@@ -365,12 +404,6 @@ class MultiHeadAttention:
         _C.softmax_backward(self.probs, dprobs, dprobs, self.scale)          # dS (scaled)
         _C.gemm(dprobs, self.k4, self.dq4, bf16=bf16)                        # dQ = dS K
         _C.gemm(dprobs, self.q4, self.dk4, True, False, bf16=bf16)           # dK = dSᵀ Q
-        if self.cross:
-            self.kv_proj.backward(self.dkv, self.memory, dmemory, accumulate_memory)
-            self.q_proj.backward(self.dq, self.x, dx, accumulate)
-        else:
-            self.qkv_proj.backward(self.dqkv, self.x, dx, accumulate)
-        return dx
 
 
 class FeedForward:
