@@ -271,8 +271,12 @@ def test_health_says_503_when_a_step_is_stuck(model_dir):
     app, scheduler = build(served)
     scheduler.stuck_after = 0.3
     release = threading.Event()
-    scheduler.models["en-es"].decode = lambda pieces, **options: (release.wait(20), ["x"] * len(pieces))[1]
-    scheduler.submit("en-es", ["a"], served["en-es"].options(alternatives=1))   # decoded as a whole batch
+    def stuck(pieces, **options):       # one step that does not end until released
+        release.wait(20)
+        yield
+        return [["x"]] * len(pieces)
+    scheduler.models["en-es"].alternatives_steps = stuck
+    scheduler.submit("en-es", ["a"], served["en-es"].options(alternatives=1))   # decoded by the slice
     deadline = time.monotonic() + 30
     while scheduler._busy_since is None and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -383,6 +387,37 @@ def test_a_one_sentence_request_during_an_alternatives_255_request_is_answered_f
     finally:
         scheduler.stop(5)
     assert done == ["short", "alternatives"]
+
+
+def test_a_one_sentence_request_during_one_batch_of_many_alternatives_255_sentences_is_answered_first(model_dir):
+    """The rows and the tokens a batch may hold are wide enough for 16 sentences of 256 beams in one
+    batch, and every sentence decodes to its length limit (EOS pushed down): decoded as a whole
+    batch, the n-best request held the short one for all its steps. Decoded a few steps at a time
+    between the stream's runs, the short one passes it, and every n-best answer is still the one
+    its sentence gets alone, offline."""
+    served = _never_ending(model_dir)
+    scheduler = Scheduler(served, batch_size=1024, batch_tokens=1 << 20)
+    wide_options = served["en-es"].options(alternatives=255, max_len=32)
+    texts = sentences(16, seed=51)
+    done = []
+    try:
+        wide = scheduler.submit("en-es", texts, wide_options, join=list)
+        wide.add_done_callback(lambda _: done.append("alternatives"))
+        deadline = time.monotonic() + 30
+        while scheduler._busy_since is None and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        assert not wide.done(), "the n-best request ended before the short one was sent: no test"
+        short = scheduler.submit("en-es", ["a"], served["en-es"].options(beam=1, max_len=4))
+        short.add_done_callback(lambda _: done.append("short"))
+        assert short.result(60) == translate_texts(served["en-es"].model, served["en-es"].src_tokenizer,
+                                                   served["en-es"].tgt_tokenizer, ["a"], beam=1, max_len=4)
+        answers = wide.result(120)
+    finally:
+        scheduler.stop(5)
+    assert done == ["short", "alternatives"]
+    chosen = dict(wide_options)
+    alone = [served["en-es"].decode([served["en-es"].src_tokenizer.encode(text)], **chosen)[0] for text in texts]
+    assert answers == [[hyps] for hyps in alone]
 
 
 # -- bounded memory --------------------------------------------------------------------------------------
