@@ -699,3 +699,24 @@ def test_a_rebinding_host_is_refused_on_a_loopback_bind(server):
     _says(*evil, 421, "Host")
     _says(*evil_port, 421, "DNS rebinding")
     assert local[0] == 200
+
+
+# -- the load benchmark's hostile mode ----------------------------------------------------------------------
+
+def test_the_bench_s_hostile_mode_runs_end_to_end_and_checks_every_answer(model_dir):
+    """transformer bench --what serve --hostile N at a tiny scale: the well-formed clients alone and
+    with every kind of hostile client, every accepted answer checked against offline; no timing."""
+    from transformer.bench import serve as bench
+
+    records = bench.run_hostile(threads=1, clients=4, hostile=len(bench.HOSTILE_KINDS), requests=12, rounds=1,
+                                rate=20.0, served=(model_dir, sentences(12, seed=60)))
+    runs, summary = records[:-1], records[-1]
+    assert [(r["engine"], r["hostile"]) for r in runs] == [("ours", 0), ("ours", 7)]
+    assert all(r["accepted"] == 12 and r["refused"] == 0 and r["mismatches"] == 0 and r["answered_once"]
+               for r in runs), runs
+    outcomes = runs[1]["hostile_outcomes"]
+    assert set(outcomes) == set(bench.HOSTILE_KINDS)
+    assert set(outcomes["malformed_json"]) == set(outcomes["nested_2000_deep"]) == {"400"}, outcomes
+    assert set(outcomes["unknown_path"]) == {"404"} and set(outcomes["language_64_kb"]) == {"400"}, outcomes
+    assert summary["bench"] == "serve_hostile_summary" and summary["hostile_5xx"] == 0 and summary["answered_once"]
+    assert summary["ours_sentences_per_s"] > 0 and summary["with_hostile_vs_without"] > 0
