@@ -551,6 +551,59 @@ def test_600_idle_connections_leave_room_for_a_request_answered_within_10_s(mode
     assert took < 10
 
 
+def _answer_of(connection):
+    """One HTTP answer read from `connection` (its headers and Content-Length bytes of body), or
+    what came before the server closed it or 10 s passed."""
+    connection.settimeout(10)
+    answer = b""
+    try:
+        while True:
+            head, ended, rest = answer.partition(b"\r\n\r\n")
+            length = re.search(rb"(?i)content-length: *(\d+)", head) if ended else None
+            if length and len(rest) >= int(length.group(1)):
+                return answer
+            chunk = connection.recv(65536)
+            if not chunk:
+                return answer
+            answer += chunk
+    except socket.timeout:
+        return answer
+
+
+def test_when_every_connection_is_busy_a_new_one_gets_503_with_retry_after_and_then_room(model_dir):
+    """--max-connections 2, each connection busy with a request whose body is still on its way (no
+    connection is idle, so none can be closed to make room): a third is answered 503 naming the
+    flag, with Retry-After, and closed. Once those requests are answered, a new one is served."""
+    running = Running("--model", model_dir, "--max-connections", "2")
+    body = json.dumps({"q": "a dog", **ENG_SPA}).encode()
+    head = (f"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    busy = []
+    try:
+        for _ in range(2):
+            connection = socket.create_connection(("127.0.0.1", running.port), timeout=10)
+            connection.sendall(head + body[:5])
+            busy.append(connection)
+        time.sleep(1.0)                 # both requests' headers read: the handlers wait for their bodies
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as third:
+            third.sendall(head + body)
+            refused = _answer_of(third)
+        for connection in busy:
+            connection.sendall(body[5:])
+        answers = [_answer_of(connection) for connection in busy]
+        status, text, _ = send(running.url, "/translate", json={"q": "a dog", **ENG_SPA})
+    finally:
+        for connection in busy:
+            connection.close()
+        running.stop()
+    assert refused.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in refused, refused[:300]
+    assert b"--max-connections" in refused and b"each busy" in refused, refused
+    want = offline(model_dir, ["a dog"])[0]
+    assert all(a.startswith(b"HTTP/1.1 200") and json.loads(a.split(b"\r\n\r\n", 1)[1])["translatedText"] == want
+               for a in answers), answers
+    assert status == 200 and json.loads(text)["translatedText"] == want
+
+
 # -- keys, limits, CORS and Host ---------------------------------------------------------------------------
 
 def _keys(db, *argv):
