@@ -420,6 +420,46 @@ def test_a_one_sentence_request_during_one_batch_of_many_alternatives_255_senten
     assert answers == [[hyps] for hyps in alone]
 
 
+def test_an_alternatives_request_cancelled_mid_batch_is_no_longer_decoded(model_dir):
+    """Its client went away during its batch's steps (99 of them: every sentence decodes to its
+    limit): the batch is closed at the scheduler's next turn, not decoded to its end for nobody,
+    and the next request is answered."""
+    served = _never_ending(model_dir)
+    steps, closed = [], []
+    decode_steps = served["en-es"].alternatives_steps
+
+    def counted(*args, **kwargs):
+        inner = decode_steps(*args, **kwargs)
+        try:
+            while True:
+                try:
+                    next(inner)
+                except StopIteration as end:
+                    return end.value
+                steps.append(1)
+                yield
+        finally:
+            inner.close()
+            closed.append(True)
+    served["en-es"].alternatives_steps = counted
+    scheduler = Scheduler(served, batch_size=1024, batch_tokens=1 << 20)
+    try:
+        wide = scheduler.submit("en-es", sentences(16, seed=52), served["en-es"].options(alternatives=255, max_len=100))
+        deadline = time.monotonic() + 30
+        while not steps and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        wide.cancel()                   # as asyncio.wrap_future does when the handler is cancelled
+        scheduler.cancel(wide)
+        assert scheduler.submit("en-es", ["a"], served["en-es"].options(beam=1, max_len=4)).result(60)
+        deadline = time.monotonic() + 30
+        while not closed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert scheduler._alternatives is None and scheduler.health()[0]
+    finally:
+        scheduler.stop(5)
+    assert closed and len(steps) < 50, f"{len(steps)} of its 99 steps decoded, most for nobody"
+
+
 # -- bounded memory --------------------------------------------------------------------------------------
 
 def test_300_unknown_paths_leave_metrics_unchanged_in_size(server):

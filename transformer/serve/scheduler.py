@@ -201,7 +201,9 @@ class Scheduler:
     def cancel(self, future):
         """The client went away: its pieces not yet decoded are dropped, those decoding leave."""
         with self._condition:
-            for piece in itertools.chain(self._waiting, self._pending, self._decoding):
+            batch = self._alternatives      # read once: the thread may end it meanwhile
+            alternatives = batch.pieces if batch is not None else ()
+            for piece in itertools.chain(self._waiting, self._pending, self._decoding, alternatives):
                 if piece.request.future is future:
                     piece.request.cancelled = True
 
@@ -387,8 +389,8 @@ class Scheduler:
 
     def _alternatives_slice(self, batch):
         """A slice of the n-best batch's steps: until it ends, or for MAX_STEPS steps, or once it
-        has run MIN_INTERVAL while anything else waits (a stream's sentences, a new request); its
-        sentences answered when it ends."""
+        has run MIN_INTERVAL while anything else waits (a stream's sentences, a new request) or
+        nobody waits for it; its sentences answered when it ends."""
         if batch.steps is None:
             batch.pieces.sort(key=lambda piece: len(piece.ids))
             name, options = batch.pieces[0].group
@@ -399,8 +401,9 @@ class Scheduler:
         try:
             for step in range(1, MAX_STEPS + 1):
                 next(batch.steps)
-                if step == MAX_STEPS or (time.monotonic() - started >= MIN_INTERVAL and self._others_wait()):
-                    return
+                if step == MAX_STEPS or (time.monotonic() - started >= MIN_INTERVAL and
+                                         (self._others_wait() or all(_gone(p) for p in batch.pieces))):
+                    return              # the turn admits what waits, or drops what nobody waits for
         except StopIteration as end:
             translations = end.value
         except Exception as exc:        # a bug or a refused option: every request of the batch hears it
