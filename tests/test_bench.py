@@ -524,6 +524,18 @@ def test_bench_repeats_is_refused_where_nothing_reads_it(what, capsys):
         f"transformer bench: error: --repeats does not apply to --what {what}, only to --what train or decode")
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--what", "decode", "--hostile", "8"], "--hostile does not apply to --what decode, only to --what serve"),
+    (["--what", "serve", "--baseline", "."], "--baseline applies to --hostile"),
+    (["--what", "serve", "--hostile", "8", "--baseline", "no-such-checkout"], "--baseline no-such-checkout: no "
+                                                                               "transformer package there"),
+])
+def test_bench_hostile_flags_are_refused_where_they_cannot_apply(argv, message, capsys):
+    pytest.importorskip("aiohttp")
+    assert cli.main(["bench", *argv, "--threads", "1"]) == 2
+    assert capsys.readouterr().err.startswith(f"transformer bench: error: {message}")
+
+
 def test_bench_repeats_times_each_engine_that_many_times(monkeypatch, capsys):
     # --what decode and train take the count, or their config's own without the flag
     from transformer.bench import decode

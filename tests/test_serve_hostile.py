@@ -271,8 +271,12 @@ def test_health_says_503_when_a_step_is_stuck(model_dir):
     app, scheduler = build(served)
     scheduler.stuck_after = 0.3
     release = threading.Event()
-    scheduler.models["en-es"].decode = lambda pieces, **options: (release.wait(20), ["x"] * len(pieces))[1]
-    scheduler.submit("en-es", ["a"], served["en-es"].options(alternatives=1))   # decoded as a whole batch
+    def stuck(pieces, **options):       # one step that does not end until released
+        release.wait(20)
+        yield
+        return [["x"]] * len(pieces)
+    scheduler.models["en-es"].alternatives_steps = stuck
+    scheduler.submit("en-es", ["a"], served["en-es"].options(alternatives=1))   # decoded by the slice
     deadline = time.monotonic() + 30
     while scheduler._busy_since is None and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -383,6 +387,77 @@ def test_a_one_sentence_request_during_an_alternatives_255_request_is_answered_f
     finally:
         scheduler.stop(5)
     assert done == ["short", "alternatives"]
+
+
+def test_a_one_sentence_request_during_one_batch_of_many_alternatives_255_sentences_is_answered_first(model_dir):
+    """The rows and the tokens a batch may hold are wide enough for 16 sentences of 256 beams in one
+    batch, and every sentence decodes to its length limit (EOS pushed down): decoded as a whole
+    batch, the n-best request held the short one for all its steps. Decoded a few steps at a time
+    between the stream's runs, the short one passes it, and every n-best answer is still the one
+    its sentence gets alone, offline."""
+    served = _never_ending(model_dir)
+    scheduler = Scheduler(served, batch_size=1024, batch_tokens=1 << 20)
+    wide_options = served["en-es"].options(alternatives=255, max_len=32)
+    texts = sentences(16, seed=51)
+    done = []
+    try:
+        wide = scheduler.submit("en-es", texts, wide_options, join=list)
+        wide.add_done_callback(lambda _: done.append("alternatives"))
+        deadline = time.monotonic() + 30
+        while scheduler._busy_since is None and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        assert not wide.done(), "the n-best request ended before the short one was sent: no test"
+        short = scheduler.submit("en-es", ["a"], served["en-es"].options(beam=1, max_len=4))
+        short.add_done_callback(lambda _: done.append("short"))
+        assert short.result(60) == translate_texts(served["en-es"].model, served["en-es"].src_tokenizer,
+                                                   served["en-es"].tgt_tokenizer, ["a"], beam=1, max_len=4)
+        answers = wide.result(120)
+    finally:
+        scheduler.stop(5)
+    assert done == ["short", "alternatives"]
+    chosen = dict(wide_options)
+    alone = [served["en-es"].decode([served["en-es"].src_tokenizer.encode(text)], **chosen)[0] for text in texts]
+    assert answers == [[hyps] for hyps in alone]
+
+
+def test_an_alternatives_request_cancelled_mid_batch_is_no_longer_decoded(model_dir):
+    """Its client went away during its batch's steps (99 of them: every sentence decodes to its
+    limit): the batch is closed at the scheduler's next turn, not decoded to its end for nobody,
+    and the next request is answered."""
+    served = _never_ending(model_dir)
+    steps, closed = [], []
+    decode_steps = served["en-es"].alternatives_steps
+
+    def counted(*args, **kwargs):
+        inner = decode_steps(*args, **kwargs)
+        try:
+            while True:
+                try:
+                    next(inner)
+                except StopIteration as end:
+                    return end.value
+                steps.append(1)
+                yield
+        finally:
+            inner.close()
+            closed.append(True)
+    served["en-es"].alternatives_steps = counted
+    scheduler = Scheduler(served, batch_size=1024, batch_tokens=1 << 20)
+    try:
+        wide = scheduler.submit("en-es", sentences(16, seed=52), served["en-es"].options(alternatives=255, max_len=100))
+        deadline = time.monotonic() + 30
+        while not steps and time.monotonic() < deadline:
+            time.sleep(0.0005)
+        wide.cancel()                   # as asyncio.wrap_future does when the handler is cancelled
+        scheduler.cancel(wide)
+        assert scheduler.submit("en-es", ["a"], served["en-es"].options(beam=1, max_len=4)).result(60)
+        deadline = time.monotonic() + 30
+        while not closed and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert scheduler._alternatives is None and scheduler.health()[0]
+    finally:
+        scheduler.stop(5)
+    assert closed and len(steps) < 50, f"{len(steps)} of its 99 steps decoded, most for nobody"
 
 
 # -- bounded memory --------------------------------------------------------------------------------------
@@ -514,6 +589,59 @@ def test_600_idle_connections_leave_room_for_a_request_answered_within_10_s(mode
     assert status == 200 and json.loads(body)["translatedText"] == offline(model_dir, ["a dog"])[0], body
     assert not any("Too many open files" in line for line in said), "".join(said)[-2000:]
     assert took < 10
+
+
+def _answer_of(connection):
+    """One HTTP answer read from `connection` (its headers and Content-Length bytes of body), or
+    what came before the server closed it or 10 s passed."""
+    connection.settimeout(10)
+    answer = b""
+    try:
+        while True:
+            head, ended, rest = answer.partition(b"\r\n\r\n")
+            length = re.search(rb"(?i)content-length: *(\d+)", head) if ended else None
+            if length and len(rest) >= int(length.group(1)):
+                return answer
+            chunk = connection.recv(65536)
+            if not chunk:
+                return answer
+            answer += chunk
+    except socket.timeout:
+        return answer
+
+
+def test_when_every_connection_is_busy_a_new_one_gets_503_with_retry_after_and_then_room(model_dir):
+    """--max-connections 2, each connection busy with a request whose body is still on its way (no
+    connection is idle, so none can be closed to make room): a third is answered 503 naming the
+    flag, with Retry-After, and closed. Once those requests are answered, a new one is served."""
+    running = Running("--model", model_dir, "--max-connections", "2")
+    body = json.dumps({"q": "a dog", **ENG_SPA}).encode()
+    head = (f"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    busy = []
+    try:
+        for _ in range(2):
+            connection = socket.create_connection(("127.0.0.1", running.port), timeout=10)
+            connection.sendall(head + body[:5])
+            busy.append(connection)
+        time.sleep(1.0)                 # both requests' headers read: the handlers wait for their bodies
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as third:
+            third.sendall(head + body)
+            refused = _answer_of(third)
+        for connection in busy:
+            connection.sendall(body[5:])
+        answers = [_answer_of(connection) for connection in busy]
+        status, text, _ = send(running.url, "/translate", json={"q": "a dog", **ENG_SPA})
+    finally:
+        for connection in busy:
+            connection.close()
+        running.stop()
+    assert refused.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in refused, refused[:300]
+    assert b"--max-connections" in refused and b"each busy" in refused, refused
+    want = offline(model_dir, ["a dog"])[0]
+    assert all(a.startswith(b"HTTP/1.1 200") and json.loads(a.split(b"\r\n\r\n", 1)[1])["translatedText"] == want
+               for a in answers), answers
+    assert status == 200 and json.loads(text)["translatedText"] == want
 
 
 # -- keys, limits, CORS and Host ---------------------------------------------------------------------------
@@ -664,3 +792,24 @@ def test_a_rebinding_host_is_refused_on_a_loopback_bind(server):
     _says(*evil, 421, "Host")
     _says(*evil_port, 421, "DNS rebinding")
     assert local[0] == 200
+
+
+# -- the load benchmark's hostile mode ----------------------------------------------------------------------
+
+def test_the_bench_s_hostile_mode_runs_end_to_end_and_checks_every_answer(model_dir):
+    """transformer bench --what serve --hostile N at a tiny scale: the well-formed clients alone and
+    with every kind of hostile client, every accepted answer checked against offline; no timing."""
+    from transformer.bench import serve as bench
+
+    records = bench.run_hostile(threads=1, clients=4, hostile=len(bench.HOSTILE_KINDS), requests=12, rounds=1,
+                                rate=20.0, served=(model_dir, sentences(12, seed=60)))
+    runs, summary = records[:-1], records[-1]
+    assert [(r["engine"], r["hostile"]) for r in runs] == [("ours", 0), ("ours", 7)]
+    assert all(r["accepted"] == 12 and r["refused"] == 0 and r["mismatches"] == 0 and r["answered_once"]
+               for r in runs), runs
+    outcomes = runs[1]["hostile_outcomes"]
+    assert set(outcomes) == set(bench.HOSTILE_KINDS)
+    assert set(outcomes["malformed_json"]) == set(outcomes["nested_2000_deep"]) == {"400"}, outcomes
+    assert set(outcomes["unknown_path"]) == {"404"} and set(outcomes["language_64_kb"]) == {"400"}, outcomes
+    assert summary["bench"] == "serve_hostile_summary" and summary["hostile_5xx"] == 0 and summary["answered_once"]
+    assert summary["ours_sentences_per_s"] > 0 and summary["with_hostile_vs_without"] > 0

@@ -31,10 +31,28 @@ max_len), the others for MAX_LEN; the records give the short requests' p50 / p99
 (short_p50_s, short_p99_s). Batching between batches makes a short request wait for the long
 ones of its batch, and of the batch before it.
 
+Hostile mode (run_hostile; `transformer bench --what serve --hostile 8`): issue 58's load. One
+server of ours (step batching) answers CLIENTS_HOSTILE well-formed clients, alone and while N
+hostile clients (a process of their own) send what the hostile tests send: malformed JSON, JSON
+nested 2,000 deep, forms of 1,000 fields, headers a byte a second, requests dropped mid-way,
+unknown paths and 64 KB language fields, each at most HOSTILE_RATE requests a second (a client
+that floods as fast as it can is a denial of service no server answers by parsing: --req-limit
+is its answer). Rounds alternate the order (clean then hostile, then hostile then clean) so a drift
+of the machine does not pass for the hostile clients' cost. With `baseline` (another checkout,
+such as 572e4d1's), that checkout's server answers the same well-formed load in the same rounds.
+Each record: sentences/s, p50 / p99; `accepted` (200s) and `refused` (any other status) of the
+well-formed requests; `mismatches` (accepted answers that differ from the offline translation of
+their own sentence); `answered_once`: the server's count of /translate 200s grew by exactly the
+accepted requests (the hostile clients' drops go to /v1/translate, so they are not counted
+there); and the hostile clients' outcomes by kind (a status, or what the connection did).
+
 Nothing here is timed in tests.
 """
 import asyncio
+import json
 import os
+import random
+import re
 import shutil
 import subprocess
 import sys
@@ -94,11 +112,14 @@ def build_model(name, directory, pairs, seed=0):
 class ServerProcess:
     """A server in a process of its own, up once it says "listening on"."""
 
-    def __init__(self, argv):
+    def __init__(self, argv, checkout=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # checkout: the directory whose `transformer` the process imports (another commit's), not
+        # the one installed
+        env = None if checkout is None else {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
         self.process = subprocess.Popen([*argv, "--port", str(self.port)], stderr=subprocess.PIPE, text=True,
-                                        cwd=tempfile.gettempdir())
+                                        cwd=tempfile.gettempdir(), env=env)
         self.banner = lines = []
         for line in self.process.stderr:
             lines.append(line)
@@ -115,10 +136,11 @@ class ServerProcess:
             self.process.wait()
 
 
-def ours(directory, threads, precision, beam, batch_size, batching="step"):
+def ours(directory, threads, precision, beam, batch_size, batching="step", checkout=None):
     return ServerProcess([sys.executable, "-m", "transformer", "serve", "--model", directory, "--threads",
                           str(threads), "--precision", precision, "--beam", str(beam), "--max-len", str(MAX_LEN),
-                          "--batch-size", str(batch_size), "--max-queue", "100000", "--batching", batching])
+                          "--batch-size", str(batch_size), "--max-queue", "100000", "--batching", batching],
+                         checkout=checkout)
 
 
 def ctranslate2_server(directory, threads, compute_type, beam):
@@ -189,10 +211,12 @@ def serve_ctranslate2(directory, threads, compute_type, beam):
     listen(app, "127.0.0.1", port, banner=[f"ctranslate2 layout {served.layout} (trial seconds {served.trials})"])
 
 
-async def _drive(url, texts, clients, max_lens=None):
+async def _drive(url, texts, clients, max_lens=None, refused=None):
     """`clients` concurrent clients, each sending the next text alone until none is left: (wall
     seconds, latencies in text order, answers in text order). max_lens: each text's max_len, sent
-    to POST /v1/translate (None: POST /translate, the server's defaults)."""
+    to POST /v1/translate (None: POST /translate, the server's defaults). refused: a list that
+    takes (index, status) of each answer other than 200 (its answer stays None), instead of an
+    error."""
     import aiohttp
 
     queue = list(enumerate(texts))
@@ -208,7 +232,10 @@ async def _drive(url, texts, clients, max_lens=None):
                     body["max_len"], path = max_lens[index], "/v1/translate"
                 started = time.perf_counter()
                 async with session.post(url + path, json=body) as r:
-                    body = await r.json()
+                    body = await r.json(content_type=None)
+                    if r.status != 200 and refused is not None:
+                        refused.append((index, r.status))
+                        continue
                     if r.status != 200:
                         raise RuntimeError(f"{url}: {r.status} {body}")
                 latencies[index] = time.perf_counter() - started
@@ -360,3 +387,236 @@ def table(records):
                     f"{r['sentences_per_s']} | {r['tokens_per_s']} | {r.get('p50_s', '-')} | {r.get('p99_s', '-')} | "
                     f"{short} |")
     return "\n".join(rows)
+
+
+# -- hostile mode (issue 58) ------------------------------------------------------------------------
+
+CLIENTS_HOSTILE = 64         # well-formed clients of the hostile mode
+HOSTILE_RATE = 10.0          # requests a second per hostile client at most
+# what each hostile client sends, dealt to the clients in turn (the 8th drops requests too: the
+# kind that makes the scheduler work for nobody)
+HOSTILE_KINDS = ("drop_mid_request", "malformed_json", "nested_2000_deep", "form_1000_fields", "header_byte_a_second",
+                 "unknown_path", "language_64_kb")
+HOSTILE_WORDS = "in the beginning god created the heaven and the earth and the earth was without form".split()
+
+
+async def _hostile_request(kind, session, url, port, count, stop):
+    """One hostile request of `kind`: its outcome (the status, or what became of the connection)."""
+    import aiohttp
+
+    translate = url + "/translate"
+    if kind == "malformed_json":
+        async with session.post(translate, data='{"q": "a", "source": "en",',
+                                headers={"Content-Type": "application/json"}) as r:
+            return r.status
+    if kind == "nested_2000_deep":
+        body = '{"q": ' + "[" * 2000 + "]" * 2000 + ', "source": "en", "target": "es"}'
+        async with session.post(translate, data=body, headers={"Content-Type": "application/json"}) as r:
+            return r.status
+    if kind == "form_1000_fields":
+        form = [("q", f"a{i}") for i in range(1000)] + [("source", "en"), ("target", "es")]
+        async with session.post(translate, data=form) as r:
+            return r.status
+    if kind == "unknown_path":
+        async with session.get(f"{url}/made-up/{count}?x={count}") as r:
+            return r.status
+    if kind == "language_64_kb":
+        async with session.post(translate, json={"q": "a", "source": f"{count:05d}" + "x" * (64 * 1024 - 5),
+                                                 "target": "es"}) as r:
+            return r.status
+    if kind == "drop_mid_request":      # five sentences, the connection dropped after 0-20 ms
+        rng = random.Random(count)
+        texts = [" ".join(rng.choices(HOSTILE_WORDS, k=rng.randint(3, 12))) for _ in range(5)]
+        try:
+            async with session.post(url + "/v1/translate", json={"q": texts, "source": "en", "target": "es"},
+                                    timeout=aiohttp.ClientTimeout(total=0.001 + 0.02 * rng.random())) as r:
+                await r.read()
+                return r.status
+        except asyncio.TimeoutError:
+            return "dropped"
+    if kind == "header_byte_a_second":  # until the server cuts it off (--header-timeout) or the run ends
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            writer.write(b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+            while not stop.is_set():
+                writer.write(b"X")
+                await writer.drain()
+                try:
+                    line = await asyncio.wait_for(reader.readline(), 1.0)
+                except asyncio.TimeoutError:
+                    continue
+                return line.split()[1].decode() if line.startswith(b"HTTP/") else "closed"
+            return "unfinished"
+        except ConnectionError:
+            return "closed"
+        finally:
+            writer.close()
+    raise ValueError(f"unknown hostile kind {kind!r}")
+
+
+async def _hostile(url, clients, rate, stop):
+    """`clients` hostile clients until `stop` is set: {kind: {outcome: count}}."""
+    import aiohttp
+
+    port = int(url.rsplit(":", 1)[1])
+    outcomes = {}
+
+    async def client(kind):
+        counts = outcomes.setdefault(kind, {})
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            sent = 0
+            while not stop.is_set():
+                started = time.monotonic()
+                try:
+                    outcome = await _hostile_request(kind, session, url, port, sent, stop)
+                except (aiohttp.ClientError, OSError) as exc:
+                    outcome = type(exc).__name__
+                sent += 1
+                counts[str(outcome)] = counts.get(str(outcome), 0) + 1
+                if rate:
+                    try:
+                        await asyncio.wait_for(stop.wait(), max(0.0, 1.0 / rate - (time.monotonic() - started)))
+                    except asyncio.TimeoutError:
+                        pass
+    await asyncio.gather(*(client(HOSTILE_KINDS[i % len(HOSTILE_KINDS)]) for i in range(clients)))
+    return outcomes
+
+
+def hostile_clients(url, clients, rate):
+    """The hostile clients' process (python -c ...): they run until its stdin closes, then it
+    prints their outcomes as one JSON line."""
+    import threading
+
+    async def main():
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        threading.Thread(target=lambda: (sys.stdin.read(), loop.call_soon_threadsafe(stop.set)), daemon=True).start()
+        return await _hostile(url, clients, rate, stop)
+    print(json.dumps(asyncio.run(main())), flush=True)
+
+
+class HostileClients:
+    """The hostile clients in a process of their own (their event loop and interpreter are not the
+    well-formed clients'), from start() to stop() (their outcomes)."""
+
+    def __init__(self, url, clients, rate):
+        code = f"from transformer.bench.serve import hostile_clients; hostile_clients({url!r}, {clients}, {rate})"
+        env = {**os.environ, "PYTHONPATH": _checkout()}     # this `transformer`, wherever it was started
+        self.process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        text=True, env=env)
+
+    def stop(self):
+        out, _ = self.process.communicate("", timeout=60)
+        return json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+
+
+def _checkout():
+    """The directory this `transformer` package is imported from."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _translate_200s(url):
+    """The server's count of POST /translate answered 200 (GET /metrics)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+    found = re.search(r'transformer_requests_total\{endpoint="/translate",status="200"\} (\d+)', text)
+    return int(found.group(1)) if found else 0
+
+
+def run_hostile(config="tiny", threads=2, precision="int8", beam=4, clients=CLIENTS_HOSTILE, hostile=8,
+                requests=512, rounds=2, rate=HOSTILE_RATE, baseline=None, data=BIBLE, stream=None, served=None):
+    """The hostile mode's records (module docstring): per round, server and load one record, then a
+    summary. baseline: the directory of another checkout whose server answers the same
+    well-formed load (no hostile clients: an older server may answer them with 500s). served:
+    (model directory, English texts) to serve instead of `config`'s model built with random
+    weights (the tests' small model)."""
+    from ..checkpoint import load_for_inference
+    from ..serve.documents import translate_documents
+    from ..train import translate_texts
+    from .harness import cpu_model, emit as keep
+
+    import transformer as T
+
+    records = []
+
+    def emit(record):
+        keep(record, records, stream)
+    directory = served[0] if served else tempfile.mkdtemp(prefix=f"serve-hostile-{config}-")
+    try:
+        texts = served[1] if served else build_model(config, directory, _pairs(data))
+        model, src_tok, tgt_tok = load_for_inference(directory)
+        model.params.freeze()
+        T.set_num_threads(threads)
+        sample = (texts * (requests // len(texts) + 1))[:requests]
+        offline = dict(zip(sample, translate_documents(sample, "en", lambda sentences: translate_texts(
+            model, src_tok, tgt_tok, sentences, beam=beam, max_len=MAX_LEN, precision=precision))))
+        base = {"bench": "serve_hostile", "config": config, "threads": threads, "precision": precision,
+                "beam": beam, "max_len": MAX_LEN, "clients": clients, "sentences": len(sample), "hostile_rate": rate,
+                "cpu": cpu_model()}
+        servers = {"ours": ours(directory, threads, precision, beam, 64, checkout=_checkout())}
+        try:
+            if baseline:
+                try:
+                    servers["baseline"] = ours(directory, threads, precision, beam, 64, checkout=baseline)
+                except RuntimeError as exc:     # it did not start (not built, other flags): said, not fatal
+                    emit({**base, "engine": "baseline", "checkout": baseline, "skipped": str(exc)[-300:]})
+                    baseline = None
+            for server in servers.values():
+                asyncio.run(_drive(server.url, sample[:8], 2))        # warm-up
+            loads = [("ours", 0), ("ours", hostile)] + ([("baseline", 0)] if baseline else [])
+            for round_ in range(rounds):
+                for name, attackers in (loads if round_ % 2 == 0 else loads[::-1]):
+                    server = servers[name]
+                    attack = HostileClients(server.url, attackers, rate) if attackers else None
+                    if attack:
+                        time.sleep(1.0)             # every hostile client under way
+                    before = _translate_200s(server.url)
+                    refused = []
+                    seconds, latencies, answers = asyncio.run(_drive(server.url, sample, clients, refused=refused))
+                    outcomes = attack.stop() if attack else None
+                    accepted = [i for i, a in enumerate(answers) if a is not None]
+                    record = {**base, "engine": name, "round": round_, "hostile": attackers,
+                              "sentences_per_s": round(len(sample) / seconds, 2),
+                              "p50_s": round(_percentile([latencies[i] for i in accepted] or [0], 50), 4),
+                              "p99_s": round(_percentile([latencies[i] for i in accepted] or [0], 99), 4),
+                              "accepted": len(accepted), "refused": len(refused),
+                              "mismatches": sum(answers[i] != offline[sample[i]] for i in accepted),
+                              "answered_once": _translate_200s(server.url) - before == len(accepted)}
+                    if outcomes is not None:
+                        record["hostile_outcomes"] = outcomes
+                    emit(record)
+        finally:
+            for server in servers.values():
+                server.stop()
+    finally:
+        if not served:
+            shutil.rmtree(directory, ignore_errors=True)
+    emit(hostile_summary(records, base))
+    return records
+
+
+def hostile_summary(records, base):
+    """Throughput at `clients` with and without the hostile clients (means over the rounds), the
+    ratio, and against the baseline's; every check summed."""
+    runs = [r for r in records if "skipped" not in r]
+
+    def mean(engine, attacked):
+        values = [r["sentences_per_s"] for r in runs if r["engine"] == engine and bool(r["hostile"]) == attacked]
+        return round(sum(values) / len(values), 2) if values else None
+    out = {**base, "bench": "serve_hostile_summary"}
+    clean, attacked, baseline = mean("ours", False), mean("ours", True), mean("baseline", False)
+    out.update(ours_sentences_per_s=clean, ours_with_hostile_sentences_per_s=attacked)
+    if clean and attacked:
+        out["with_hostile_vs_without"] = round(attacked / clean, 3)
+    if baseline:
+        out["baseline_sentences_per_s"] = baseline
+        out["without_hostile_vs_baseline"] = round(clean / baseline, 3)
+        out["with_hostile_vs_baseline"] = round(attacked / baseline, 3)
+    out["mismatches"] = sum(r["mismatches"] for r in runs)
+    out["refused"] = sum(r["refused"] for r in runs)
+    out["answered_once"] = all(r["answered_once"] for r in runs)
+    out["hostile_5xx"] = sum(n for r in runs for kind in r.get("hostile_outcomes", {}).values()
+                             for outcome, n in kind.items() if outcome.startswith("5"))
+    return out

@@ -15,7 +15,7 @@ BENCH_FLAGS = {"kernels": ("families", "against", "precision"),
                "train": ("config", "against", "precision", "repeats"), "profile": ("config",),
                "decode": ("config", "against", "precision", "repeats"), "masking": (),
                "all": ("config", "against", "plot"), "distributed": ("config", "against"),
-               "marian": ("config",), "serve": ("config", "precision")}
+               "marian": ("config",), "serve": ("config", "precision", "hostile", "baseline")}
 
 
 def _threads(text):
@@ -110,19 +110,29 @@ def _bench_serve(args):
     unknown = [n for n in names if n not in serve.CONFIGS]
     if not names or unknown:
         raise FlagError(f"--config {args.config}: --what serve takes {', '.join(serve.CONFIGS)}")
+    if args.baseline is not None and not args.hostile:
+        raise FlagError("--baseline applies to --hostile: the other checkout's server under the same load")
+    if args.baseline is not None and not os.path.isdir(os.path.join(args.baseline, "transformer")):
+        raise FlagError(f"--baseline {args.baseline}: no transformer package there (a checkout's root, built)")
     records = []
     for threads in args.threads:
-        records += serve.run(configs=tuple(names), threads=threads, precision=args.precision, stream=sys.stdout)
+        if args.hostile:
+            for name in names:
+                records += serve.run_hostile(config=name, threads=threads, precision=args.precision,
+                                             hostile=args.hostile, baseline=args.baseline, stream=sys.stdout)
+        else:
+            records += serve.run(configs=tuple(names), threads=threads, precision=args.precision, stream=sys.stdout)
     if args.json:
         with open(args.json, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
-    print(serve.table(records), file=sys.stderr)
+    if not args.hostile:
+        print(serve.table(records), file=sys.stderr)
     return 0
 
 
 def _check_bench_flags(args):
     """A flag the chosen --what would not read is refused, not silently ignored."""
-    for key in ("config", "against", "families", "plot", "precision", "repeats"):
+    for key in ("config", "against", "families", "plot", "precision", "repeats", "hostile", "baseline"):
         if getattr(args, key) is not None and key not in BENCH_FLAGS[args.what]:
             readers = " or ".join(what for what, keys in BENCH_FLAGS.items() if key in keys)
             raise FlagError(f"--{key} does not apply to --what {args.what}, only to --what {readers}")
@@ -132,6 +142,8 @@ def _check_bench_flags(args):
         args.config = "opus"            # OPUS-MT's size
     if args.what == "serve" and args.precision is None:
         args.precision = "int8"         # the issue's figure: int8 serving
+    if args.what == "serve" and args.hostile and args.config is None:
+        args.config = "tiny"            # issue 58's load: the server's own costs show on the small model
     for key, value in BENCH_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -285,6 +297,13 @@ def register(sub):
                        help="train, decode: timed runs of each engine per measurement, alternated, the "
                             "median reported (default per config: train 15 tiny / 3 base, decode 5 / 3); "
                             "more gives steadier ratios on a noisy machine")
+    bench.add_argument("--hostile", type=_positive_int, metavar="N",
+                       help="with --what serve: issue 58's load instead, 64 well-formed clients alone and while "
+                            "N hostile clients send malformed, oversized, slow and dropped requests "
+                            "(bench/serve.py: run_hostile; --config default tiny)")
+    bench.add_argument("--baseline", metavar="DIR",
+                       help="with --what serve --hostile: also the server of the checkout at DIR (built in "
+                            "place, e.g. a worktree of 572e4d1) under the same well-formed load")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON lines to FILE")
     bench.add_argument("--plot", metavar="FILE.png", help="with --what all: draw throughput and efficiency")
     bench.set_defaults(func=run)

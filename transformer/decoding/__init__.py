@@ -44,7 +44,7 @@ import sys
 import types
 
 from . import checks, tuning
-from .beam import _beam_search, _length_penalty, beam_search  # noqa: F401
+from .beam import _beam_search, _length_penalty, beam_search, beam_search_steps  # noqa: F401
 from .cache import (DecoderCache, StepWeights, _buffers, _encode_once, _lend_workspace, _prepared,  # noqa: F401
                     _return_workspace, rows_apart)
 from .checks import (_check_bool, _check_decode_args, _check_int, _check_memory, _check_rules,  # noqa: F401

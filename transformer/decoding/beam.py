@@ -51,19 +51,60 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
         _return_workspace(model, workspace)
 
 
+def beam_search_steps(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0,
+                      precision="fp32", *, forced_eos=False, banned=(), renormalize=False, length_form="gnmt",
+                      early_stopping=True, n_best=1, workspace=None):
+    """beam_search one step at a time: a generator that yields None after each decoder step and
+    returns (StopIteration.value, or `yield from`) what beam_search returns for the same arguments,
+    by the same steps in Python (the same kernels, the same bits). Its caller may do other work
+    between two steps, as the server's scheduler runs its stream between an n-best request's steps
+    (serve/scheduler.py), so that a request of wide beams over many sentences holds up the others
+    for a step at a time, not for its whole batch. The caller drives it from one thread; closing it
+    early (close(), or dropping it) ends the search.
+
+    workspace: a dict the search keeps its buffers in (prepared weights, caches), the caller's to
+    keep for its next search (fresh memory costs a page fault per 4 KiB, and the weights are
+    prepared again); no other call may use it until this one ends. Not the model's own
+    (_lend_workspace): other decoding calls of the model may run between two of its steps."""
+    precision = check_precision(precision)
+    if isinstance(n_best, bool) or not isinstance(n_best, (int, np.integer)) or n_best < 1:
+        raise ValueError(f"n_best must be an int >= 1, got {n_best!r}")
+    src, K, limits, min_len, no_repeat_ngram, rules = beam_args(
+        model, src, beam_size, max_len, length_penalty, min_len, no_repeat_ngram, precision, forced_eos, banned,
+        renormalize, length_form, early_stopping)
+    workspace = {} if workspace is None else workspace
+    shared, src_pad = _encode_once(model, src, precision, workspace)
+    cache = DecoderCache(model, shared, src_pad, K, int(limits.max()), workspace=workspace)
+    return (yield from _beam_steps(model, cache, K, limits, float(length_penalty), min_len, no_repeat_ngram, rules,
+                                   int(n_best)))
+
+
 def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram, workspace, precision, rules,
                  n_best=1):
     cfg = model.cfg
     shared, src_pad = _encode_once(model, src, precision, workspace)
-    eos = cfg.eos_id
     B = src.shape[0]
     max_len = int(limits.max())
     cache = DecoderCache(model, shared, src_pad, K, max_len, workspace=workspace)
     if cache._native is not None and not tuning._PYTHON_LOOPS and n_best == 1:   # the whole loop in C (decoder_beam)
-        best, best_len = cache._native.beam(limits, K, length_penalty, min_len, no_repeat_ngram, cfg.bos_id, eos,
-                                            cfg.pad_id, min(cache._groups(B * K), B), **rules)
+        best, best_len = cache._native.beam(limits, K, length_penalty, min_len, no_repeat_ngram, cfg.bos_id,
+                                            cfg.eos_id, cfg.pad_id, min(cache._groups(B * K), B), **rules)
         return [best[b, :best_len[b]].tolist() if best_len[b] >= 0 else [] for b in range(B)]   # -1: none finished
+    steps = _beam_steps(model, cache, K, limits, length_penalty, min_len, no_repeat_ngram, rules, n_best)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
 
+
+def _beam_steps(model, cache, K, limits, length_penalty, min_len, no_repeat_ngram, rules, n_best):
+    """The Python loop of beam search over `cache`'s sentences: yields after each step, returns the
+    hypotheses (beam_search's docstring)."""
+    cfg = model.cfg
+    eos = cfg.eos_id
+    B = cache.N // K
+    max_len = int(limits.max())
     sentences = np.arange(B)                      # live sentence slots -> sentence index
     scores = np.full((B, K), -np.inf, dtype=np.float64)
     scores[:, 0] = 0.0                            # one live beam at first: the others are copies
@@ -146,6 +187,7 @@ def _beam_search(model, src, K, limits, length_penalty, min_len, no_repeat_ngram
         np.take(hyps[:, :t], chosen, axis=0, out=spare[:m, :t])
         spare[:m, t] = ids
         hyps, spare = spare, hyps
+        yield
     if n_best > 1:              # a stable sort: among equal scores the first finished, as max() takes
         return [[h for _, h in sorted(f, key=lambda item: item[0], reverse=True)[:n_best]] or [[]] for f in finished]
     return [max(f, key=lambda item: item[0])[1] if f else [] for f in finished]

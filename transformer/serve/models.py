@@ -42,6 +42,23 @@ class ServedModel:
         src, hyps = decode_pieces(self.model, pieces, beam, max_len, no_repeat_ngram, precision)
         return self.outputs(pieces, hyps, precision, scores, attention, src)
 
+    def alternatives_steps(self, pieces, beam, max_len, no_repeat_ngram, precision, alternatives, workspace=None,
+                           **_):
+        """decode's answer with alternatives, one decoder step at a time: a generator that yields
+        after each step and returns what decode returns for the same pieces and options
+        (decoding.beam_search_steps: the same steps, the same bits). workspace: the dict its buffers
+        live in, the caller's to keep for the next call."""
+        from ..decoding import beam_search_steps
+        n_best = alternatives + 1
+        src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), self.model.cfg.pad_id)[0]
+        # the model's generation settings, as Model.beam_search (which decode calls) resolves them
+        max_len, rules = self.model._generation_rules(max_len, None, None)
+        options = self.model._beam_options(max(beam, n_best), None, None, None)
+        hyps = yield from beam_search_steps(self.model, src, max_len=max_len, no_repeat_ngram=no_repeat_ngram,
+                                            precision=precision, n_best=n_best, workspace=workspace, **rules,
+                                            **options)
+        return [[self.tgt_tokenizer.decode(hyp) for hyp in piece] for piece in hyps]
+
     def outputs(self, pieces, hyps, precision, scores=False, attention=False, src=None):
         """What decode returns for source id lists and their output tokens. src: the pieces
         padded (collate), when the caller has it."""

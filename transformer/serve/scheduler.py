@@ -35,9 +35,14 @@ says whether the thread lives and since when its current step runs.
 
 Admission takes turns across requests (round robin by request, then by arrival): a one-sentence
 request that arrives during a request of hundreds of sentences takes the next free row, not the
-last one. A group decoded as whole batches (alternatives: the stream keeps one hypothesis a
-sentence) gets one batch between two runs of the streams, so it holds up the others for one batch
-at a time, not for all its sentences.
+last one. A group with alternatives (n-best: the stream keeps one hypothesis a sentence) is
+decoded in batches by beam search in Python, one batch at a time, and that batch a few steps at a
+time (ServedModel.alternatives_steps): between two runs of the streams it takes a slice of steps
+that ends once it has run as long as a stream's run (MIN_INTERVAL) while anything else waits, so a
+request of 255 alternatives over many sentences holds up the others for a step or so at a time,
+not for a whole batch of 256-beam sentences decoded to their ends. Its answers are those of the
+same batch decoded at once (the same steps), and so each sentence's is its offline
+beam_search(n_best=...) alone.
 """
 import collections
 import concurrent.futures
@@ -85,7 +90,8 @@ def _width(options):
 
 def _streams(options):
     """Whether a stream decodes a group: not one with alternatives (the stream keeps only each
-    sentence's best hypothesis), which is decoded as a whole batch between the stream's runs."""
+    sentence's best hypothesis), which is decoded in batches a slice of steps at a time between the
+    stream's runs."""
     return "alternatives" not in dict(options)
 
 
@@ -100,6 +106,14 @@ class _Request:
         self.future = future
         self.cancelled = False
         self.arrived = time.monotonic()
+
+
+class _Alternatives:
+    """The n-best batch decoding now: its pieces, and its steps (a generator, None until its first
+    slice)."""
+
+    def __init__(self, pieces):
+        self.pieces, self.steps = pieces, None
 
 
 class _Piece:
@@ -138,6 +152,8 @@ class Scheduler:
         self._busy_since = None         # when the step or batch now decoding began (None: between them)
         self.failures = 0               # failures of ours the thread survived
         self._holding = []              # pieces taken out of pending, not yet in a stream or answered
+        self._alternatives = None       # "step": the n-best batch decoding a slice at a time (_Alternatives)
+        self._alternatives_workspaces = {}  # model name -> the buffers its n-best batches reuse
         run = self._run_steps if batching == "step" else self._run_batches
         self._thread = threading.Thread(target=run, name="transformer-scheduler", daemon=True)
         self._thread.start()
@@ -185,7 +201,9 @@ class Scheduler:
     def cancel(self, future):
         """The client went away: its pieces not yet decoded are dropped, those decoding leave."""
         with self._condition:
-            for piece in itertools.chain(self._waiting, self._pending, self._decoding):
+            batch = self._alternatives      # read once: the thread may end it meanwhile
+            alternatives = batch.pieces if batch is not None else ()
+            for piece in itertools.chain(self._waiting, self._pending, self._decoding, alternatives):
                 if piece.request.future is future:
                     piece.request.cancelled = True
 
@@ -271,6 +289,9 @@ class Scheduler:
         LOG.error("the scheduler failed; the requests it held are answered with the error", exc_info=exc)
         with self._condition:
             touched = list(self._pending) + list(self._decoding) + self._holding
+            if self._alternatives is not None:
+                touched += self._alternatives.pieces
+                self._close_alternatives()
             self._pending, self._decoding, self._holding = [], set(), []
         self._fail(touched, exc)
         for stream in self._streams.values():
@@ -331,10 +352,11 @@ class Scheduler:
                 self._survive(exc)
 
     def _step_turn(self, turn):
-        """Admit what fits, run one stream for a few steps, and decode at most one whole batch;
-        True once stopped with nothing left."""
+        """Admit what fits, run one stream for a few steps, and the n-best batch for a slice of
+        steps; True once stopped with nothing left."""
         with self._condition:
-            while not self._waiting and not self._pending and not self._decoding and not self._stopping:
+            while (not self._waiting and not self._pending and not self._decoding and self._alternatives is None
+                   and not self._stopping):
                 self._condition.wait()
             for stream in self._streams.values():
                 stream.arrived[0] = 0
@@ -342,26 +364,71 @@ class Scheduler:
             for piece in self._decoding:
                 if _gone(piece):
                     piece.wave.cancel(piece.slot)
-            if not self._pending and not self._decoding:
+            if self._alternatives is not None and all(_gone(p) for p in self._alternatives.pieces):
+                self._close_alternatives()      # nobody waits for any of it: not decoded for nobody
+            if not self._pending and not self._decoding and self._alternatives is None:
                 return self._stopping
-            whole = next((p for p in self._pending if not _streams(p.group[1])), None)
-            if whole is not None:
-                whole = self._holding = self._fitting(whole.group, self.batch_size, self.max_rows)
+            if self._alternatives is None:
+                first = next((p for p in self._pending if not _streams(p.group[1])), None)
+                if first is not None:
+                    self._alternatives = _Alternatives(self._fitting(first.group, self.batch_size, self.max_rows))
             waves = self._admit()
-            self._holding = (whole or []) + [piece for _, _, pieces in waves for piece in pieces]
+            self._holding = [piece for _, _, pieces in waves for piece in pieces]
         for stream, group, pieces in waves:
             self._start(stream, group, pieces)
-        self._holding = whole or []
+        self._holding = []
         live = [s for s in self._streams.values() if s.waves]
         if not live:
             with self._condition:   # nothing decodes: no piece can be left waiting on a wave
                 self._decoding.clear()
         else:
             self._run_stream(live[next(turn) % len(live)])   # streams of several models or precisions take turns
-        if whole:                   # one whole batch between two runs of the streams
-            self._decode(whole)
-        self._holding = []
+        if self._alternatives is not None:
+            self._alternatives_slice(self._alternatives)
         return False
+
+    def _alternatives_slice(self, batch):
+        """A slice of the n-best batch's steps: until it ends, or for MAX_STEPS steps, or once it
+        has run MIN_INTERVAL while anything else waits (a stream's sentences, a new request) or
+        nobody waits for it; its sentences answered when it ends."""
+        if batch.steps is None:
+            batch.pieces.sort(key=lambda piece: len(piece.ids))
+            name, options = batch.pieces[0].group
+            batch.steps = self.models[name].alternatives_steps(
+                [piece.ids for piece in batch.pieces], workspace=self._alternatives_workspaces.setdefault(name, {}),
+                **dict(options))
+        started = self._busy_since = time.monotonic()
+        try:
+            for step in range(1, MAX_STEPS + 1):
+                next(batch.steps)
+                if step == MAX_STEPS or (time.monotonic() - started >= MIN_INTERVAL and
+                                         (self._others_wait() or all(_gone(p) for p in batch.pieces))):
+                    return              # the turn admits what waits, or drops what nobody waits for
+        except StopIteration as end:
+            translations = end.value
+        except Exception as exc:        # a bug or a refused option: every request of the batch hears it
+            self._alternatives = None
+            self._fail(batch.pieces, exc)
+            return
+        finally:
+            self._busy_since = None
+            if self.metrics is not None:
+                self.metrics.batch(len(batch.pieces), time.monotonic() - started)
+        self._alternatives = None
+        for piece, text in zip(batch.pieces, translations):
+            self._answer(piece, text)
+        if self.metrics is not None:
+            self.metrics.queued(self.queue_length())
+
+    def _others_wait(self):
+        """Whether anything but the n-best batch waits for the thread (read without the lock: a
+        request that arrives just after is seen at the next step)."""
+        return bool(self._waiting or self._pending or any(stream.waves for stream in self._streams.values()))
+
+    def _close_alternatives(self):
+        if self._alternatives.steps is not None:
+            self._alternatives.steps.close()
+        self._alternatives = None
 
     def _run_stream(self, stream):
         """A few steps of `stream`, and the sentences that finished answered."""
