@@ -24,16 +24,17 @@ from .layers import _splitmix64
 
 __all__ = ["shard_count", "shard_rows", "ShardedSteps"]
 
-# A batch is cut into two shards when its model is at most this wide and it holds at least
-# 2 x SHARD_MIN_TOKENS target tokens. Wider models' products keep two cores busy on their own,
-# and their gradient buffer (which each further shard adds once more to the step's memory traffic)
-# is large: base's is 240 MB. Measured (benchmarks/shards.py, notes of 2026-12-04).
+# A batch is cut into two shards when its model is at most this wide (tiny, medium-4-2, small) and
+# it holds at least 2 x SHARD_MIN_TOKENS target tokens. Wider models' products keep two cores busy
+# on their own, and their gradient buffer (each further shard adds one to the step's memory
+# traffic) is large: base's is 240 MB. Measured on tiny (benchmarks/train_runs.py, notes of
+# 2026-12-04: 1.06x at 2 threads by the median of real runs, 2.08x beside a spinning process).
 SHARD_MAX_D_MODEL = 256
 SHARD_MIN_TOKENS = 256
 SHARDS = 2
 
 # tests and benchmarks: None, or the shard count every training pass uses (1: never split);
-# TRANSFORMER_SHARDS sets it for a process (benchmarks/shards.py runs `transformer train` so)
+# TRANSFORMER_SHARDS sets it for a process (benchmarks/train_runs.py runs `transformer train` so)
 forced = int(os.environ["TRANSFORMER_SHARDS"]) if os.environ.get("TRANSFORMER_SHARDS", "").isdigit() else None
 
 _SHARD_SEED_MIX = 0x9E3779B97F4A7C15
