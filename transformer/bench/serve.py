@@ -502,8 +502,10 @@ class HostileClients:
     def __init__(self, url, clients, rate):
         code = f"from transformer.bench.serve import hostile_clients; hostile_clients({url!r}, {clients}, {rate})"
         env = {**os.environ, "PYTHONPATH": _checkout()}     # this `transformer`, wherever it was started
+        # run outside the working directory: `-c` puts it first on the path, and a checkout's own
+        # transformer/ folder (no compiled module when the package was installed) would shadow it
         self.process = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        text=True, env=env)
+                                        text=True, env=env, cwd=tempfile.gettempdir())
 
     def stop(self):
         out, _ = self.process.communicate("", timeout=60)
