@@ -389,17 +389,19 @@ def profile(name="tiny", threads=1, steps=10, precision="fp32"):
     Every function of transformer._C is wrapped by a timer while `steps` steps run; "Python
     overhead" is the step time not spent inside a kernel call (the layers' bookkeeping, numpy
     views, argument checks in the Cython door), minus the timers' own cost, which is measured
-    separately per call and subtracted."""
+    separately per call and subtracted. The pass is profiled whole (shards.forced = 1): with
+    sentence shards two threads run kernels at once, and a wall-clock split by kernel would count
+    their overlap twice."""
     import collections
 
     import transformer as T
-    from transformer import _C
+    from transformer import _C, shards
 
     from .precision import require
     require(precision, "train")
     totals, calls = collections.Counter(), collections.Counter()
     clock = time.perf_counter
-    skip = {"set_num_threads", "get_num_threads", "set_isa", "get_isa", "best_isa"}
+    skip = {"set_num_threads", "get_num_threads", "set_thread_limit", "set_isa", "get_isa", "best_isa"}
     originals = {fn: getattr(_C, fn) for fn in dir(_C)
                  if not fn.startswith("_") and fn not in skip and callable(getattr(_C, fn))
                  and not isinstance(getattr(_C, fn), type)}   # functions, not classes (PackedMatrix)
@@ -425,6 +427,7 @@ def profile(name="tiny", threads=1, steps=10, precision="fp32"):
     T.set_num_threads(threads)
     for fn, f in originals.items():
         setattr(_C, fn, timed(f, PROFILE_GROUPS.get(fn, "other kernels")))
+    forced, shards.forced = shards.forced, 1
     try:
         ours = _Ours(name, precision)
         ours.step(), ours.step()
@@ -434,6 +437,7 @@ def profile(name="tiny", threads=1, steps=10, precision="fp32"):
             ours.step()
         total = (clock() - t0) / steps
     finally:
+        shards.forced = forced
         for fn, f in originals.items():
             setattr(_C, fn, f)
         T.set_num_threads(prev)
