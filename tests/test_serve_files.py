@@ -1,0 +1,197 @@
+"""Files as LibreTranslate translates them (issue 59): POST /translate_file and GET /download_file
+for .txt, .srt, .vtt and .html, and `transformer translate --file` offline. The layout is kept
+(the same lines, the same cue numbers and timings byte for byte, the markup), each sentence is its
+offline translation, and whatever is malformed is a 4xx naming why, the server answering after."""
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
+
+from test_serve import OUTSIDE, Running, _keys_file, model_dir, offline  # noqa: E402,F401
+
+MAX_FILE = 4000
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    running = Running("--model", model_dir, "--api-keys", _keys_file(model_dir), "--max-file-size", str(MAX_FILE))
+    yield running
+    running.stop()
+
+
+def upload(url, name, data, fields=None, api_key="secret-1"):
+    """(status, JSON body) of POST /translate_file with `data` as the file `name`."""
+    async def go():
+        form = aiohttp.FormData()
+        for key, value in {"source": "en", "target": "es", **({"api_key": api_key} if api_key else {}),
+                           **(fields or {})}.items():
+            if value is not None:
+                form.add_field(key, value)
+        if name is not None:
+            form.add_field("file", data, filename=name, content_type="application/octet-stream")
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url + "/translate_file", data=form) as response:
+                return response.status, await response.json(content_type=None)
+    return asyncio.run(go())
+
+
+def get(url):
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async with session.get(url) as response:
+                return response.status, await response.read()
+    return asyncio.run(go())
+
+
+def translated_file(server, name, data):
+    status, body = upload(server.url, name, data)
+    assert status == 200, body
+    assert body["translatedFileUrl"].startswith(server.url + "/download_file/")
+    status, content = get(body["translatedFileUrl"])
+    assert status == 200
+    return content
+
+
+# Each format's file, and its expected translation built here from offline translations of the
+# sentences (the test model's sentences have no punctuation: a line, a cue or a text run is one).
+def _txt(t):
+    lines = ["the big cat", "", "red tree", "  blue dog runs", "", "", "a"]
+    data = "\r\n".join(lines) + "\r\n"
+    want = "\r\n".join((line[:len(line) - len(line.lstrip())] + t(line.strip())) if line else "" for line in lines)
+    return data, want + "\r\n"
+
+
+def _srt(t):
+    data = ("1\n00:00:01,000 --> 00:00:02,500\nthe small dog\nsleeps\n\n"
+            "2\n00:00:03,000 --> 00:00:04,120\nred house\n\n"
+            "3\n00:01:00,000 --> 00:01:02,000\na cat runs\n")
+    want = ("1\n00:00:01,000 --> 00:00:02,500\n" + t("the small dog sleeps") + "\n\n"
+            "2\n00:00:03,000 --> 00:00:04,120\n" + t("red house") + "\n\n"
+            "3\n00:01:00,000 --> 00:01:02,000\n" + t("a cat runs") + "\n")
+    return data, want
+
+
+def _vtt(t):
+    head = "WEBVTT - a test\n\nNOTE not translated\n\n"
+    data = (head + "intro\n00:01.000 --> 00:02.000 align:start position:10%\n<i>the big tree</i> sleeps\n\n"
+            "00:03.000 --> 00:04.000\nblue cat\nruns\n")
+    want = (head + "intro\n00:01.000 --> 00:02.000 align:start position:10%\n<i>" + t("the big tree") + "</i> "
+            + t("sleeps") + "\n\n00:03.000 --> 00:04.000\n" + t("blue cat runs") + "\n")
+    return data, want
+
+
+def _html(t):
+    data = '<html><body><p title="a cat">the big cat</p>\n<ul><li>red tree</li></ul><code>a dog</code></body></html>'
+    want = ('<html><body><p title="a cat">' + t("the big cat") + "</p>\n<ul><li>" + t("red tree")
+            + "</li></ul><code>a dog</code></body></html>")
+    return data, want
+
+
+FORMATS = {"story.txt": _txt, "film.srt": _srt, "film.vtt": _vtt, "page.html": _html}
+
+
+def expected(model_dir, make):
+    asked = []
+    make(lambda text: asked.append(text) or "")
+    done = dict(zip(asked, offline(model_dir, asked)))
+    return make(done.__getitem__)
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_each_format_through_the_server_keeps_its_layout_and_translates_each_sentence(server, model_dir, name):
+    data, want = expected(model_dir, FORMATS[name])
+    got = translated_file(server, name, data.encode("utf-8")).decode("utf-8")
+    assert got == want
+    if name.endswith(".txt"):
+        assert got.count("\n") == data.count("\n")
+    if name.endswith((".srt", ".vtt")):
+        assert [line for line in got.splitlines() if "-->" in line] == [line for line in data.splitlines()
+                                                                         if "-->" in line]
+
+
+def test_offline_translate_file_writes_what_the_server_serves(server, model_dir, tmp_path):
+    for name, make in FORMATS.items():
+        data, _ = make(lambda text: text)
+        source = tmp_path / name
+        source.write_bytes(data.encode("utf-8"))
+        out = tmp_path / ("out-" + name)
+        done = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", model_dir, "--threads", "1",
+                               "--file", str(source), "--out", str(out)], capture_output=True, text=True, timeout=120,
+                              cwd=OUTSIDE)
+        assert done.returncode == 0, done.stderr
+        assert out.read_bytes() == translated_file(server, name, data.encode("utf-8")), name
+
+
+def test_settings_say_files_are_translated(server):
+    status, body = get(server.url + "/frontend/settings")
+    assert status == 200
+    import json
+    settings = json.loads(body)
+    assert settings["filesTranslation"] is True
+    assert {".txt", ".srt", ".vtt", ".html"} <= set(settings["supportedFilesFormat"])
+
+
+@pytest.mark.parametrize("name, data, fields, status, says", [
+    ("program.exe", b"MZ\x90\x00", None, 400, "file format .exe is not supported"),
+    ("noext", b"hello", None, 400, "(no extension) is not supported"),
+    ("empty.txt", b"", None, 400, "the file is empty"),
+    ("latin1.txt", "caf\u00e9".encode("latin-1"), None, 400, "not UTF-8"),
+    ("binary.txt", b"a\x00b", None, 400, "NUL"),
+    ("film.srt", b"just some words\n", None, 400, "not SubRip"),
+    ("film.vtt", b"00:01.000 --> 00:02.000\nhi\n", None, 400, "not WebVTT"),
+    ("big.txt", b"a cat\n" * (MAX_FILE // 6 + 1), None, 413, "--max-file-size"),
+    ("a.txt", b"a cat", {"target": ""}, 400, "missing target"),
+    ("a.txt", b"a cat", {"source": None}, 400, "missing source"),
+    ("a.txt", b"a cat", {"target": "deu"}, 400, "deu is not supported"),
+    (None, None, None, 400, "missing file"),
+])
+def test_malformed_uploads_are_4xx_naming_why_and_the_server_answers_after(server, name, data, fields, status, says):
+    got, body = upload(server.url, name, data, fields)
+    assert got == status and says in body["error"], body
+    assert get(server.url + "/health")[0] == 200
+
+
+def test_a_key_is_needed_and_a_form_is(server):
+    got, body = upload(server.url, "a.txt", b"a cat", api_key=None)
+    assert got == 403, body
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async with session.post(server.url + "/translate_file", json={"source": "en", "target": "es"}) as r:
+                return r.status, await r.json(content_type=None)
+    got, body = asyncio.run(go())
+    assert got == 400 and "multipart/form-data" in body["error"], body
+
+
+def _raw_get(server, path):
+    """The status line of GET path, sent as is (no client normalises it)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as s:
+        s.sendall(f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    return answer
+
+
+@pytest.mark.parametrize("path", ["/download_file/0123456789abcdef0123456789abcdef.x.es.txt",
+                                  "/download_file/..%2F..%2F..%2Fetc%2Fpasswd", "/download_file/%2e%2e%2fsecret",
+                                  "/download_file/%2Fetc%2Fpasswd"])
+def test_a_name_that_is_not_ours_is_404_and_never_a_path(server, path):
+    answer = _raw_get(server, path)
+    assert answer.split(b"\r\n")[0] == b"HTTP/1.1 404 Not Found", answer[:200]
+    assert b"no such file: not a name this server gave" in answer and b"root:" not in answer
+
+
+def test_file_characters_count_toward_the_limits_a_minute(model_dir):
+    running = Running("--model", model_dir, "--chars-per-minute", "30")
+    try:
+        got, body = upload(running.url, "a.txt", b"the big cat\nred tree\n", api_key=None)   # 19 characters
+        assert got == 200, body
+        got, body = upload(running.url, "b.txt", b"the small dog sleeps\n", api_key=None)   # 20 more
+        assert got == 429 and "characters per 1 minute" in body["error"], body
+    finally:
+        running.stop()
