@@ -195,3 +195,38 @@ def test_file_characters_count_toward_the_limits_a_minute(model_dir):
         assert got == 429 and "characters per 1 minute" in body["error"], body
     finally:
         running.stop()
+
+
+def test_a_translated_file_expires_and_the_folder_is_bounded(monkeypatch):
+    from transformer.serve import files
+
+    now = [0.0]
+    store = files.Files(expiry=10.0, clock=lambda: now[0])
+    try:
+        name = store.put(b"hola", "../../a b.txt", "es", ".txt")
+        assert "/" not in name and name.endswith(".a_b.es.txt")
+        path = store.get(name)
+        assert os.path.dirname(path) == store.folder and open(path, "rb").read() == b"hola"
+        assert store.get("../" + name) is None and store.get(os.path.join(store.folder, name)) is None
+        now[0] = 10.0
+        assert store.get(name) is None and not os.path.exists(path)
+        monkeypatch.setattr(files, "MAX_FILES", 3)
+        names = [store.put(b"x", "f.txt", "es", ".txt") for _ in range(5)]
+        assert [store.get(n) is not None for n in names] == [False, False, True, True, True]
+        assert len(os.listdir(store.folder)) == 3
+    finally:
+        store.close()
+    assert not os.path.exists(store.folder)
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--file", "x.txt"], "--file needs --out"),
+    (["--out", "y.txt", "a cat"], "--out names where --file's translation goes"),
+    (["--file", "x.exe", "--out", "y.exe"], "file format .exe is not supported"),
+])
+def test_translate_file_flags_are_checked(model_dir, tmp_path, argv, says):
+    (tmp_path / "x.exe").write_bytes(b"MZ")
+    (tmp_path / "x.txt").write_bytes(b"a cat")
+    done = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", model_dir, *argv],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode != 0 and says in done.stderr, done.stderr
