@@ -14,6 +14,7 @@ LibreTranslate API (aiohttp, the [serve] extra).
     detect.py     which served source language a text is in (py3langid)
     documents.py  a text as sentences to translate and what is kept around them (sentencex)
     formats.py    files (.txt, .srt, .vtt, .html) as documents, their layout kept
+    office.py     .docx, .pptx and .odt: paragraphs translated in place in the archive (zipfile, expat)
     files.py      the translated files waiting for GET /download_file, in a temporary folder
     markup.py     HTML's text runs, the markup kept as it is
     metrics.py    counters in Prometheus' text format

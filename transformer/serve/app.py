@@ -439,7 +439,8 @@ class Server:
                              f"{self.scheduler.max_queue} (--max-queue)", 413)
         self._charge(request, key, sum(len(sentence) for sentence in document.sentences))
         translated = (await self._documents([(name, detected)], [document], self._defaults.get))[0]
-        stored = self.files.put(document.render(translated), uploaded, self.models[name].target, ext)
+        rendered = await asyncio.to_thread(document.render, translated)      # an archive: off the loop
+        stored = self.files.put(rendered, uploaded, self.models[name].target, ext)
         response = web.json_response({"translatedFileUrl": f"{request.scheme}://{request.host}/download_file/{stored}"})
         response.sentences = len(document.sentences)
         return response
