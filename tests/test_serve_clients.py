@@ -216,7 +216,7 @@ def test_frontend_settings_answer_as_libretranslates(server):
     assert status == 200
     assert body == {"charLimit": 5000, "frontendTimeout": 500, "apiKeys": False, "keyRequired": False,
                     "suggestions": False, "filesTranslation": True,
-                    "supportedFilesFormat": [".txt", ".srt", ".vtt", ".html", ".htm"],
+                    "supportedFilesFormat": [".txt", ".srt", ".vtt", ".html", ".htm", ".docx", ".pptx", ".odt"],
                     "language": {"source": {"code": "auto", "name": "Auto Detect"},
                                  "target": {"code": "es", "name": "Spanish"}}}
 

@@ -3,10 +3,13 @@ for .txt, .srt, .vtt and .html, and `transformer translate --file` offline. The 
 (the same lines, the same cue numbers and timings byte for byte, the markup), each sentence is its
 offline translation, and whatever is malformed is a 4xx naming why, the server answering after."""
 import asyncio
+import io
 import os
+import re
 import socket
 import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -14,7 +17,7 @@ aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip in
 
 from test_serve import OUTSIDE, Running, _keys_file, model_dir, offline  # noqa: E402,F401
 
-MAX_FILE = 4000
+MAX_FILE = 200_000
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +25,14 @@ def server(model_dir):
     running = Running("--model", model_dir, "--api-keys", _keys_file(model_dir), "--max-file-size", str(MAX_FILE))
     yield running
     running.stop()
+
+
+def _zip(members):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    return buffer.getvalue()
 
 
 def upload(url, name, data, fields=None, api_key="secret-1"):
@@ -94,6 +105,81 @@ def _html(t):
 
 FORMATS = {"story.txt": _txt, "film.srt": _srt, "film.vtt": _vtt, "page.html": _html}
 
+# Office files, made here with zipfile: (name, translated parts, the paragraphs' runs, the text
+# element's tag or None for OpenDocument's character data)
+W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+A = 'xmlns:a="http://schemas.openxmlformats.org/drawingml/2006/main"'
+T = 'xmlns:text="urn:oasis:names:tc:opendocument:xmlns:text:1.0"'
+BOLD = ' b="1"'
+PARAGRAPHS = [["the big ", "cat", " runs"], ["red tree"], ["a ", "small dog", " sleeps"]]
+
+
+def _office(kind):
+    """(file bytes, {part: xml}) of a small .docx, .pptx or .odt holding PARAGRAPHS, a style on
+    each paragraph's second run, an image and an empty paragraph."""
+    if kind == ".docx":
+        paragraph = lambda runs: "<w:p><w:pPr><w:jc w:val=\"left\"/></w:pPr>" + "".join(
+            f'<w:r>{"<w:rPr><w:b/></w:rPr>" if i == 1 else ""}<w:t xml:space="preserve">{run}</w:t></w:r>'
+            for i, run in enumerate(runs)) + "</w:p>"
+        part, xml = "word/document.xml", (f'<?xml version="1.0" encoding="UTF-8"?>\n<w:document {W}><w:body>'
+                                          + "".join(map(paragraph, PARAGRAPHS)) + "<w:p/></w:body></w:document>")
+        extra = {"[Content_Types].xml": "<Types/>", "word/styles.xml": f"<w:styles {W}><w:t>kept</w:t></w:styles>"}
+    elif kind == ".pptx":
+        paragraph = lambda runs: "<a:p>" + "".join(
+            f'<a:r><a:rPr lang="en-US"{BOLD if i == 1 else ""}/><a:t>{run}</a:t></a:r>'
+            for i, run in enumerate(runs)) + "</a:p>"
+        part = "ppt/slides/slide1.xml"
+        xml = (f'<?xml version="1.0" encoding="UTF-8"?>\n<p:sld {A} xmlns:p="http://schemas.openxmlformats.org/'
+               'presentationml/2006/main"><p:txBody>' + "".join(map(paragraph, PARAGRAPHS))
+               + "<a:p/></p:txBody></p:sld>")
+        extra = {"[Content_Types].xml": "<Types/>", "ppt/presentation.xml": "<p:presentation/>"}
+    else:
+        paragraph = lambda runs: '<text:p text:style-name="P1">' + "".join(
+            f'<text:span text:style-name="T1">{run}</text:span>' if i == 1 else run
+            for i, run in enumerate(runs)) + "</text:p>"
+        part = "content.xml"
+        xml = (f'<?xml version="1.0" encoding="UTF-8"?>\n<office:document-content {T} xmlns:office="urn:oasis:'
+               'names:tc:opendocument:xmlns:office:1.0"><office:body>' + "".join(map(paragraph, PARAGRAPHS))
+               + "<text:p/></office:body></office:document-content>")
+        extra = {"mimetype": "application/vnd.oasis.opendocument.text", "META-INF/manifest.xml": "<manifest/>"}
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in {**extra, part: xml, "media/image1.png": b"\x89PNG\r\n\x1a\n" + bytes(range(256))}.items():
+            archive.writestr(name, content)
+    return buffer.getvalue(), part
+
+
+def _texts(xml, kind):
+    """Each paragraph's text, as its runs hold it."""
+    if kind == ".odt":
+        return [re.sub(r"<[^>]*>", "", p) for p in re.findall(r"<text:p[^>/]*>(.*?)</text:p>", xml)]
+    tag = "w" if kind == ".docx" else "a"
+    return ["".join(re.findall(rf"<{tag}:t[^>]*>([^<]*)</{tag}:t>", p))
+            for p in re.findall(rf"<{tag}:p>(.*?)</{tag}:p>", xml)]
+
+
+@pytest.mark.parametrize("kind", [".docx", ".pptx", ".odt"])
+def test_office_files_keep_every_byte_but_their_text(server, model_dir, tmp_path, kind):
+    data, part = _office(kind)
+    got = translated_file(server, "report" + kind, data)
+    source = tmp_path / ("report" + kind)
+    source.write_bytes(data)
+    out = tmp_path / ("out" + kind)
+    done = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", model_dir, "--threads", "1",
+                           "--file", str(source), "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          cwd=OUTSIDE)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == got
+    before, after = zipfile.ZipFile(io.BytesIO(data)), zipfile.ZipFile(io.BytesIO(got))
+    assert after.namelist() == before.namelist()
+    for name in before.namelist():
+        if name != part:
+            assert after.read(name) == before.read(name), name
+    old, new = before.read(part).decode(), after.read(part).decode()
+    assert re.sub(r">[^<]*<", "><", new) == re.sub(r">[^<]*<", "><", old)      # only text changed
+    sentences = ["".join(runs) for runs in PARAGRAPHS]
+    assert _texts(new, kind) == offline(model_dir, sentences)         # a sentence cut by a style: one
+
 
 def expected(model_dir, make):
     asked = []
@@ -145,6 +231,13 @@ def test_settings_say_files_are_translated(server):
     ("film.srt", b"just some words\n", None, 400, "not SubRip"),
     ("film.vtt", b"00:01.000 --> 00:02.000\nhi\n", None, 400, "not WebVTT"),
     ("big.txt", b"a cat\n" * (MAX_FILE // 6 + 1), None, 413, "--max-file-size"),
+    ("report.docx", b"PK\x03\x04 not a zip", None, 400, "not a zip archive"),
+    ("report.pptx", _zip({"a.txt": b"x"}), None, 400, "has no ppt/presentation.xml"),
+    ("report.odt", _zip({"content.xml": b"<text:p>unclosed"}), None, 400, "content.xml is not well-formed XML"),
+    ("report.docx", _zip({"word/document.xml": b'<!DOCTYPE x [<!ENTITY a "aaaa">]><w:p>&a;</w:p>'}), None, 400,
+     "declares a DOCTYPE"),
+    ("bomb.docx", _zip({"word/document.xml": b"<w:p/>", "word/media/big.bin": bytes(65 << 20)}), None, 400,
+     "unpacks to more than 67108864 bytes"),
     ("a.txt", b"a cat", {"target": ""}, 400, "missing target"),
     ("a.txt", b"a cat", {"source": None}, 400, "missing source"),
     ("a.txt", b"a cat", {"target": "deu"}, 400, "deu is not supported"),
