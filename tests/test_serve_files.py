@@ -279,9 +279,15 @@ def test_a_name_that_is_not_ours_is_404_and_never_a_path(server, path):
     assert b"no such file: not a name this server gave" in answer and b"root:" not in answer
 
 
-def test_file_characters_count_toward_the_limits_a_minute(model_dir):
-    running = Running("--model", model_dir, "--chars-per-minute", "30")
+def test_file_characters_count_toward_the_limits_a_minute_and_a_slow_file_is_408(model_dir):
+    running = Running("--model", model_dir, "--chars-per-minute", "30", "--body-timeout", "1")
     try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as s:     # a file sent too slowly
+            s.sendall(b"POST /translate_file HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000\r\n"
+                      b"Content-Type: multipart/form-data; boundary=XX\r\n\r\n--XX\r\nContent-Disposition: form-data; "
+                      b'name="file"; filename="a.txt"\r\n\r\nthe big')
+            answer = s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 408") and b"--body-timeout" in answer, answer[:300]
         got, body = upload(running.url, "a.txt", b"the big cat\nred tree\n", api_key=None)   # 19 characters
         assert got == 200, body
         got, body = upload(running.url, "b.txt", b"the small dog sleeps\n", api_key=None)   # 20 more
@@ -323,3 +329,31 @@ def test_translate_file_flags_are_checked(model_dir, tmp_path, argv, says):
     done = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", model_dir, *argv],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert done.returncode != 0 and says in done.stderr, done.stderr
+
+
+def test_files_and_texts_share_the_batches_and_auto_detects(server, model_dir):
+    """A file sent with source auto, while /translate requests run: each answer its offline translation."""
+    data, want = expected(model_dir, _srt)
+    texts = ["the big cat", "red tree runs", "a small dog sleeps", "blue house"]
+    offline_texts = offline(model_dir, texts)
+
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            async def text(q):
+                body = {"q": q, "source": "en", "target": "es", "api_key": "secret-2"}
+                async with session.post(server.url + "/translate", json=body) as r:
+                    return (await r.json())["translatedText"]
+
+            async def file():
+                form = aiohttp.FormData()
+                for key, value in {"source": "auto", "target": "es", "api_key": "secret-1"}.items():
+                    form.add_field(key, value)
+                form.add_field("file", data.encode("utf-8"), filename="film.srt")
+                async with session.post(server.url + "/translate_file", data=form) as r:
+                    url = (await r.json())["translatedFileUrl"]
+                async with session.get(url) as r:
+                    return (await r.read()).decode("utf-8")
+            return await asyncio.gather(file(), *(text(q) for q in texts))
+    got_file, *got_texts = asyncio.run(go())
+    assert got_file == want
+    assert got_texts == offline_texts
