@@ -1,6 +1,6 @@
 """`transformer translate`: sentences from the arguments or standard input, translated in blocks; or
-a file (--file IN --out OUT: .txt, .srt, .vtt, .html, .docx, .pptx, .odt), its layout kept as POST /translate_file keeps
-it (serve/formats.py)."""
+a file (--file IN --out OUT: .txt, .srt, .vtt, .html, .docx, .pptx, .odt, .epub), its layout kept
+as POST /translate_file keeps it (serve/formats.py)."""
 import sys
 
 from ..errors import FlagError, blame
@@ -147,7 +147,7 @@ def register(sub):
     translate.add_argument("--threads", type=_positive_int)
     translate.add_argument("--attention", metavar="FILE.png", help="draw the cross-attention of the first sentence")
     translate.add_argument("--file", metavar="IN",
-                           help="translate a file (.txt, .srt, .vtt, .html, .docx, .pptx, .odt) into --out, its "
+                           help="translate a file (.txt, .srt, .vtt, .html, .docx, .pptx, .odt, .epub) into --out, its "
                                 "layout kept as `serve`'s POST /translate_file keeps it")
     translate.add_argument("--out", metavar="OUT", help="where --file's translation is written")
     translate.add_argument("text", nargs="*")

@@ -14,7 +14,7 @@ LibreTranslate API (aiohttp, the [serve] extra).
     detect.py     which served source language a text is in (py3langid)
     documents.py  a text as sentences to translate and what is kept around them (sentencex)
     formats.py    files (.txt, .srt, .vtt, .html) as documents, their layout kept
-    office.py     .docx, .pptx and .odt: paragraphs translated in place in the archive (zipfile, expat)
+    office.py     .docx, .pptx, .odt and .epub: paragraphs translated in place in the archive (zipfile, expat)
     files.py      the translated files waiting for GET /download_file, in a temporary folder
     markup.py     HTML's text runs, the markup kept as it is
     metrics.py    counters in Prometheus' text format
@@ -152,7 +152,7 @@ def listen(app, host, port, shutdown_timeout=60.0, banner=(), shutdown_grace=2.0
             print(line, file=sys.stderr)
         shown = f"[{host}]" if ":" in host else host
         print(f"listening on http://{shown}:{port}  (LibreTranslate API: POST /translate, POST /detect, "
-              "GET /languages, GET /frontend/settings, POST /translate_file; "
+              "GET /languages, GET /frontend/settings, POST /translate_file, GET /download_file/NAME; "
               "POST /v1/translate, GET /health, GET /metrics, the page at /; Ctrl-C stops)", file=sys.stderr, flush=True)
         cut = 0
         try:

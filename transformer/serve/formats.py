@@ -12,6 +12,7 @@ and `transformer translate --file` share.
     .html  (.htm) the markup path of format "html" (markup.py)
     .docx, .pptx, .odt  each paragraph's text runs translated in place, every other byte of the
            archive's XML and every other member kept (office.py)
+    .epub  each chapter (.xhtml, .html) through the markup path, every other member kept (office.py)
 
 A file is UTF-8 (a byte order mark kept); anything else, a NUL byte, a subtitle file without a cue
 timing, a WebVTT file without its WEBVTT line or HTML that html.parser cannot read is a FormatError
@@ -23,7 +24,7 @@ import re
 from .documents import Document, _segment, of_html
 from .markup import MarkupError, text_runs
 
-FORMATS = (".txt", ".srt", ".vtt", ".html", ".htm", ".docx", ".pptx", ".odt")
+FORMATS = (".txt", ".srt", ".vtt", ".html", ".htm", ".docx", ".pptx", ".odt", ".epub")
 BOM = "\ufeff"
 _LINE = re.compile(r"[^\n]*\n|[^\n]+")
 _TIMING = re.compile(r"^\s*(?:\d+:)?\d{1,2}:\d{2}[,.]\d{1,3}\s*-->\s*(?:\d+:)?\d{1,2}:\d{2}[,.]\d{1,3}")
@@ -66,7 +67,7 @@ def read(data, name, language):
     ext = extension(name)
     if not data:
         raise FormatError("the file is empty")
-    if ext in (".docx", ".pptx", ".odt"):
+    if ext in (".docx", ".pptx", ".odt", ".epub"):
         from .office import OfficeDocument, OfficeError
 
         try:

@@ -1,5 +1,6 @@
-"""Office files (.docx, .pptx, .odt) as documents: the text of each paragraph translated in place,
-every other byte of every XML part and every other member of the archive kept.
+"""Office files (.docx, .pptx, .odt) and e-books (.epub) as documents: the text of each paragraph
+translated in place, every other byte of every XML part and every other member of the archive kept.
+An e-book's chapters (XHTML) go through the markup path of format "html" (markup.py).
 
 An office file is a zip of XML parts. In the parts that hold text (Word's document, headers,
 footers and notes; PowerPoint's slides and notes; OpenDocument's content and styles) a paragraph
@@ -22,7 +23,8 @@ import re
 import zipfile
 from xml.parsers import expat
 
-from .documents import Document, _segment
+from .documents import Document, _segment, of_html
+from .markup import MarkupError
 
 MAX_MEMBERS = 10_000
 MAX_UNPACKED = 64 << 20          # bytes of every member together, unpacked
@@ -35,6 +37,8 @@ KINDS = {
     ".pptx": (re.compile(r"ppt/(slides/slide|notesSlides/notesSlide)\d+\.xml"), "ppt/presentation.xml",
               {"a:p"}, {"a:t"}),
     ".odt": (re.compile(r"(content|styles)\.xml"), "content.xml", {"text:p", "text:h"}, None),
+    # an e-book's chapters are XHTML: the markup path (markup.py), its no-break space &#160;
+    ".epub": (re.compile(r"(?i).+\.x?html?"), "META-INF/container.xml", None, None),
 }
 _WORDS = re.compile(r"\S+\s*|\s+")
 
@@ -153,6 +157,9 @@ class OfficeDocument:
         for info, content in self.members:
             if not pattern.fullmatch(info.filename):
                 continue
+            if paragraph_tags is None:
+                self.parts[info.filename] = self._xhtml(content, info.filename, language)
+                continue
             paragraphs = []
             for runs in _paragraphs(content, info.filename, paragraph_tags, text_tags):
                 document = Document()
@@ -160,6 +167,19 @@ class OfficeDocument:
                 paragraphs.append((runs, document, len(self.sentences)))
                 self.sentences += document.sentences
             self.parts[info.filename] = paragraphs
+
+    def _xhtml(self, content, part, language):
+        """An e-book's chapter: (its Document, its first sentence's index)."""
+        try:
+            text = content.decode("utf-8")
+            document = of_html(text, language, xml=True)
+        except UnicodeDecodeError:
+            raise OfficeError(f"{part} is not UTF-8") from None
+        except MarkupError as exc:
+            raise OfficeError(f"{part} is not HTML the server can read ({exc})") from None
+        first = len(self.sentences)
+        self.sentences += document.sentences
+        return document, first
 
     def text(self):
         return "\n".join(self.sentences)
@@ -170,7 +190,10 @@ class OfficeDocument:
         with zipfile.ZipFile(out, "w") as archive:
             for info, content in self.members:
                 paragraphs = self.parts.get(info.filename)
-                if paragraphs:
+                if isinstance(paragraphs, tuple):
+                    document, first = paragraphs
+                    content = document.render(flat[first:first + len(document.sentences)]).encode("utf-8")
+                elif paragraphs:
                     content = self._part(content, paragraphs, flat)
                 archive.writestr(info, content)
         return out.getvalue()
