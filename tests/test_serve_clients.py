@@ -216,7 +216,8 @@ def test_frontend_settings_answer_as_libretranslates(server):
     assert status == 200
     assert body == {"charLimit": 5000, "frontendTimeout": 500, "apiKeys": False, "keyRequired": False,
                     "suggestions": False, "filesTranslation": True,
-                    "supportedFilesFormat": [".txt", ".srt", ".vtt", ".html", ".htm", ".docx", ".pptx", ".odt"],
+                    "supportedFilesFormat": [".txt", ".srt", ".vtt", ".html", ".htm", ".docx", ".pptx", ".odt",
+                                             ".epub"],
                     "language": {"source": {"code": "auto", "name": "Auto Detect"},
                                  "target": {"code": "es", "name": "Spanish"}}}
 

@@ -357,3 +357,31 @@ def test_files_and_texts_share_the_batches_and_auto_detects(server, model_dir):
     got_file, *got_texts = asyncio.run(go())
     assert got_file == want
     assert got_texts == offline_texts
+
+
+def test_an_epub_translates_its_chapters_and_keeps_the_rest(server, model_dir, tmp_path):
+    head = '<?xml version="1.0" encoding="utf-8"?>\n<html xmlns="http://www.w3.org/1999/xhtml"><head><title>'
+    chapter = head + "a cat</title></head><body><p>the big cat</p>\n<p>red tree&#160;</p><pre>a dog</pre></body></html>"
+    members = {"mimetype": b"application/epub+zip", "META-INF/container.xml": b"<container/>",
+               "OEBPS/content.opf": b"<package/>", "OEBPS/ch1.xhtml": chapter.encode(), "OEBPS/cover.jpg": bytes(300)}
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in members.items():
+            archive.writestr(name, content, compress_type=zipfile.ZIP_STORED if name == "mimetype" else None)
+    data = buffer.getvalue()
+    got = translated_file(server, "book.epub", data)
+    source, out = tmp_path / "book.epub", tmp_path / "out.epub"
+    source.write_bytes(data)
+    done = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", model_dir, "--threads", "1",
+                           "--file", str(source), "--out", str(out)], capture_output=True, text=True, timeout=120,
+                          cwd=OUTSIDE)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes() == got
+    after = zipfile.ZipFile(io.BytesIO(got))
+    assert after.namelist() == list(members) and after.infolist()[0].compress_type == zipfile.ZIP_STORED
+    for name, content in members.items():
+        if name != "OEBPS/ch1.xhtml":
+            assert after.read(name) == content, name
+    a_cat, big_cat, red_tree = offline(model_dir, ["a cat", "the big cat", "red tree"])
+    assert after.read("OEBPS/ch1.xhtml").decode() == (head + f"{a_cat}</title></head><body><p>{big_cat}</p>\n"
+                                                      f"<p>{red_tree}&#160;</p><pre>a dog</pre></body></html>")
