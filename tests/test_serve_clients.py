@@ -215,7 +215,9 @@ def test_frontend_settings_answer_as_libretranslates(server):
     status, body = asyncio.run(_get(server.url + "/frontend/settings"))
     assert status == 200
     assert body == {"charLimit": 5000, "frontendTimeout": 500, "apiKeys": False, "keyRequired": False,
-                    "suggestions": False, "filesTranslation": False, "supportedFilesFormat": [],
+                    "suggestions": False, "filesTranslation": True,
+                    "supportedFilesFormat": [".txt", ".srt", ".vtt", ".html", ".htm", ".docx", ".pptx", ".odt",
+                                             ".epub"],
                     "language": {"source": {"code": "auto", "name": "Auto Detect"},
                                  "target": {"code": "es", "name": "Spanish"}}}
 

@@ -88,6 +88,12 @@ def register(sub):
                        help="characters a request at most, as LibreTranslate's (0: no limit; default 5000)")
     serve.add_argument("--max-texts", type=_positive_int, default=64, help="texts in one request's q at most")
     serve.add_argument("--max-body", type=_positive_int, default=1 << 20, help="request body bytes at most")
+    serve.add_argument("--max-file-size", type=_positive_int, default=1 << 20, metavar="BYTES",
+                       help="bytes of a file to POST /translate_file at most (in place of --max-body there); past "
+                            "it 413 (default 1048576)")
+    serve.add_argument("--file-expiry", type=_positive_float, default=1800.0, metavar="S",
+                       help="seconds a translated file waits for GET /download_file before it is removed "
+                            "(default 1800)")
     serve.add_argument("--api-keys", metavar="FILE", help="require LibreTranslate's api_key: one valid key a line")
     serve.add_argument("--api-keys-db", "--api-keys-db-path", metavar="FILE",
                        help="require LibreTranslate's api_key: the keys of this SQLite database, each with its "

@@ -1,4 +1,6 @@
-"""`transformer translate`: sentences from the arguments or standard input, translated in blocks."""
+"""`transformer translate`: sentences from the arguments or standard input, translated in blocks; or
+a file (--file IN --out OUT: .txt, .srt, .vtt, .html, .docx, .pptx, .odt, .epub), its layout kept
+as POST /translate_file keeps it (serve/formats.py)."""
 import sys
 
 from ..errors import FlagError, blame
@@ -50,9 +52,39 @@ def _text_blocks(texts):
         yield block
 
 
+def _translate_file(args, model, src_tok, tgt_tok):
+    """--file IN --out OUT: the file read as the server reads an upload, its sentences translated,
+    written back with everything else as it was."""
+    from ..checkpoint import read_languages
+    from ..languages import alpha2
+    from ..serve.formats import FormatError, read
+    from ..translation import translate_texts
+
+    with blame("--file", args.file):
+        with open(args.file, "rb") as f:
+            data = f.read()
+    pair = read_languages(args.model)
+    try:
+        document = read(data, args.file, alpha2(pair[0]) if pair else "en")
+    except FormatError as exc:
+        raise FlagError(f"--file {args.file}: {exc}") from None
+    translated = translate_texts(model, src_tok, tgt_tok, document.sentences, beam=args.beam, max_len=args.max_len,
+                                 no_repeat_ngram=args.no_repeat_ngram,
+                                 precision=args.precision or model.stored_precision) if document.sentences else []
+    with blame("--out", args.out):
+        with open(args.out, "wb") as f:
+            f.write(document.render(translated))
+    print(f"{args.file}: {len(document.sentences)} sentences translated into {args.out}", file=sys.stderr)
+    return 0
+
+
 def run(args):
     from ..translation import translate_texts
 
+    if args.file is not None and (args.out is None or args.text or args.attention):
+        raise FlagError("--file needs --out, and takes no sentences and no --attention")
+    if args.out is not None and args.file is None:
+        raise FlagError("--out names where --file's translation goes: give --file too")
     _apply_threads(args)
     _check_output("--attention", args.attention, needs="matplotlib")
     model, src_tok, tgt_tok = _load_model(args.model, frozen=True)
@@ -60,6 +92,8 @@ def run(args):
     if args.max_len is not None and args.max_len > model.cfg.max_len:
         raise FlagError(f"--max-len {args.max_len}: the model in --model {args.model} has {model.cfg.max_len} "
                         f"positions, so translations of at most {model.cfg.max_len} tokens")
+    if args.file is not None:
+        return _translate_file(args, model, src_tok, tgt_tok)
     blocks = _text_blocks(args.text)
     block = next(blocks, [])
     if args.attention and not (block and block[0].strip()):
@@ -112,5 +146,9 @@ def register(sub):
                            help=DECODE_PRECISION_HELP)
     translate.add_argument("--threads", type=_positive_int)
     translate.add_argument("--attention", metavar="FILE.png", help="draw the cross-attention of the first sentence")
+    translate.add_argument("--file", metavar="IN",
+                           help="translate a file (.txt, .srt, .vtt, .html, .docx, .pptx, .odt, .epub) into --out, its "
+                                "layout kept as `serve`'s POST /translate_file keeps it")
+    translate.add_argument("--out", metavar="OUT", help="where --file's translation is written")
     translate.add_argument("text", nargs="*")
     translate.set_defaults(func=run)

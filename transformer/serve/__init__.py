@@ -13,6 +13,9 @@ LibreTranslate API (aiohttp, the [serve] extra).
     pairs.py      which model answers a source and target (any standard code; "auto")
     detect.py     which served source language a text is in (py3langid)
     documents.py  a text as sentences to translate and what is kept around them (sentencex)
+    formats.py    files (.txt, .srt, .vtt, .html) as documents, their layout kept
+    office.py     .docx, .pptx, .odt and .epub: paragraphs translated in place in the archive (zipfile, expat)
+    files.py      the translated files waiting for GET /download_file, in a temporary folder
     markup.py     HTML's text runs, the markup kept as it is
     metrics.py    counters in Prometheus' text format
     stopping.py   SIGTERM: every connection the kernel completed answered, none reset, then exit 0
@@ -149,7 +152,7 @@ def listen(app, host, port, shutdown_timeout=60.0, banner=(), shutdown_grace=2.0
             print(line, file=sys.stderr)
         shown = f"[{host}]" if ":" in host else host
         print(f"listening on http://{shown}:{port}  (LibreTranslate API: POST /translate, POST /detect, "
-              "GET /languages, GET /frontend/settings; "
+              "GET /languages, GET /frontend/settings, POST /translate_file, GET /download_file/NAME; "
               "POST /v1/translate, GET /health, GET /metrics, the page at /; Ctrl-C stops)", file=sys.stderr, flush=True)
         cut = 0
         try:
@@ -192,7 +195,8 @@ def run(args, load):
                     allowed_hosts=allowed_hosts)
     limits = Limits(args.char_limit, args.max_texts, args.max_body, body_timeout=args.body_timeout,
                     header_timeout=args.header_timeout, max_connections=args.max_connections,
-                    req_limit=args.req_limit, chars_per_minute=args.chars_per_minute)
+                    req_limit=args.req_limit, chars_per_minute=args.chars_per_minute,
+                    max_file_size=args.max_file_size, file_expiry=args.file_expiry)
     app, scheduler = build(models, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
                            max_queue=args.max_queue, api_keys=api_keys, batching=args.batching, limits=limits,
                            access=access)

@@ -11,7 +11,12 @@ Handlers parse, validate and wait; the Scheduler owns the models. Endpoints:
                          "detectedLanguage" for source "auto" and "alternatives" when asked.
     POST /detect         [{"confidence", "language"}], best first, among the served sources
     GET  /languages      [{"code", "name", "targets"}]: every served language (pairs.py)
-    GET  /frontend/settings  LibreTranslate's: charLimit, keyRequired, the default languages...
+    GET  /frontend/settings  LibreTranslate's: charLimit, keyRequired, the default languages, and
+                         filesTranslation with supportedFilesFormat
+    POST /translate_file LibreTranslate's: a multipart form of file, source, target, api_key; the
+                         file's text (formats.py) translated as /translate's, in the same batches and
+                         under the same limits a minute. Answers {"translatedFileUrl": ...}
+    GET  /download_file/NAME  the translated file, until it expires (files.py); another name is 404
     POST /v1/translate   ours: q, source/target or model, beam, max_len, no_repeat_ngram, scores
                          (log-probabilities), attention (each sentence's cross-attention matrix)
     GET  /health         {"status": "ok", "models": [...], "queue": n, "api_keys": bool}
@@ -39,7 +44,9 @@ from ..languages import alpha2, english_name
 from .documents import of_html, of_text
 from .access import Access
 from .connections import Guard
-from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, shown, texts_of
+from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, read_upload, shown, texts_of
+from .files import Files
+from .formats import FORMATS, FormatError, extension, read as read_file
 from .keys import Keys
 from .limits import RateLimits, Refused
 from .markup import MarkupError
@@ -120,6 +127,7 @@ class Server:
         self.stopping = Stopping()           # set by listen() on SIGTERM
         self.guard = Guard(limits.max_connections, limits.header_timeout)   # listen() puts it in front
         self.guard.busy = lambda handler: handler in self.stopping.busy
+        self.files = Files(limits.file_expiry)   # the translated files, until downloaded or expired
 
     def app(self):
         bounds = {"client_max_size": self.limits.max_body}
@@ -131,10 +139,16 @@ class Server:
         app.add_routes([web.post("/translate", self.translate), web.post("/detect", self.detect),
                         web.get("/languages", self.languages), web.get("/frontend/settings", self.settings),
                         web.post("/v1/translate", self.native), web.get("/health", self.health),
-                        web.get("/metrics", self.metrics_text), web.get("/", self.page)])
+                        web.get("/metrics", self.metrics_text), web.get("/", self.page),
+                        web.post("/translate_file", self.translate_file),
+                        web.get("/download_file/{name}", self.download_file)])
         app.router.add_static("/static/", STATIC, show_index=False, follow_symlinks=False)
         app[STOPPING] = self.stopping
         app[GUARD] = self.guard
+
+        async def remove_files(app):
+            self.files.close()
+        app.on_cleanup.append(remove_files)
         return app
 
     @web.middleware
@@ -398,9 +412,44 @@ class Server:
         keys = "translate" in self.access.require_key_for and self.api_keys
         return web.json_response({
             "charLimit": self.limits.char_limit or -1, "frontendTimeout": FRONTEND_TIMEOUT_MS,
-            "apiKeys": self.api_keys, "keyRequired": keys, "suggestions": False, "filesTranslation": False,
-            "supportedFilesFormat": [],
+            "apiKeys": self.api_keys, "keyRequired": keys, "suggestions": False, "filesTranslation": True,
+            "supportedFilesFormat": list(FORMATS),
             "language": {"source": source, "target": {"code": target, "name": english_name(target)}}})
+
+    async def translate_file(self, request):
+        """LibreTranslate's /translate_file: the file's sentences translated as /translate's (one
+        request to the scheduler), its layout kept (formats.py), stored for /download_file."""
+        fields, (uploaded, data) = await read_upload(request, self.limits)
+        key = self._key(request, fields.get("api_key"), "translate")
+        for field in ("source", "target"):
+            if not fields.get(field):
+                raise BadRequest(f"Invalid request: missing {field} parameter")
+        try:
+            ext = extension(uploaded)
+        except FormatError as exc:
+            raise BadRequest(f"Invalid request: {exc}") from None
+        sample = data[:4096].decode("utf-8", "ignore")      # source "auto" detects on the file's start
+        name, detected = (await self._routes(fields, [sample]))[0]
+        try:
+            document = await asyncio.to_thread(read_file, data, uploaded, self._splitting[name])
+        except FormatError as exc:
+            raise BadRequest(f"file: {exc}") from None
+        if len(document.sentences) > self.scheduler.max_queue:
+            raise BadRequest(f"the file holds {len(document.sentences)} sentences; the queue takes at most "
+                             f"{self.scheduler.max_queue} (--max-queue)", 413)
+        self._charge(request, key, sum(len(sentence) for sentence in document.sentences))
+        translated = (await self._documents([(name, detected)], [document], self._defaults.get))[0]
+        rendered = await asyncio.to_thread(document.render, translated)      # an archive: off the loop
+        stored = self.files.put(rendered, uploaded, self.models[name].target, ext)
+        response = web.json_response({"translatedFileUrl": f"{request.scheme}://{request.host}/download_file/{stored}"})
+        response.sentences = len(document.sentences)
+        return response
+
+    async def download_file(self, request):
+        path = self.files.get(request.match_info["name"])
+        if path is None:
+            raise BadRequest("no such file: not a name this server gave, or expired (--file-expiry)", 404)
+        return web.FileResponse(path, headers={"Content-Disposition": "attachment"})
 
     async def page(self, request):
         return web.FileResponse(os.path.join(STATIC, "index.html"))

@@ -31,12 +31,14 @@ def _segment():
 
 class Document:
     """A text as parts kept verbatim and sentences: render(translations) puts each sentence's
-    translation in its place. markup: the translations are escaped for HTML (&, <, >)."""
+    translation in its place. markup: the translations are escaped for HTML (&, <, >); xml: for
+    XHTML, whose no-break space is &#160; (XML knows no &nbsp;)."""
 
-    def __init__(self, markup=False):
+    def __init__(self, markup=False, xml=False):
         self.parts = []             # str (kept as it is) or int (a sentence's index)
         self.sentences = []
         self.markup = markup
+        self.nbsp = "&#160;" if xml else "&nbsp;"
 
     def keep(self, raw):
         if not raw:
@@ -50,7 +52,7 @@ class Document:
         """The sentences of a plain text, and the whitespace around them kept (escaped for HTML
         with escape: the text came unescaped from markup, and a no-break space is &nbsp; again)."""
         segment = segment or _segment()
-        keep = (lambda raw: self.keep(_escape(raw))) if escape else self.keep
+        keep = (lambda raw: self.keep(_escape(raw, self.nbsp))) if escape else self.keep
         for line in _LINES.split(text) if "\n" in text else (text,):
             if not line.strip():
                 keep(line)
@@ -69,13 +71,13 @@ class Document:
     def render(self, translations):
         """The text with sentence i replaced by translations[i]."""
         if self.markup:
-            translations = [_escape(t) for t in translations]
+            translations = [_escape(t, self.nbsp) for t in translations]
         return "".join(part if isinstance(part, str) else translations[part] for part in self.parts)
 
 
-def _escape(text):
-    """Text for HTML: &, < and > escaped, a no-break space as &nbsp;."""
-    return html.escape(text, quote=False).replace("\u00a0", "&nbsp;")
+def _escape(text, nbsp="&nbsp;"):
+    """Text for HTML: &, < and > escaped, a no-break space as &nbsp; (or `nbsp`)."""
+    return html.escape(text, quote=False).replace("\u00a0", nbsp)
 
 
 def of_text(text, language):
@@ -85,13 +87,13 @@ def of_text(text, language):
     return document
 
 
-def of_html(markup, language):
+def of_html(markup, language, xml=False):
     """An HTML text's Document: the text of its elements split into sentences, every tag,
     attribute, entity and comment kept, and the elements that are not to be translated left as
-    they are (markup.py)."""
+    they are (markup.py). xml: XHTML (an e-book's chapter), a no-break space written &#160;."""
     from .markup import text_runs
 
-    document = Document(markup=True)
+    document = Document(markup=True, xml=xml)
     segment = _segment()
     for raw, text in text_runs(markup):
         if text is None or not text.strip():

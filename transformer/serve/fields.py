@@ -29,12 +29,14 @@ class Limits:
     """What one request may hold (each refused with the limit named)."""
 
     def __init__(self, char_limit=5000, max_texts=64, max_body=1 << 20, body_timeout=30.0, header_timeout=10.0,
-                 max_connections=1000, req_limit=0, chars_per_minute=0):
+                 max_connections=1000, req_limit=0, chars_per_minute=0, max_file_size=1 << 20, file_expiry=1800.0):
         self.char_limit, self.max_texts, self.max_body = char_limit, max_texts, max_body
         self.body_timeout = body_timeout          # seconds to read a body, once its headers came
         self.header_timeout = header_timeout      # seconds for a request's headers (connections.py)
         self.max_connections = max_connections    # connections open at once (connections.py)
         self.req_limit, self.chars_per_minute = req_limit, chars_per_minute   # a minute, per client (limits.py)
+        self.max_file_size = max_file_size        # bytes of a file to translate (POST /translate_file)
+        self.file_expiry = file_expiry            # seconds a translated file waits to be downloaded (files.py)
 
 
 def shown(value):
@@ -202,3 +204,72 @@ def format_of(fields):
         raise BadRequest(f"{value if isinstance(value, str) and len(value) <= SHOWN else shown(value)} format is "
                          "not supported (format: text or html)")
     return value
+
+
+MAX_FIELD = 4096                # bytes of a /translate_file field other than the file
+
+
+async def read_upload(request, limits):
+    """POST /translate_file's multipart form: (fields, (file name, its bytes)). The file is read
+    in chunks and refused (413) past limits.max_file_size, whatever --max-body says; the other
+    fields are short text, each given once; the query string adds its fields as for /translate."""
+    missing = "Invalid request: missing file parameter (a multipart field file, with a file name)"
+    if request.content_type == "application/x-www-form-urlencoded":
+        raise BadRequest(missing)            # a form without a file is sent this way
+    if request.content_type != "multipart/form-data":
+        raise BadRequest(f"send the file as multipart/form-data (fields file, source, target), not "
+                         f"{shown(request.content_type)}")
+
+    async def read():
+        fields, upload = {}, None
+        reader = await request.multipart()
+        while True:
+            part = await reader.next()
+            if part is None:
+                break
+            name = getattr(part, "name", None)
+            if name is None or not hasattr(part, "read_chunk"):
+                raise BadRequest("a part of the form has no field name")
+            if name in fields or (name == "file" and upload is not None):
+                raise BadRequest(f"field {field_name(name)} is given more than once in the form")
+            limit = limits.max_file_size if name == "file" else MAX_FIELD
+            data = bytearray()
+            while True:
+                chunk = await part.read_chunk(65536)
+                if not chunk:
+                    break
+                data += chunk
+                if len(data) > limit:
+                    if name == "file":
+                        raise BadRequest(f"the file is larger than the limit of {limits.max_file_size} bytes "
+                                         "(--max-file-size)", 413, {"Connection": "close"})
+                    raise BadRequest(f"field {field_name(name)} is longer than {MAX_FIELD} bytes")
+            if name == "file":
+                upload = (part.filename, bytes(data))
+            else:
+                try:
+                    fields[name] = data.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise BadRequest(f"field {field_name(name)} is not valid UTF-8") from None
+        return fields, upload
+
+    try:
+        fields, upload = await _within(limits, read())
+    except BadRequest:
+        raise
+    except (ValueError, AssertionError, LookupError) as exc:    # aiohttp's ways of refusing a body
+        raise BadRequest(f"the multipart body cannot be read ({str(exc)[:80]})") from None
+    try:
+        query = {}
+        _multi(request.query, query, "query string")
+    except UnicodeDecodeError:
+        raise BadRequest("the query string is not valid UTF-8") from None
+    fields.update(query)
+    check_text(fields)
+    if upload is None:
+        raise BadRequest(missing)
+    if not upload[0]:
+        raise BadRequest("the field file has no file name: its extension says its format")
+    if "\x00" in upload[0] or len(upload[0]) > 255:
+        raise BadRequest(f"the file name {shown(upload[0])} is not a file name")
+    return fields, upload

@@ -1,0 +1,213 @@
+"""Office files (.docx, .pptx, .odt) and e-books (.epub) as documents: the text of each paragraph
+translated in place, every other byte of every XML part and every other member of the archive kept.
+An e-book's chapters (XHTML) go through the markup path of format "html" (markup.py).
+
+An office file is a zip of XML parts. In the parts that hold text (Word's document, headers,
+footers and notes; PowerPoint's slides and notes; OpenDocument's content and styles) a paragraph
+(w:p, a:p, text:p or text:h) holds its text in runs (w:t and a:t elements; OpenDocument's
+character data, in text:span or not). expat reads each part and says where each run's text lies
+in its bytes; only those bytes change, so tags, attributes, namespaces and styles stay as they
+were. A paragraph's runs are read as one text, so a sentence cut by a bold word is translated as
+one sentence (documents.py); its translation is spread back over the runs word by word, in
+proportion to the runs' lengths (approximated: which words a style covers), the first run getting
+what comes before its share.
+
+A file is refused (FormatError: HTTP 400) when it is not a zip, lacks the part its format needs,
+has more than MAX_MEMBERS members or more than MAX_UNPACKED bytes unpacked (a zip bomb: counted as
+it is read, whatever the archive declares), or has a part that is not well-formed UTF-8 XML or
+declares a DOCTYPE (entity expansion).
+"""
+import html
+import io
+import re
+import zipfile
+from xml.parsers import expat
+
+from .documents import Document, _segment, of_html
+from .markup import MarkupError
+
+MAX_MEMBERS = 10_000
+MAX_UNPACKED = 64 << 20          # bytes of every member together, unpacked
+
+# (the parts translated (a pattern of names), the part that must be there, the paragraph
+# elements, the text elements: None for every character data inside a paragraph)
+KINDS = {
+    ".docx": (re.compile(r"word/(document|header\d*|footer\d*|footnotes|endnotes)\.xml"), "word/document.xml",
+              {"w:p"}, {"w:t"}),
+    ".pptx": (re.compile(r"ppt/(slides/slide|notesSlides/notesSlide)\d+\.xml"), "ppt/presentation.xml",
+              {"a:p"}, {"a:t"}),
+    ".odt": (re.compile(r"(content|styles)\.xml"), "content.xml", {"text:p", "text:h"}, None),
+    # an e-book's chapters are XHTML: the markup path (markup.py), its no-break space &#160;
+    ".epub": (re.compile(r"(?i).+\.x?html?"), "META-INF/container.xml", None, None),
+}
+_WORDS = re.compile(r"\S+\s*|\s+")
+
+
+class OfficeError(ValueError):
+    pass
+
+
+def _unpack(data):
+    """[(ZipInfo, bytes)] of the archive, bounded (MAX_MEMBERS, MAX_UNPACKED)."""
+    try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        infos = archive.infolist()
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as exc:
+        raise OfficeError(f"the file is not a zip archive ({str(exc)[:60]})") from None
+    if len(infos) > MAX_MEMBERS:
+        raise OfficeError(f"the archive has {len(infos)} members; at most {MAX_MEMBERS}")
+    members, total = [], 0
+    for info in infos:
+        if info.file_size + total > MAX_UNPACKED:
+            raise OfficeError(f"the archive unpacks to more than {MAX_UNPACKED} bytes (a zip bomb?)")
+        try:
+            with archive.open(info) as f:
+                content = f.read(MAX_UNPACKED - total + 1)
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError, NotImplementedError, RuntimeError) as exc:
+            raise OfficeError(f"member {info.filename[:60]!r} cannot be read ({str(exc)[:60]})") from None
+        total += len(content)
+        if total > MAX_UNPACKED:
+            raise OfficeError(f"the archive unpacks to more than {MAX_UNPACKED} bytes (a zip bomb?)")
+        members.append((info, content))
+    return members
+
+
+def _paragraphs(xml, part, paragraph_tags, text_tags):
+    """[[(start, end, text)]]: each paragraph's runs, as byte offsets into `xml` and their text."""
+    if xml.startswith((b"\xff\xfe", b"\xfe\xff")) or re.match(rb"<\?xml[^>]*encoding=[\"'](?!utf-8)", xml, re.I):
+        raise OfficeError(f"{part} is not UTF-8 XML")
+    parser = expat.ParserCreate()
+    paragraphs, stack, open_paragraphs = [], [], []
+    run = []                # [start, text pieces] of the character data being read
+
+    def close(at):
+        if run:
+            start, pieces = run
+            if open_paragraphs:
+                paragraphs[open_paragraphs[-1]].append((start, at, "".join(pieces)))
+            run.clear()
+
+    def start(tag, attrs):
+        close(parser.CurrentByteIndex)
+        stack.append(tag)
+        if tag in paragraph_tags:
+            open_paragraphs.append(len(paragraphs))
+            paragraphs.append([])
+
+    def end(tag):
+        close(parser.CurrentByteIndex)
+        stack.pop()
+        if tag in paragraph_tags:
+            open_paragraphs.pop()
+
+    def data(text):
+        if not open_paragraphs or (text_tags is not None and (not stack or stack[-1] not in text_tags)):
+            return
+        if not run:
+            run.extend([parser.CurrentByteIndex, []])
+        run[1].append(text)
+
+    def doctype(*_):
+        raise OfficeError(f"{part} declares a DOCTYPE")
+
+    def other(*_):
+        close(parser.CurrentByteIndex)
+
+    parser.StartElementHandler, parser.EndElementHandler, parser.CharacterDataHandler = start, end, data
+    parser.StartDoctypeDeclHandler = doctype
+    parser.CommentHandler = parser.ProcessingInstructionHandler = other
+    parser.StartCdataSectionHandler = parser.EndCdataSectionHandler = other
+    try:
+        parser.Parse(xml, True)
+    except expat.ExpatError as exc:
+        raise OfficeError(f"{part} is not well-formed XML ({exc})") from None
+    return [runs for runs in paragraphs if any(text.strip() for _, _, text in runs)]
+
+
+def spread(translation, lengths):
+    """`translation` cut into len(lengths) pieces, word by word, in proportion to `lengths`."""
+    if len(lengths) == 1:
+        return [translation]
+    words = _WORDS.findall(translation)
+    total = sum(lengths) or 1
+    pieces, taken, position, cumulative = [], 0, 0, 0
+    for i, length in enumerate(lengths):
+        cumulative += length
+        goal = len(translation) * cumulative / total if i < len(lengths) - 1 else len(translation) + 1
+        piece = []
+        while taken < len(words) and position + len(words[taken]) / 2 <= goal:
+            piece.append(words[taken])
+            position += len(words[taken])
+            taken += 1
+        pieces.append("".join(piece))
+    return pieces
+
+
+class OfficeDocument:
+    """An office file's paragraphs: sentences, and render(translations) -> the file's bytes."""
+
+    def __init__(self, data, ext, language):
+        pattern, needed, paragraph_tags, text_tags = KINDS[ext]
+        self.members = _unpack(data)
+        names = {info.filename for info, _ in self.members}
+        if needed not in names:
+            raise OfficeError(f"the archive has no {needed}: not a {ext} file")
+        segment = _segment()
+        self.sentences, self.parts = [], {}       # part name -> [(runs, Document, first sentence)]
+        for info, content in self.members:
+            if not pattern.fullmatch(info.filename):
+                continue
+            if paragraph_tags is None:
+                self.parts[info.filename] = self._xhtml(content, info.filename, language)
+                continue
+            paragraphs = []
+            for runs in _paragraphs(content, info.filename, paragraph_tags, text_tags):
+                document = Document()
+                document.add_text("".join(text for _, _, text in runs).replace("\n", " "), language, segment)
+                paragraphs.append((runs, document, len(self.sentences)))
+                self.sentences += document.sentences
+            self.parts[info.filename] = paragraphs
+
+    def _xhtml(self, content, part, language):
+        """An e-book's chapter: (its Document, its first sentence's index)."""
+        try:
+            text = content.decode("utf-8")
+            document = of_html(text, language, xml=True)
+        except UnicodeDecodeError:
+            raise OfficeError(f"{part} is not UTF-8") from None
+        except MarkupError as exc:
+            raise OfficeError(f"{part} is not HTML the server can read ({exc})") from None
+        first = len(self.sentences)
+        self.sentences += document.sentences
+        return document, first
+
+    def text(self):
+        return "\n".join(self.sentences)
+
+    def render(self, translations):
+        flat = [" ".join(t.splitlines()) for t in translations]
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w") as archive:
+            for info, content in self.members:
+                paragraphs = self.parts.get(info.filename)
+                if isinstance(paragraphs, tuple):
+                    document, first = paragraphs
+                    content = document.render(flat[first:first + len(document.sentences)]).encode("utf-8")
+                elif paragraphs:
+                    content = self._part(content, paragraphs, flat)
+                archive.writestr(info, content)
+        return out.getvalue()
+
+    @staticmethod
+    def _part(content, paragraphs, flat):
+        edits = []
+        for runs, document, first in paragraphs:
+            translated = document.render(flat[first:first + len(document.sentences)])
+            for (start, end, _), piece in zip(runs, spread(translated, [len(text) for _, _, text in runs])):
+                edits.append((start, end, html.escape(piece, quote=False).encode("utf-8")))
+        pieces, at = [], 0
+        for start, end, replacement in sorted(edits):
+            pieces += [content[at:start], replacement]
+            at = end
+        pieces.append(content[at:])
+        return b"".join(pieces)
