@@ -290,3 +290,39 @@ def test_the_page_translates_a_paragraph_sentence_by_sentence(server, english):
     finally:
         browser.quit()
     assert shown == list(zip(PARAGRAPH, alone(english, PARAGRAPH)))
+
+
+def test_the_page_translates_a_file_into_a_download_link(server, english, tmp_path):
+    """The page's file picker: a .txt sent to /translate_file with the chosen model's languages, the
+    answer offered as a link whose file is byte for byte `transformer translate --file`'s."""
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    source = tmp_path / "story.txt"
+    source.write_text("\n".join(PARAGRAPH[:2]) + "\n\n  " + PARAGRAPH[-1] + "\n", encoding="utf-8")
+    want = tmp_path / "story.es.txt"
+    done = subprocess.run([sys.executable, "-m", "transformer", "translate", "--model", english, "--threads", "1",
+                           "--file", str(source), "--out", str(want)], capture_output=True, text=True, timeout=120,
+                          cwd=OUTSIDE)
+    assert done.returncode == 0, done.stderr
+    browser = _browser()
+    try:
+        browser.get(server.url + "/")
+        WebDriverWait(browser, 30).until(lambda b: b.find_elements(By.CSS_SELECTOR, "#model option"))
+        # the first model served is the English one: its languages go with the file
+        assert browser.execute_script('return $("model").selectedOptions[0].textContent').endswith("(en \u2192 es)")
+        browser.find_element(By.ID, "file").send_keys(str(source))
+        browser.find_element(By.ID, "go-file").click()
+        WebDriverWait(browser, 60).until(lambda b: b.find_element(By.ID, "file-link").is_displayed()
+                                         or "error" in b.find_element(By.ID, "file-status").get_attribute("class"))
+        status = browser.find_element(By.ID, "file-status").text
+        link = browser.find_element(By.ID, "file-link")
+        href, download = link.get_attribute("href"), link.get_attribute("download")
+    finally:
+        browser.quit()
+    assert href and href.startswith(server.url + "/download_file/"), status
+    assert download == "story.es.txt"
+    with urllib.request.urlopen(href, timeout=30) as response:
+        assert response.read() == want.read_bytes()

@@ -132,6 +132,45 @@ async function translate(event) {
   }
 }
 
+// A file goes whole to LibreTranslate's /translate_file, with the chosen model's languages: the server
+// keeps its layout and answers with a link to the translated file, which is offered for download.
+async function translateFile(event) {
+  if (event) event.preventDefault();
+  const file = $("file").files[0];
+  const model = served.find((m) => m.name === $("model").value);
+  const status = (text, isError) => { $("file-status").textContent = text; $("file-status").className = isError ? "error" : ""; };
+  if (!file) { status("choose a file first", true); return; }
+  if (!model) { status("no model is served", true); return; }
+  const form = new FormData();
+  form.append("file", file, file.name);
+  form.append("source", model.source);
+  form.append("target", model.target);
+  form.append("model", model.name);
+  if ($("key").value) form.append("api_key", $("key").value);
+  $("file-link").hidden = true;
+  $("go-file").disabled = true;
+  status(`translating ${file.name}\u2026`);
+  const started = performance.now();
+  try {
+    const response = await fetch("translate_file", {method: "POST", body: form});
+    const answer = await response.json();
+    if (!response.ok) { status(answer.error || `error ${response.status}`, true); return; }
+    // the server's name is a token, the language and the original name: offer the original's name
+    const dot = file.name.lastIndexOf(".");
+    const stem = dot > 0 ? file.name.slice(0, dot) : file.name;
+    $("file-link").href = answer.translatedFileUrl;
+    $("file-link").download = `${stem}.${model.target}${dot > 0 ? file.name.slice(dot) : ""}`;
+    $("file-link").textContent = `download ${$("file-link").download}`;
+    $("file-link").hidden = false;
+    status(`translated in ${Math.round(performance.now() - started)} ms`);
+  } catch (error) {
+    status(`the server did not answer (${error})`, true);
+  } finally {
+    $("go-file").disabled = false;
+  }
+}
+
 $("form").addEventListener("submit", translate);
+$("file-form").addEventListener("submit", translateFile);
 $("text").addEventListener("keydown", (event) => { if (event.key === "Enter" && event.ctrlKey) translate(event); });
 loadModels().catch((error) => setStatus(`cannot reach the server (${error})`, true));
