@@ -527,6 +527,8 @@ def test_bench_repeats_is_refused_where_nothing_reads_it(what, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--what", "decode", "--hostile", "8"], "--hostile does not apply to --what decode, only to --what serve"),
     (["--what", "serve", "--baseline", "."], "--baseline applies to --hostile"),
+    (["--what", "decode", "--file-docx"], "--file-docx does not apply to --what decode, only to --what serve"),
+    (["--what", "serve", "--file-docx", "--hostile", "8"], "--file-docx and --hostile are two loads"),
     (["--what", "serve", "--hostile", "8", "--baseline", "no-such-checkout"], "--baseline no-such-checkout: no "
                                                                                "transformer package there"),
 ])
@@ -636,3 +638,23 @@ def test_decode_threads_times_the_encoder_apart_from_the_steps(capsys, restore_t
     with pytest.raises(SystemExit):
         script.main(["--blocks", "auto,0"])
     assert "--blocks 'auto,0'" in capsys.readouterr().err
+
+
+def test_bench_serve_file_docx_runs_end_to_end_and_its_docx_is_read_back(tmp_path):
+    """Issue 59's bench at a tiny scale: a generated .docx through /translate_file and its
+    paragraphs through /translate, the record whole (timed, not judged here)."""
+    pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
+    from transformer.bench import serve_file
+
+    words = "in the beginning god created the heaven and the earth and it was good".split()
+    rng = np.random.default_rng(0)
+    lines = [" ".join(rng.choice(words, size=rng.integers(3, 12))) + "." for _ in range(80)]
+    data = tmp_path / "pairs.tsv"
+    data.write_text("eng\tspa\n" + "".join(f"{s}\t{s[::-1]}\n" for s in lines), encoding="utf-8")
+    document = serve_file.make_docx(lines[:6])
+    assert serve_file.docx_paragraphs(document) == lines[:6]          # the bold runs joined back
+    [record] = serve_file.run(threads=1, paragraphs=12, data=str(data))
+    assert record["bench"] == "serve_file" and record["paragraphs"] == 12 and record["translated_paragraphs"] == 12
+    assert record["text_s"] > 0 and record["file_s"] > 0 and record["file_over_text"] > 0
+    assert 0 < record["rss_idle_mib"] <= record["rss_peak_file_mib"]
+    assert record["bold_paragraphs"] >= 1

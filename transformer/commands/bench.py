@@ -15,7 +15,7 @@ BENCH_FLAGS = {"kernels": ("families", "against", "precision"),
                "train": ("config", "against", "precision", "repeats"), "profile": ("config",),
                "decode": ("config", "against", "precision", "repeats"), "masking": (),
                "all": ("config", "against", "plot"), "distributed": ("config", "against"),
-               "marian": ("config",), "serve": ("config", "precision", "hostile", "baseline")}
+               "marian": ("config",), "serve": ("config", "precision", "hostile", "baseline", "file_docx")}
 
 
 def _threads(text):
@@ -116,7 +116,11 @@ def _bench_serve(args):
         raise FlagError(f"--baseline {args.baseline}: no transformer package there (a checkout's root, built)")
     records = []
     for threads in args.threads:
-        if args.hostile:
+        if args.file_docx:
+            from ..bench import serve_file
+            for name in names:
+                records += serve_file.run(config=name, threads=threads, precision=args.precision, stream=sys.stdout)
+        elif args.hostile:
             for name in names:
                 records += serve.run_hostile(config=name, threads=threads, precision=args.precision,
                                              hostile=args.hostile, baseline=args.baseline, stream=sys.stdout)
@@ -125,17 +129,17 @@ def _bench_serve(args):
     if args.json:
         with open(args.json, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
-    if not args.hostile:
+    if not args.hostile and not args.file_docx:
         print(serve.table(records), file=sys.stderr)
     return 0
 
 
 def _check_bench_flags(args):
     """A flag the chosen --what would not read is refused, not silently ignored."""
-    for key in ("config", "against", "families", "plot", "precision", "repeats", "hostile", "baseline"):
+    for key in ("config", "against", "families", "plot", "precision", "repeats", "hostile", "baseline", "file_docx"):
         if getattr(args, key) is not None and key not in BENCH_FLAGS[args.what]:
             readers = " or ".join(what for what, keys in BENCH_FLAGS.items() if key in keys)
-            raise FlagError(f"--{key} does not apply to --what {args.what}, only to --what {readers}")
+            raise FlagError(f"--{key.replace('_', '-')} does not apply to --what {args.what}, only to --what {readers}")
     if args.what == "distributed" and args.config is None:
         args.config = "base"            # the issue's figure: the base training step
     if args.what == "marian" and args.config is None:
@@ -144,6 +148,10 @@ def _check_bench_flags(args):
         args.precision = "int8"         # the issue's figure: int8 serving
     if args.what == "serve" and args.hostile and args.config is None:
         args.config = "tiny"            # issue 58's load: the server's own costs show on the small model
+    if args.what == "serve" and args.file_docx and args.hostile:
+        raise FlagError("--file-docx and --hostile are two loads: give one")
+    if args.what == "serve" and args.file_docx and args.config is None:
+        args.config = "tiny"            # issue 59's figure: what the document path costs shows on the small model
     for key, value in BENCH_DEFAULTS.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -304,6 +312,10 @@ def register(sub):
     bench.add_argument("--baseline", metavar="DIR",
                        help="with --what serve --hostile: also the server of the checkout at DIR (built in "
                             "place, e.g. a worktree of 572e4d1) under the same well-formed load")
+    bench.add_argument("--file-docx", action="store_true", default=None,
+                       help="with --what serve: issue 59's load instead, a ~200-page .docx through POST "
+                            "/translate_file against its paragraphs through POST /translate, with the server's "
+                            "peak RSS (bench/serve_file.py; --config default tiny)")
     bench.add_argument("--json", metavar="FILE", help="also write the JSON lines to FILE")
     bench.add_argument("--plot", metavar="FILE.png", help="with --what all: draw throughput and efficiency")
     bench.set_defaults(func=run)
