@@ -6,15 +6,18 @@ The .docx is written here with zipfile (the three parts Word needs): PARAGRAPHS 
 Bible verse each (about ten a page), every BOLD_EVERY-th with a bold run in the middle of a
 sentence, so that the file path reads runs, joins them and spreads the translation back. The
 server (step batching, the model of `config` with random weights and every output at most MAX_LEN
-tokens, as bench/serve.py's) runs in a process of its own; the text request goes first, then the
-file, each one request (the limits a request raised for it: --max-texts, --char-limit, --max-body,
---max-file-size), each after its peak RSS is reset (/proc/PID/clear_refs "5"), so each VmHWM is its own peak.
+tokens, as bench/serve.py's) runs in a process of its own. Each round sends the file and the text,
+each as one request (the limits a request raised for it: --max-texts, --char-limit, --max-body,
+--max-file-size), each after the server's peak RSS is reset (/proc/PID/clear_refs "5"), so each
+VmHWM is its own load's peak. Round 0 sends the file first, from the idle server; the order
+alternates after.
 
-The record: seconds of each (the file's: upload, translation, rendering and download, as a client
-waits), their ratio (file / text: what reading and writing the document costs over translating its
-text), sentences, sizes, and VmHWM / VmRSS in MiB (the RSS before the file too: memory the text
-request freed stays in the process, so the file's peak starts from there); `same_text`: the paragraphs of the translated
-.docx whose text (its runs joined) is /translate's answer for that paragraph.
+A record a load and round: seconds (the file's: upload, translation, rendering and download, as a
+client waits), RSS before and peak in MiB (memory a request freed stays in the process: glibc
+keeps it). Then the summary: the mean seconds of each, their ratio (file / text: what reading and
+writing the document costs over translating its text), the file's peak from the idle server, and
+`same_text`: the paragraphs of the translated .docx whose text (its runs joined) is /translate's
+answer for that paragraph.
 
 Nothing here is timed in tests.
 """
@@ -124,9 +127,10 @@ async def _file(url, name, data):
             return await r.read()
 
 
-def run(config="tiny", threads=2, precision="int8", beam=4, paragraphs=PARAGRAPHS, data=BIBLE, stream=None,
-        served=None):
-    """The record of module docstring (and a warm-up before it). served: (model directory, English
+def run(config="tiny", threads=2, precision="int8", beam=4, paragraphs=PARAGRAPHS, rounds=2, data=BIBLE,
+        stream=None, served=None):
+    """The records of the module docstring: one a load and round, then the summary (a warm-up
+    before them). served: (model directory, English
     texts) to serve instead of `config`'s model built with random weights."""
     records = []
     directory = served[0] if served else tempfile.mkdtemp(prefix=f"serve-file-{config}-")
@@ -144,34 +148,45 @@ def run(config="tiny", threads=2, precision="int8", beam=4, paragraphs=PARAGRAPH
                                 str(MAX_LEN), "--batch-size", "64", "--max-queue", "100000", "--char-limit", "0",
                                 "--max-texts", "100000",
                                 "--max-body", str(64 << 20), "--max-file-size", str(64 << 20)])
+        base = {"bench": "serve_file", "format": "docx", "config": config, "threads": threads,
+                "precision": precision, "beam": beam, "max_len": MAX_LEN, "paragraphs": len(texts),
+                "bold_paragraphs": sum(1 for i, t in enumerate(texts)
+                                       if i % BOLD_EVERY == 0 and len(t.split()) >= 5),
+                "source_chars": sum(map(len, texts)), "docx_bytes": len(document), "cpu": cpu_model()}
+        loads = {"file": lambda url: asyncio.run(_file(url, "bible.docx", document)),
+                 "text": lambda url: asyncio.run(_text(url, texts))}
+        answers = {}
         try:
             pid = server.process.pid
             asyncio.run(_text(server.url, texts[:4]))             # warm-up: first calls, caches
             asyncio.run(_file(server.url, "warm.docx", make_docx(texts[:4])))
-            idle_peak, idle = _memory(pid)
-            _reset_peak(pid)
-            started = time.perf_counter()
-            answers = asyncio.run(_text(server.url, texts))
-            text_s = time.perf_counter() - started
-            text_peak, before_file = _memory(pid)       # glibc keeps what the text request freed
-            _reset_peak(pid)
-            started = time.perf_counter()
-            translated = asyncio.run(_file(server.url, "bible.docx", document))
-            file_s = time.perf_counter() - started
-            file_peak, after = _memory(pid)
+            for round_ in range(rounds):
+                # the file first in round 0, so its peak is measured from the idle server's RSS;
+                # the order alternates after, so a drift of the machine does not pass for a cost
+                for load in (("file", "text") if round_ % 2 == 0 else ("text", "file")):
+                    _, before = _memory(pid)
+                    _reset_peak(pid)
+                    started = time.perf_counter()
+                    answers[load] = loads[load](server.url)
+                    seconds = time.perf_counter() - started
+                    peak, _ = _memory(pid)
+                    keep({**base, "load": load, "round": round_, "seconds": round(seconds, 3),
+                          "rss_before_mib": before, "rss_peak_mib": peak}, records, stream)
         finally:
             server.stop()
-        got = docx_paragraphs(translated)
-        keep({"bench": "serve_file", "format": "docx", "config": config, "threads": threads,
-              "precision": precision, "beam": beam, "max_len": MAX_LEN, "paragraphs": len(texts),
-              "bold_paragraphs": sum(1 for i, t in enumerate(texts) if i % BOLD_EVERY == 0 and len(t.split()) >= 5),
-              "source_chars": sum(map(len, texts)), "docx_bytes": len(document),
-              "translated_docx_bytes": len(translated),
-              "text_s": round(text_s, 3), "file_s": round(file_s, 3), "file_over_text": round(file_s / text_s, 3),
-              "rss_idle_mib": idle, "rss_peak_before_mib": idle_peak, "rss_peak_text_mib": text_peak,
-              "rss_before_file_mib": before_file, "rss_peak_file_mib": file_peak, "rss_after_mib": after,
-              "same_text": sum(a == b for a, b in zip(got, answers)), "translated_paragraphs": len(got),
-              "cpu": cpu_model()}, records, stream)
+        got = docx_paragraphs(answers["file"])
+
+        def mean(load, key):
+            values = [r[key] for r in records if r["load"] == load]
+            return sum(values) / len(values)
+        text_s, file_s = mean("text", "seconds"), mean("file", "seconds")
+        first = {r["load"]: r for r in records if r["round"] == 0}
+        keep({**base, "load": "summary", "rounds": rounds, "text_s": round(text_s, 3), "file_s": round(file_s, 3),
+              "file_over_text": round(file_s / text_s, 3),
+              "rss_idle_mib": first["file"]["rss_before_mib"], "rss_peak_file_mib": first["file"]["rss_peak_mib"],
+              "rss_peak_mib": max(r["rss_peak_mib"] for r in records),
+              "translated_docx_bytes": len(answers["file"]), "translated_paragraphs": len(got),
+              "same_text": sum(a == b for a, b in zip(got, answers["text"]))}, records, stream)
     finally:
         if not served:
             shutil.rmtree(directory, ignore_errors=True)
