@@ -138,7 +138,10 @@ async function translateFile(event) {
   if (event) event.preventDefault();
   const file = $("file").files[0];
   const model = served.find((m) => m.name === $("model").value);
-  const status = (text, isError) => { $("file-status").textContent = text; $("file-status").className = isError ? "error" : ""; };
+  const status = (text, isError) => {
+    $("file-status").textContent = text;
+    $("file-status").className = isError ? "error" : "";
+  };
   if (!file) { status("choose a file first", true); return; }
   if (!model) { status("no model is served", true); return; }
   const form = new FormData();
