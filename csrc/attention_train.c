@@ -224,7 +224,8 @@ TF_TARGET_AVX512 static inline __m512 round16_bf16(__m512 x)
     const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
     r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
     /* exponent 0 */
-    const __mmask16 tiny = _mm512_testn_epi32_mask(r, _mm512_set1_epi32(0x7f800000));
+    const __mmask16 tiny = _mm512_cmpeq_epi32_mask(_mm512_and_si512(r, _mm512_set1_epi32(0x7f800000)),
+                                                 _mm512_setzero_si512());
     r = _mm512_and_si512(r, _mm512_mask_blend_epi32(tiny, _mm512_set1_epi32((int)0xffff0000u),
                                                     _mm512_set1_epi32((int)0x80000000u)));
     return _mm512_castsi512_ps(r);
