@@ -38,17 +38,24 @@ def beam_search(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_l
     only the best, so these run the same steps in Python (the same kernels, the same bits).
     """
     precision = check_precision(precision)
-    if isinstance(n_best, bool) or not isinstance(n_best, (int, np.integer)) or n_best < 1:
-        raise ValueError(f"n_best must be an int >= 1, got {n_best!r}")
-    src, K, limits, min_len, no_repeat_ngram, rules = beam_args(
+    src, K, limits, min_len, no_repeat_ngram, rules = _checked_n_best(
         model, src, beam_size, max_len, length_penalty, min_len, no_repeat_ngram, precision, forced_eos, banned,
-        renormalize, length_form, early_stopping)
+        renormalize, length_form, early_stopping, n_best)
     workspace = _lend_workspace(model)
     try:
         return _beam_search(model, src, K, limits, float(length_penalty), min_len, no_repeat_ngram,
                             workspace, precision, rules, int(n_best))
     finally:
         _return_workspace(model, workspace)
+
+
+def _checked_n_best(model, src, beam_size, max_len, length_penalty, min_len, no_repeat_ngram, precision,
+                    forced_eos, banned, renormalize, length_form, early_stopping, n_best):
+    """beam_args, after n_best is checked: what beam_search and beam_search_steps both start with."""
+    if isinstance(n_best, bool) or not isinstance(n_best, (int, np.integer)) or n_best < 1:
+        raise ValueError(f"n_best must be an int >= 1, got {n_best!r}")
+    return beam_args(model, src, beam_size, max_len, length_penalty, min_len, no_repeat_ngram, precision,
+                     forced_eos, banned, renormalize, length_form, early_stopping)
 
 
 def beam_search_steps(model, src, beam_size=4, max_len=None, length_penalty=0.6, min_len=0, no_repeat_ngram=0,
@@ -67,11 +74,9 @@ def beam_search_steps(model, src, beam_size=4, max_len=None, length_penalty=0.6,
     prepared again); no other call may use it until this one ends. Not the model's own
     (_lend_workspace): other decoding calls of the model may run between two of its steps."""
     precision = check_precision(precision)
-    if isinstance(n_best, bool) or not isinstance(n_best, (int, np.integer)) or n_best < 1:
-        raise ValueError(f"n_best must be an int >= 1, got {n_best!r}")
-    src, K, limits, min_len, no_repeat_ngram, rules = beam_args(
+    src, K, limits, min_len, no_repeat_ngram, rules = _checked_n_best(
         model, src, beam_size, max_len, length_penalty, min_len, no_repeat_ngram, precision, forced_eos, banned,
-        renormalize, length_form, early_stopping)
+        renormalize, length_form, early_stopping, n_best)
     workspace = {} if workspace is None else workspace
     shared, src_pad = _encode_once(model, src, precision, workspace)
     cache = DecoderCache(model, shared, src_pad, K, int(limits.max()), workspace=workspace)
