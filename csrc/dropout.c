@@ -282,6 +282,22 @@ void dropout_forward_span(const float *x, float *out, size_t n, float p, uint64_
     fn(x, NULL, NULL, out, 0, n, thr, dropout_scale(p), tf_rng_key(seed), counter0);
 }
 
+void bias_dropout_add_rows(const float *x, const float *bias, const float *residual, float *out,
+                           size_t r0, size_t r1, size_t D, float p, uint64_t seed, uint64_t offset)
+{
+    if (r0 >= r1 || D == 0) return;
+    const uint32_t thr = dropout_threshold(p);
+    const float scale = dropout_scale(p);
+    const uint64_t key = tf_rng_key(seed);
+    dropout_range_fn fn = thr == 0 ? keep_all_range : dropout_pick();
+    if (!bias) {
+        fn(x, NULL, residual, out, r0 * D, r1 * D, thr, scale, key, offset);
+        return;
+    }
+    for (size_t r = r0; r < r1; r++)
+        fn(x, bias, residual, out, r * D, (r + 1) * D, thr, scale, key, offset);
+}
+
 void dropout_mask(uint8_t *mask, size_t n, float p, uint64_t seed, uint64_t offset)
 {
     const uint32_t thr = dropout_threshold(p);

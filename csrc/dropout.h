@@ -41,6 +41,12 @@ void bias_dropout_add_forward(const float *x, const float *bias, const float *re
  * x, out: [n] (out may be x). Runs on the calling thread alone. */
 void dropout_forward_span(const float *x, float *out, size_t n, float p, uint64_t seed,
                           uint64_t counter0);
+/* Rows [r0, r1) of bias_dropout_add_forward (bias NULL: of dropout_add_forward over N * D
+ * elements; residual NULL too: of dropout_forward), on the calling thread alone, with the bits
+ * the whole call gives those rows: for kernels that fuse it into their own loop over rows
+ * (residual_norm.c). out may be x or residual. */
+void bias_dropout_add_rows(const float *x, const float *bias, const float *residual, float *out,
+                           size_t r0, size_t r1, size_t D, float p, uint64_t seed, uint64_t offset);
 /* mask[i] = keep[i] (1 kept, 0 dropped), the mask dropout_forward applies.  mask: [n]. */
 void dropout_mask(uint8_t *mask, size_t n, float p, uint64_t seed, uint64_t offset);
 

@@ -391,11 +391,28 @@ TF_TARGET_AVX2 static void layernorm_backward_chunk_avx2(float *dx, float *dwp, 
 
 /* ------------------------------------------------------------------------- */
 
+void layernorm_forward_rows(float *out, float *mean, float *rstd, const float *x, const float *weight,
+                            const float *bias, long r0, long r1, long D, float eps)
+{
+#if TF_HAVE_X86
+    const int isa = tf_isa();
+    if (isa >= TF_ISA_AVX512) {
+        layernorm_forward_rows_avx512(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
+        return;
+    }
+    if (isa >= TF_ISA_AVX2) {
+        layernorm_forward_rows_avx2(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
+        return;
+    }
+#endif
+    for (long r = r0; r < r1; r++)
+        layernorm_row_generic(out + r * D, mean + r, rstd + r, x + r * D, weight, bias, D, eps);
+}
+
 void layernorm_forward(float *out, float *mean, float *rstd, const float *x, const float *weight,
                        const float *bias, long N, long D, float eps)
 {
     if (N == 0 || D == 0) return;
-    const int isa = tf_isa();
 #pragma omp parallel num_threads(tf_team(N * D, LAYERNORM_GRAIN))
     {
         long r0 = 0, r1 = N;
@@ -404,17 +421,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *x, con
         r0 = N / team * t + (t < N % team ? t : N % team);
         r1 = r0 + N / team + (t < N % team ? 1 : 0);
 #endif
-#if TF_HAVE_X86
-        if (isa >= TF_ISA_AVX512) {
-            layernorm_forward_rows_avx512(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
-        } else if (isa >= TF_ISA_AVX2) {
-            layernorm_forward_rows_avx2(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
-        } else
-#endif
-        {
-            for (long r = r0; r < r1; r++)
-                layernorm_row_generic(out + r * D, mean + r, rstd + r, x + r * D, weight, bias, D, eps);
-        }
+        layernorm_forward_rows(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
     }
 }
 
@@ -424,54 +431,67 @@ size_t layernorm_backward_scratch(long N, long D)
     return (size_t)(2 * chunks) * (size_t)D;
 }
 
+void layernorm_backward_chunk(float *dx, float *dwp, float *dbp, const float *dout, const float *x,
+                              const float *weight, const float *mean, const float *rstd, long r0,
+                              long r1, long D, int accumulate)
+{
+    memset(dwp, 0, (size_t)D * sizeof(float));
+    memset(dbp, 0, (size_t)D * sizeof(float));
+#if TF_HAVE_X86
+    const int isa = tf_isa();
+    if (isa >= TF_ISA_AVX512) {
+        layernorm_backward_chunk_avx512(dx, dwp, dbp, dout, x, weight, mean, rstd, r0, r1, D, accumulate);
+        return;
+    }
+    if (isa >= TF_ISA_AVX2) {
+        layernorm_backward_chunk_avx2(dx, dwp, dbp, dout, x, weight, mean, rstd, r0, r1, D, accumulate);
+        return;
+    }
+#endif
+    for (long r = r0; r < r1; r++)
+        layernorm_backward_row_generic(dx + r * D, dwp, dbp, dout + r * D, x + r * D, weight,
+                                       mean[r], rstd[r], D, accumulate);
+}
+
+void layernorm_add_partials(float *dweight, float *dbias, const float *scratch, long chunks, long D,
+                            long c0, long c1)
+{
+    for (; c0 < c1; c0 += 64) {
+        long width = c1 - c0 < 64 ? c1 - c0 : 64;
+        float sw[64], sb[64];
+        for (long j = 0; j < width; j++) sw[j] = sb[j] = 0.0f;
+        for (long ch = 0; ch < chunks; ch++) {
+            const float *dwp = scratch + 2 * ch * D + c0, *dbp = dwp + D;
+            for (long j = 0; j < width; j++) {
+                sw[j] += dwp[j];
+                sb[j] += dbp[j];
+            }
+        }
+        for (long j = 0; j < width; j++) {
+            dweight[c0 + j] += sw[j];
+            dbias[c0 + j] += sb[j];
+        }
+    }
+}
+
 void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch, const float *dout,
                         const float *x, const float *weight, const float *mean, const float *rstd,
                         long N, long D, int accumulate)
 {
     if (N == 0 || D == 0) return;
-    const int isa = tf_isa();
     const long chunks = (N + LAYERNORM_CHUNK - 1) / LAYERNORM_CHUNK;
 #pragma omp parallel num_threads(tf_team(N * D, LAYERNORM_GRAIN))
     {
         /* dx by rows; each fixed chunk of rows sums its dweight/dbias partials. */
 #pragma omp for schedule(static)
         for (long ch = 0; ch < chunks; ch++) {
-            float *dwp = scratch + 2 * ch * D, *dbp = dwp + D;
-            memset(dwp, 0, 2 * (size_t)D * sizeof(float));
             long r1 = (ch + 1) * LAYERNORM_CHUNK < N ? (ch + 1) * LAYERNORM_CHUNK : N;
-#if TF_HAVE_X86
-            if (isa >= TF_ISA_AVX512) {
-                layernorm_backward_chunk_avx512(dx, dwp, dbp, dout, x, weight, mean, rstd,
-                                                ch * LAYERNORM_CHUNK, r1, D, accumulate);
-                continue;
-            }
-            if (isa >= TF_ISA_AVX2) {
-                layernorm_backward_chunk_avx2(dx, dwp, dbp, dout, x, weight, mean, rstd,
-                                              ch * LAYERNORM_CHUNK, r1, D, accumulate);
-                continue;
-            }
-#endif
-            for (long r = ch * LAYERNORM_CHUNK; r < r1; r++)
-                layernorm_backward_row_generic(dx + r * D, dwp, dbp, dout + r * D, x + r * D, weight,
-                                               mean[r], rstd[r], D, accumulate);
+            layernorm_backward_chunk(dx, scratch + 2 * ch * D, scratch + (2 * ch + 1) * D, dout, x,
+                                     weight, mean, rstd, ch * LAYERNORM_CHUNK, r1, D, accumulate);
         }
         /* The partials, added in chunk order: columns in blocks of 64 per iteration. */
 #pragma omp for schedule(static)
-        for (long c0 = 0; c0 < D; c0 += 64) {
-            long width = D - c0 < 64 ? D - c0 : 64;
-            float sw[64], sb[64];
-            for (long j = 0; j < width; j++) sw[j] = sb[j] = 0.0f;
-            for (long ch = 0; ch < chunks; ch++) {
-                const float *dwp = scratch + 2 * ch * D + c0, *dbp = dwp + D;
-                for (long j = 0; j < width; j++) {
-                    sw[j] += dwp[j];
-                    sb[j] += dbp[j];
-                }
-            }
-            for (long j = 0; j < width; j++) {
-                dweight[c0 + j] += sw[j];
-                dbias[c0 + j] += sb[j];
-            }
-        }
+        for (long c0 = 0; c0 < D; c0 += 64)
+            layernorm_add_partials(dweight, dbias, scratch, chunks, D, c0, c0 + 64 < D ? c0 + 64 : D);
     }
 }

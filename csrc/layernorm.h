@@ -34,4 +34,20 @@ void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch,
                         const float *x, const float *weight, const float *mean, const float *rstd,
                         long N, long D, int accumulate);
 
+/* Pieces of the two kernels for kernels that fuse layer norm into their own parallel loop over rows
+ * (residual_norm.c). Each runs on the calling thread alone and gives the bits the whole kernel
+ * gives those rows.
+ * layernorm_forward_rows: rows [r0, r1) of layernorm_forward.
+ * layernorm_backward_chunk: rows [r0, r1) (one chunk: r0 a multiple of LAYERNORM_CHUNK, at most
+ *   LAYERNORM_CHUNK rows) of dx, their dweight/dbias partial sums written (not added) to dwp/dbp [D].
+ * layernorm_add_partials: dweight/dbias columns [c0, c1) += the partials of `chunks` chunks, laid out
+ *   as layernorm_backward's scratch (chunk ch's dwp at 2 ch D, its dbp after it), in chunk order. */
+void layernorm_forward_rows(float *out, float *mean, float *rstd, const float *x, const float *weight,
+                            const float *bias, long r0, long r1, long D, float eps);
+void layernorm_backward_chunk(float *dx, float *dwp, float *dbp, const float *dout, const float *x,
+                              const float *weight, const float *mean, const float *rstd, long r0,
+                              long r1, long D, int accumulate);
+void layernorm_add_partials(float *dweight, float *dbias, const float *scratch, long chunks, long D,
+                            long c0, long c1);
+
 #endif

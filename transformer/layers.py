@@ -141,6 +141,11 @@ class Dropout:
             _C.dropout_forward(x, x, self.p, self.stream.seed, self.offset)
         return x
 
+    def call(self):
+        """(p, seed, offset) of this call for a kernel that fuses the dropout: p 0 when inactive."""
+        active = self.p > 0.0 and self.stream.training
+        return (self.p if active else 0.0), self.stream.seed, self.offset
+
     def backward(self, dout, dx):
         """dx = dout * mask / (1 - p); returns dout itself when inactive (no copy)."""
         if self.p > 0.0 and self.stream.training:
@@ -171,15 +176,17 @@ class Linear:
                 _C.add_bias(out, self.bias)
         return out
 
-    def forward(self, x, out):
-        # x [N, in], out [N, out]
-        return self.matmul(x, out, bias=True)
+    def forward(self, x, out, bias=True):
+        # x [N, in], out [N, out]; bias=False: the caller adds the bias (residual_layernorm_forward)
+        return self.matmul(x, out, bias=bias)
 
-    def backward(self, dout, x, dx=None, accumulate=False):
-        # dout [N, out], x [N, in] (the forward input), dx [N, in] or None
+    def backward(self, dout, x, dx=None, accumulate=False, bias=True):
+        # dout [N, out], x [N, in] (the forward input), dx [N, in] or None; bias=False: the caller
+        # has added the bias's gradient (residual_layernorm_backward)
         bf16 = self.ws.bf16
         _C.gemm(dout, x, self.dweight, True, False, 1.0, True, bf16)     # dW += doutᵀ x
-        _C.bias_grad(dout, self.dbias)                             # db += colsum(dout)
+        if bias:
+            _C.bias_grad(dout, self.dbias)                         # db += colsum(dout)
         if dx is not None:
             _C.gemm(dout, self.weight, dx, False, False, 1.0, accumulate, bf16)   # dx (+)= dout W
         return dx
@@ -251,11 +258,34 @@ class LayerNorm:
         self.x = x
         return out
 
+    def forward_residual(self, sub, linear, residual, dropout, s):
+        """The residual connection into this norm and the norm, in one pass (csrc/residual_norm.h):
+        s = residual + dropout(sub + linear's bias) is written into s [N, D] (kept, as forward keeps
+        x), and LayerNorm(s) returned. sub: the sub-layer's output without its last bias."""
+        n, d = s.shape
+        out = self.ws.persistent(self, "out", (n, d))
+        self.mean = self.ws.persistent(self, "mean", (n,))
+        self.rstd = self.ws.persistent(self, "rstd", (n,))
+        _C.residual_layernorm_forward(sub, linear.bias, residual, s, self.weight, self.bias, out, self.mean,
+                                      self.rstd, self.eps, *dropout.call())
+        self.x = s
+        return out
+
     def backward(self, dout, dx, accumulate=False):
         # dout [N, D]; dx [N, D] (may be dout when not accumulate)
         _C.layernorm_backward(dout, self.x, self.weight, self.mean, self.rstd, dx,
                               self.dweight, self.dbias, accumulate)
         return dx
+
+    def backward_residual(self, dout, linear, dropout, tmp):
+        """Backward of forward_residual: dout [N, D] becomes d s (the residual's gradient); returns
+        the gradient of the sub-layer's output (dropout's backward of d s: in tmp, or dout itself
+        when dropout is off) and adds its column sums into linear's bias gradient."""
+        p, seed, offset = dropout.call()
+        dd = tmp if p > 0.0 else None
+        _C.residual_layernorm_backward(dout, self.x, self.weight, self.mean, self.rstd, dout, dd, self.dweight,
+                                       self.dbias, linear.dbias, p, seed, offset)
+        return dout if dd is None else dd
 
 
 FUSED_ATTENTION_MAX_LEN = 512   # longer sentences: the per-thread Tq x Tk buffers outgrow L2
@@ -344,8 +374,9 @@ class MultiHeadAttention:
         self.dctx = ws.scratch("attn.dctx", (B * Tq, D))
         self.dctx4 = self.dctx.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
 
-    def forward(self, x, memory, B, Tq, Tk, key_padding_mask, causal):
-        # x [B*Tq, D]; memory [B*Tk, D] (cross) or None (self); key_padding_mask bool [B, Tk] or None
+    def forward(self, x, memory, B, Tq, Tk, key_padding_mask, causal, bias=True):
+        # x [B*Tq, D]; memory [B*Tk, D] (cross) or None (self); key_padding_mask bool [B, Tk] or None;
+        # bias=False: the output projection's bias is left to the caller (LayerNorm.forward_residual)
         key = (self.ws.generation, B, Tq, Tk)
         if key != self._key:
             self._setup(B, Tq, Tk)
@@ -365,7 +396,7 @@ class MultiHeadAttention:
             self.fused_call = (causal, drop.p if drop.active else 0.0, drop.stream.seed, drop.offset)
             _C.attention_train_forward(self.q2, self.k2, self.v2, probs, self.ctx, self.scale, causal,
                                        key_padding_mask, *self.fused_call[1:], bf16)
-            return self.out_proj.forward(self.ctx, self.out)                 # Concat(heads) W^O
+            return self.out_proj.forward(self.ctx, self.out, bias)           # Concat(heads) W^O
         _C.gemm(self.q4, self.k4, probs, False, True, bf16=bf16)            # Q Kᵀ
         _C.softmax_forward(probs, probs, self.scale, causal, key_padding_mask)  # softmax(QKᵀ/sqrt(dk))
         if self.attn_dropout.active:
@@ -375,12 +406,13 @@ class MultiHeadAttention:
         else:
             self.probs_d = probs
         _C.gemm(self.probs_d, self.v4, self.ctx4, bf16=bf16)                 # (.) V, heads concatenated
-        return self.out_proj.forward(self.ctx, self.out)                     # Concat(heads) W^O
+        return self.out_proj.forward(self.ctx, self.out, bias)               # Concat(heads) W^O
 
-    def backward(self, dout, dx, accumulate=False, dmemory=None, accumulate_memory=False):
+    def backward(self, dout, dx, accumulate=False, dmemory=None, accumulate_memory=False, bias=True):
         # dout [B*Tq, D] (read before dx is written, so dx may be dout); dx [B*Tq, D];
-        # dmemory [B*Tk, D] receives (or, accumulate_memory, adds) the gradient of memory (cross)
-        self.out_proj.backward(dout, self.ctx, self.dctx)
+        # dmemory [B*Tk, D] receives (or, accumulate_memory, adds) the gradient of memory (cross);
+        # bias=False: the output projection's bias gradient is the caller's (backward_residual)
+        self.out_proj.backward(dout, self.ctx, self.dctx, bias=bias)
         bf16 = self.ws.bf16_attention
         if self.fused:
             _C.attention_train_backward(self.dctx, self.q2, self.k2, self.v2, self.probs, self.dq2,
@@ -422,8 +454,8 @@ class FeedForward:
         self.ws = ws
         self.d_ff, self.d_model = self.linear1.weight.shape
 
-    def forward(self, x):
-        # x [N, D] -> [N, D]
+    def forward(self, x, bias=True):
+        # x [N, D] -> [N, D]; bias=False: the second map's bias is left to the caller
         n = x.shape[0]
         ws = self.ws
         self.pre = ws.persistent(self, "pre", (n, self.d_ff))     # x W1ᵀ + b1 (act_backward needs it)
@@ -434,13 +466,15 @@ class FeedForward:
         _C.bias_act_forward(self.pre, self.linear1.bias, self.hidden, self.activation)
         self.dropout.forward_(self.hidden)
         self.linear2.matmul(self.hidden, out)
-        _C.add_bias(out, self.linear2.bias)
+        if bias:
+            _C.add_bias(out, self.linear2.bias)
         return out
 
-    def backward(self, dout, dx, accumulate=False):
-        # dout [N, D] (read before dx is written: dx may be dout); dx [N, D]
+    def backward(self, dout, dx, accumulate=False, bias=True):
+        # dout [N, D] (read before dx is written: dx may be dout); dx [N, D]; bias=False: the
+        # second map's bias gradient is the caller's
         dhidden = self.ws.scratch("ffn.dhidden", self.pre.shape)
-        self.linear2.backward(dout, self.hidden, dhidden)
+        self.linear2.backward(dout, self.hidden, dhidden, bias=bias)
         self.dropout.backward(dhidden, dhidden)
         _C.act_backward(dhidden, self.pre, dhidden, self.activation)
         return self.linear1.backward(dhidden, self.x, dx, accumulate)
@@ -479,6 +513,12 @@ class Embedding:
         _C.embedding_backward(self.ids, dout.reshape(B, T, self.d_model), self.dtable, self.scale)
 
 
+# The layers run each sub-layer's bias, dropout, residual add and the norm after it as one kernel
+# (csrc/residual_norm.h: the same bits as the kernels one by one). False: one by one (tests and
+# benchmarks compare the two).
+fuse_residual_norm = True
+
+
 def _norm(params, grads, name, ws):
     return LayerNorm(params[f"{name}.weight"], params[f"{name}.bias"],
                      grads[f"{name}.weight"], grads[f"{name}.bias"], ws)
@@ -504,6 +544,21 @@ class EncoderLayer:
         # x [B*S, D] -> [B*S, D]
         ws = self.ws
         s1 = ws.persistent(self, "s1", x.shape)
+        # each sub-layer's bias, dropout, residual add and the norm after it in one pass (not with
+        # int8 weights, whose products add the bias as they dequantize)
+        self.fused = fuse_residual_norm and ws.int8 is None
+        if self.fused:
+            attn, ffn = self.self_attn, self.feed_forward
+            if self.norm_first:
+                a = attn.forward(self.norm1.forward(x), None, B, S, S, src_pad, False, bias=False)
+                f = ffn.forward(self.norm2.forward_residual(a, attn.out_proj, x, self.dropout1, s1), bias=False)
+                out = ws.persistent(self, "s2", x.shape)
+                _C.dropout_add_forward(f, s1, out, *self.dropout2.call(), bias=ffn.linear2.bias)
+                return out
+            a = attn.forward(x, None, B, S, S, src_pad, False, bias=False)
+            h1 = self.norm1.forward_residual(a, attn.out_proj, x, self.dropout1, s1)
+            f = ffn.forward(h1, bias=False)
+            return self.norm2.forward_residual(f, ffn.linear2, h1, self.dropout2, ws.persistent(self, "s2", x.shape))
         if self.norm_first:
             a = self.self_attn.forward(self.norm1.forward(x), None, B, S, S, src_pad, False)
             _C.add(x, self.dropout1.forward_(a), s1)
@@ -527,6 +582,13 @@ class EncoderLayer:
             self.norm2.backward(d, dout, accumulate=True)                    # dout = d s1
             d = self.self_attn.backward(self.dropout1.backward(dout, tmp), self.ws.scratch("layer.dn", dout.shape))
             self.norm1.backward(d, dout, accumulate=True)                    # dout = d x
+            return dout
+        if self.fused:
+            attn, ffn = self.self_attn, self.feed_forward
+            d = self.norm2.backward_residual(dout, ffn.linear2, self.dropout2, tmp)     # dout = d s2
+            ffn.backward(d, dout, accumulate=True, bias=False)                          # d h1
+            d = self.norm1.backward_residual(dout, attn.out_proj, self.dropout1, tmp)   # dout = d s1
+            attn.backward(d, dout, accumulate=True, bias=False)                         # d x
             return dout
         self.norm2.backward(dout, dout)                                      # dout = d s2
         self.feed_forward.backward(self.dropout2.backward(dout, tmp), dout, accumulate=True)  # d h1
@@ -563,6 +625,22 @@ class DecoderLayer:
         s1 = ws.persistent(self, "s1", y.shape)
         s2 = ws.persistent(self, "s2", y.shape)
         s3 = ws.persistent(self, "s3", y.shape)
+        self.fused = fuse_residual_norm and ws.int8 is None     # as EncoderLayer.forward
+        if self.fused:
+            sa, ca, ffn = self.self_attn, self.cross_attn, self.feed_forward
+            if self.norm_first:
+                a = sa.forward(self.norm1.forward(y), None, B, T, T, tgt_pad, causal, bias=False)
+                h = self.norm2.forward_residual(a, sa.out_proj, y, self.dropout1, s1)
+                c = ca.forward(h, memory, B, T, S, src_pad, False, bias=False)
+                f = ffn.forward(self.norm3.forward_residual(c, ca.out_proj, s1, self.dropout2, s2), bias=False)
+                _C.dropout_add_forward(f, s2, s3, *self.dropout3.call(), bias=ffn.linear2.bias)
+                return s3
+            a = sa.forward(y, None, B, T, T, tgt_pad, causal, bias=False)
+            h1 = self.norm1.forward_residual(a, sa.out_proj, y, self.dropout1, s1)
+            c = ca.forward(h1, memory, B, T, S, src_pad, False, bias=False)
+            h2 = self.norm2.forward_residual(c, ca.out_proj, h1, self.dropout2, s2)
+            f = ffn.forward(h2, bias=False)
+            return self.norm3.forward_residual(f, ffn.linear2, h2, self.dropout3, s3)
         if self.norm_first:
             a = self.self_attn.forward(self.norm1.forward(y), None, B, T, T, tgt_pad, causal)
             _C.add(y, self.dropout1.forward_(a), s1)
@@ -594,6 +672,15 @@ class DecoderLayer:
             self.norm2.backward(d, dout, accumulate=True)
             d = self.self_attn.backward(self.dropout1.backward(dout, tmp), dn)
             self.norm1.backward(d, dout, accumulate=True)
+            return dout
+        if self.fused:
+            sa, ca, ffn = self.self_attn, self.cross_attn, self.feed_forward
+            d = self.norm3.backward_residual(dout, ffn.linear2, self.dropout3, tmp)
+            ffn.backward(d, dout, accumulate=True, bias=False)
+            d = self.norm2.backward_residual(dout, ca.out_proj, self.dropout2, tmp)
+            ca.backward(d, dout, accumulate=True, dmemory=dmemory, accumulate_memory=accumulate_memory, bias=False)
+            d = self.norm1.backward_residual(dout, sa.out_proj, self.dropout1, tmp)
+            sa.backward(d, dout, accumulate=True, bias=False)
             return dout
         self.norm3.backward(dout, dout)
         self.feed_forward.backward(self.dropout3.backward(dout, tmp), dout, accumulate=True)
