@@ -1,10 +1,15 @@
 """The length curriculum (--curriculum, issue 57): competence-based (Platanios et al. 2019). Early
 steps draw their batches from the shortest pairs only, later ones from all; the run stays a function
 of its seed (resumed, or on a prepared directory); off, the batches are today's."""
+import importlib.util
 import json
 import math
 import os
+import shutil
 import signal
+import subprocess
+import sys
+import tempfile
 from types import SimpleNamespace
 
 import numpy as np
@@ -193,6 +198,34 @@ def test_data_parallel_ranks_share_the_same_curriculum_batch(tmp_path, drawn):
     parts = [train.Trainer._shard(trainer, glob) for trainer in ranks]     # what next_batch hands each
     assert parts[0].tolist() == glob[0::2].tolist() and parts[1].tolist() == glob[1::2].tolist()
     assert sorted(np.concatenate(parts).tolist()) == sorted(glob.tolist())
+
+
+def test_two_mpi_ranks_train_the_curriculum_as_one_process(tmp_path):
+    """mpiexec -n 2: each rank its half of the batch the curriculum draws; the losses of one process."""
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if mpiexec is None or importlib.util.find_spec("mpi4py") is None:
+        pytest.skip('needs the [mpi] extra: pip install ".[mpi]"')
+    data = write_tsv(tmp_path / "pairs.tsv")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRANSFORMER_CACHE": str(tmp_path / "cache")}
+    flags = ["-m", "transformer", *base(data, "--max-steps", "6", "--curriculum", "4")]
+    runs = {}
+    for name, launch in (("one", []), ("two", [mpiexec, "-n", "2"])):
+        done = subprocess.run([*launch, sys.executable, *flags, "--out", str(tmp_path / name)], capture_output=True,
+                              text=True, timeout=240, cwd=tempfile.gettempdir(), env=env)
+        assert done.returncode == 0, done.stderr
+        runs[name] = losses(str(tmp_path / name))
+    assert len(runs["one"]) == 6
+    np.testing.assert_allclose(runs["two"], runs["one"], rtol=1e-4)
+
+
+def test_a_fraction_of_a_minutes_budget_follows_the_re_estimated_plan(tmp_path, capsys):
+    data = write_tsv(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    assert cli.main(base(data, "--minutes", "0.05", "--curriculum", "0.5", "--out", out)) == 0
+    plan = load_checkpoint(out).train_state["schedule"]
+    assert "replan_at" not in plan, "re-estimated at the end of warm-up"
+    assert plan["curriculum"] == max(1, round(0.5 * plan["total"]))
+    assert f"length curriculum to step {plan['curriculum']}" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "1.5", "abc", "nan"])
