@@ -154,7 +154,8 @@ def _check_train_state(state, path):
         name = plan.get("name")
         needs = _PLAN_ENTRIES.get(name) if isinstance(name, str) else None
         if needs is None or any(k not in plan for k in needs) \
-                or not all(_is_number(v) for k, v in plan.items() if k != "name"):
+                or not all(_is_number(v) for k, v in plan.items() if k != "name") \
+                or not (isinstance(plan.get("curriculum", 1), int) and plan.get("curriculum", 1) >= 1):
             raise bad(f"schedule is {reprlib.repr(plan)}")
 
 

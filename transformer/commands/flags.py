@@ -103,6 +103,17 @@ def _fraction(text):
     return value
 
 
+def _curriculum(text):
+    """--curriculum: a whole number of steps (>= 1), or a fraction (0 < f < 1) of the planned steps."""
+    value = _real(text)
+    if 0 < value < 1:
+        return value
+    if value >= 1 and value == int(value):
+        return int(value)
+    raise argparse.ArgumentTypeError(f"must be a whole number of steps (>= 1) or a fraction of the planned "
+                                     f"steps (between 0 and 1), got {text}")
+
+
 def _corpus_flags(parser, data_help):
     parser.add_argument("--data", nargs="+", action="extend", metavar="PATH", help=data_help)
     parser.add_argument("--src-file", metavar="FILE", help="the source side of two aligned text files")

@@ -5,8 +5,9 @@ import os
 
 from ..config import PRESETS, DROPOUT_FREE_PASSES, HEAVY_DROPOUT, HEAVY_DROPOUT_PASSES, TRAIN_DEFAULTS
 from ..errors import FlagError, blame
-from .flags import (DATA_HELP, _at_least_two, _corpus_flags, _fraction, _language_code, _non_negative_float,
-                    _non_negative_int, _positive_float, _positive_int, _split_flags, _vocabulary_flags)
+from .flags import (DATA_HELP, _at_least_two, _corpus_flags, _curriculum, _fraction, _language_code,
+                    _non_negative_float, _non_negative_int, _positive_float, _positive_int, _split_flags,
+                    _vocabulary_flags)
 from .models import _check_out_dir
 from .world import _apply_threads, _mpi_world, _rank_share
 
@@ -124,6 +125,12 @@ def register(sub):
     train.add_argument("--threads", type=_positive_int)
     train.add_argument("--batch-tokens", type=_positive_int,
                        help=f"with --data: tokens per batch, padding included (default {TRAIN_DEFAULTS['batch_tokens']})")
+    train.add_argument("--curriculum", type=_curriculum, metavar="STEPS",
+                       help="with --data: a length curriculum (competence-based, Platanios et al. 2019) over "
+                            "the first STEPS steps, or over this fraction of the planned steps (0.2: the first "
+                            "fifth): step t draws its batch from the shortest c(t) of the training pairs, "
+                            "c(t) = min(1, sqrt(t (1 - c0^2) / STEPS + c0^2)), c0 = 0.01; then the usual "
+                            "order (default: off)")
     train.add_argument("--batch-size", type=_positive_int,
                        help=f"built-in task: sentences per batch (default {TRAIN_DEFAULTS['batch_size']})")
     train.add_argument("--precision", choices=["auto", "fp32", "bf16", "int8"],

@@ -6,9 +6,15 @@ The same batches as data.length_batches builds from lists of examples (section 5
 seeded jitter to order equal lengths, cut greedily into batches of at most `batch_tokens` counted
 as rows x longest, and the batches shuffled. A resumed run, or another rank, sees the same ones.
 """
+import math
+
 import numpy as np
 
 from .store import PreparedCorpus
+
+
+# a third seed word for the curriculum's draws: its generators are not those of an epoch ([seed, epoch])
+CURRICULUM_STREAM = 0x43555252
 
 
 def _index_dtype(n):
@@ -88,6 +94,19 @@ class TrainingSet:
             self._epoch = None      # one epoch's arrays in memory at a time
             self._epoch = (epoch, length_batches(self.lengths, self.batch_tokens, seed=self.seed, epoch=epoch))
         return self._epoch[1]
+
+    def curriculum_batch(self, step, competence):
+        """The batch of `step` in a length curriculum (training/curriculum.py): one of epoch 0's batches
+        that hold only the shortest `competence` share of the pairs (or its shortest batch), drawn
+        uniformly from (seed, step), so that a resumed run and every rank draw the same one. Epoch 0's
+        batches are packed from the pairs sorted by length: the first k of them in that order are the
+        shortest pairs, and nothing is sorted or copied per step."""
+        epoch = self.batches(0)
+        shortest = math.ceil(competence * len(self))
+        # batch k (in length order) holds positions order[bounds[k]:bounds[k + 1]]
+        count = max(1, int(np.searchsorted(epoch.bounds, shortest, side="right")) - 1)
+        k = int(np.random.default_rng([self.seed, step, CURRICULUM_STREAM]).integers(count))
+        return epoch.order[epoch.bounds[k]:epoch.bounds[k + 1]]
 
     def collate(self, positions):
         """(src, tgt_in, tgt_out) int64 arrays of the pairs at `positions`, padded with pad_id:

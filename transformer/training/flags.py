@@ -30,12 +30,12 @@ def model_config_from_args(args, src_vocab, tgt_vocab, max_len):
 TRAJECTORY_ARGS = ("data", "src_file", "tgt_file", "src_col", "tgt_col", "header", "bpe_sample", "src_lang",
                    "tgt_lang", "seed", "batch_size", "batch_tokens", "warmup",
                    "schedule", "lr", "lr_scale", "label_smoothing", "clip_norm", "vocab_size", "max_sentence_tokens",
-                   "dev_fraction", "dev_max", "preset") + SIZE_FLAGS
+                   "dev_fraction", "dev_max", "preset", "curriculum") + SIZE_FLAGS
 
 
 # Flags that only the runs on --data read, and those that only the built-in task reads.
 DATA_ONLY_ARGS = ("src_col", "tgt_col", "header", "bpe_sample", "src_lang", "tgt_lang", "batch_tokens", "vocab_size", "max_sentence_tokens", "dev_fraction",
-                  "dev_max", "samples", "init_from")
+                  "dev_max", "samples", "init_from", "curriculum")
 BUILTIN_ONLY_ARGS = ("batch_size",)
 
 
@@ -153,6 +153,7 @@ def apply_defaults(args):
                                    16, 16, max_len=args.max_sentence_tokens + 1)
         except ValueError as exc:
             raise FlagError(f"model sizes: {exc}") from None
+    check_curriculum(args)
     if args.keep_best and not args.eval_every:
         raise FlagError("--keep-best keeps the model of the best dev loss: it needs --eval-every N")
     if args.schedule == "budget" and args.warmup is not None and args.max_steps is not None \
@@ -173,3 +174,15 @@ def apply_defaults(args):
         raise FlagError("--snapshot-every only applies with --average-last K")
     if args.lr is not None and args.schedule != "budget":
         raise FlagError("--lr sets the peak of the budget schedule; with --schedule noam use --lr-scale")
+
+
+def check_curriculum(args):
+    """--curriculum against the run's budget (FlagError naming it): a fraction needs a planned step
+    count. A step count beyond the run's is allowed (a noam run may be resumed further); its log
+    line says so."""
+    value = getattr(args, "curriculum", None)
+    if value is None or (args.checkpoint is not None and args.checkpoint.train_state.get("schedule")):
+        return               # off, or a resumed run's: its length is in the plan of its checkpoint
+    if isinstance(value, float) and args.schedule == "noam" and args.max_steps is None:
+        raise FlagError(f"--curriculum {value:g}: a fraction of the planned steps, and --schedule noam plans no "
+                        "step count without --max-steps; give the curriculum's length in steps")

@@ -21,7 +21,7 @@ from ..data import collate, length_batches, make_example
 from ..model import Seq2SeqTransformer
 from ..optim import clip_grad_norm
 from ..translation import score_translations, translate_texts
-from . import precision, schedule
+from . import curriculum, precision, schedule
 from .report import rounded, say
 
 
@@ -113,6 +113,11 @@ class Trainer:
             examples = [make_example(self.src_tokenizer.encode(s), self.tgt_tokenizer.encode(t),
                                      cfg.bos_id, cfg.eos_id) for s, t in pairs]
             return collate(examples, range(len(examples)), cfg.pad_id) if examples else (None, None, None)
+        steps = self.curriculum_steps()
+        if steps is not None and self.state.step < steps:   # the epoch's position waits for its end
+            positions = self._shard(self.data.curriculum_batch(
+                self.state.step, curriculum.competence(self.state.step, steps)))
+            return self.data.collate(positions) if len(positions) else (None, None, None)
         batches = self.data.batches(self.state.epoch)
         if self.state.batch_in_epoch >= len(batches):
             self.state.epoch += 1
@@ -121,6 +126,12 @@ class Trainer:
         positions = self._shard(batches[self.state.batch_in_epoch])
         self.state.batch_in_epoch += 1
         return self.data.collate(positions) if len(positions) else (None, None, None)
+
+    def curriculum_steps(self):
+        """The length curriculum's steps (--curriculum, fixed in the plan), or None. Before the plan
+        exists (measure_step_seconds times the batches most of the run reads) there is none."""
+        plan = self.state.schedule
+        return None if plan is None or self.task is not None else plan.get("curriculum")
 
     def _shard(self, items):
         """Data parallel: this rank's disjoint part of a global batch (every size-th sentence from
@@ -139,9 +150,11 @@ class Trainer:
     def plan_schedule(self, budget_seconds=None):
         """Fix the learning-rate plan (schedule.plan) before step 1 and keep it in the train state,
         so that the checkpoint carries it and a resumed run follows it exactly."""
-        self.state.schedule = schedule.plan(self.args, self.model.cfg.d_model, budget_seconds,
-                                            self.measure_step_seconds)
-        return self.state.schedule
+        planned = schedule.plan(self.args, self.model.cfg.d_model, budget_seconds, self.measure_step_seconds)
+        if self.task is None:
+            curriculum.fix(planned, getattr(self.args, "curriculum", None), self.args.max_steps)
+        self.state.schedule = planned
+        return planned
 
     def measure_step_seconds(self):
         """Seconds per training step, timed on the next batches without training on them: the
@@ -171,6 +184,8 @@ class Trainer:
     def replan_total(self, seconds_per_step, seconds_left):
         schedule.replan_total(self.state.schedule, self.state.step, seconds_per_step, seconds_left,
                               self.args.max_steps)
+        if self.task is None and isinstance(getattr(self.args, "curriculum", None), float):
+            curriculum.fix(self.state.schedule, self.args.curriculum, self.args.max_steps)
 
     def choose_dropout(self, stream=None):
         """A new run on data without --dropout: the rate the plan calls for (schedule.dropout_for)."""
@@ -188,6 +203,9 @@ class Trainer:
 
     def describe_schedule(self):
         return schedule.describe(self.state.schedule)
+
+    def describe_curriculum(self):
+        return curriculum.describe(self.state.schedule, self.state.step, getattr(self.args, "curriculum", None))
 
     # -- one step -----------------------------------------------------------------------------
 
@@ -319,6 +337,8 @@ class Trainer:
                 self.state.schedule["budget_seconds"] = 60.0 * args.minutes
             self.choose_dropout(stream)
         say(self.describe_schedule(), stream)
+        if self.curriculum_steps() is not None:
+            say(self.describe_curriculum(), stream)
         say(precision.describe(self.precision, getattr(args, "precision_why", None) or "--precision"), stream)
         run_start, run_start_step = time.monotonic(), self.state.step
         from tqdm import tqdm
@@ -371,7 +391,12 @@ class Trainer:
                         if dp is not None:            # every rank follows rank 0's plan
                             self.state.schedule = plan = dp.bcast_object(plan)
                         bar.write(f"step {self.state.step}: {per_step:.2f} s a step so far: about "
-                                  f"{plan['total']} steps in the budget; decay to step {plan['total']}")
+                                  f"{plan['total']} steps in the budget; decay to step {plan['total']}"
+                                  + (f"; length curriculum to step {plan['curriculum']}"
+                                     if isinstance(getattr(args, "curriculum", None), float) else ""))
+                    if self.state.step == self.curriculum_steps() and self.leader:
+                        bar.write(f"step {self.state.step}: the length curriculum ends; batches from all the "
+                                  "training pairs, in the usual order")
                     log.flush()
                     window_tokens += tokens
                     bar.update(1)

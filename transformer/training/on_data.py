@@ -97,6 +97,8 @@ def train_on_data(args, engine=None, result=None):
             metrics = {"final": rounded(metrics), **trainer.evaluate()}
     record = {"step": trainer.state.step, "seconds": round(trainer.state.seconds, 1),
               "tokens": trainer.state.tokens, **rounded(metrics)}
+    if trainer.curriculum_steps() is not None:     # the step the length curriculum ended (or ends) at
+        record["curriculum_steps"] = trainer.curriculum_steps()
     if sized is not None:               # the figures behind the size: each candidate's step and prediction
         record["size"] = sized.record()
     print(json.dumps(record))

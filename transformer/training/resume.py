@@ -92,6 +92,10 @@ def load_resume(args):
                 raise FlagError(f"{flag_name(key)} {given}: the run in {args.resume} started {was}, and a resumed "
                                 "run keeps its settings (leave the flag out, or start a new run with --out)")
             setattr(args, key, ckpt.args[key])
+    if "curriculum" not in ckpt.args and getattr(args, "curriculum", None) is not None:
+        # written before --curriculum existed: its plan, fixed at step 1, has no curriculum
+        raise FlagError(f"--curriculum {args.curriculum}: the run in {args.resume} started without it, and a "
+                        "resumed run keeps its settings (leave the flag out, or start a new run with --out)")
     args.checkpoint = ckpt
 
 
