@@ -120,7 +120,9 @@ class Trainer:
             batches = self.data.batches(self.state.epoch)
         positions = self._shard(batches[self.state.batch_in_epoch])
         self.state.batch_in_epoch += 1
-        return self.data.collate(positions) if len(positions) else (None, None, None)
+        if not len(positions):
+            return None, None, None
+        return self.data.collate(positions, epoch=self.state.epoch)   # the pass draws BPE-dropout's segmentations
 
     def _shard(self, items):
         """Data parallel: this rank's disjoint part of a global batch (every size-th sentence from
