@@ -180,6 +180,14 @@ def test_a_drawn_segmentation_too_long_for_the_model_gives_way_to_the_plain_one(
     assert (plain.collate(positions)[0] != 0).sum() < (src != 0).sum()   # some were longer, and drawn
 
 
+def test_a_corpus_encoded_with_another_kind_of_vocabulary_refuses_dropout(corpus, monkeypatch):
+    """A MarianMT model's SentencePiece (prepare --tokenizers-from) has no merges to drop."""
+    monkeypatch.setitem(corpus.tokenizers, "tgt", CharTokenizer("abc"))
+    with pytest.raises(ValueError, match="BPE-dropout needs a BPE vocabulary"):
+        sets(corpus, 0.1)
+    assert sets(corpus, 0.0).segmenters is None          # off: any vocabulary trains as before
+
+
 # -- the command line -----------------------------------------------------------------------------
 
 def losses(out):
