@@ -52,9 +52,9 @@ def drawn(monkeypatch):
     seen = []
     collate = TrainingSet.collate
 
-    def recording(self, positions):
+    def recording(self, positions, epoch=0):
         seen.append((self, np.array(positions)))
-        return collate(self, positions)
+        return collate(self, positions, epoch)
 
     monkeypatch.setattr(TrainingSet, "collate", recording)
     return seen

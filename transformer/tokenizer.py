@@ -109,6 +109,20 @@ class SubwordTokenizer:
     def encode_batch(self, texts):
         return [e.ids for e in self._tok.encode_batch(_texts(texts), add_special_tokens=False)]
 
+    def dropout(self):
+        """This vocabulary's merges for BPE-dropout (bpe_dropout.BPEDropout), made once."""
+        if getattr(self, "_dropout", None) is None:
+            from .bpe_dropout import BPEDropout
+
+            self._dropout = BPEDropout(self)
+        return self._dropout
+
+    def encode_with_dropout(self, text, p, rng):
+        """The ids of a TRAINING sentence with BPE-dropout: each merge skipped with probability p,
+        drawn from rng (bpe_dropout.dropout_rng(seed, pass, side, index) for reproducible draws).
+        encode() never drops a merge: dev, test and inference text use it."""
+        return self.dropout().encode(_text(text), p, rng)
+
     def decode(self, ids):
         """Text of ids; reserved ids but <unk> and ids outside the vocabulary are skipped."""
         ids = [i for i in _ids(ids, self.vocab_size) if i >= len(SPECIAL_TOKENS) or i == UNK_ID]

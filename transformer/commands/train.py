@@ -112,6 +112,10 @@ def register(sub):
                        help=f"default with --data: 0 when the budget sees the training pairs fewer than "
                             f"{DROPOUT_FREE_PASSES:g} times, {HEAVY_DROPOUT:g} when it sees them "
                             f"{HEAVY_DROPOUT_PASSES:g} times or more, else 0.1; 0 for the built-in task")
+    train.add_argument("--bpe-dropout", dest="bpe_dropout", type=_fraction, metavar="P",
+                       help="with --data: BPE-dropout (Provilkov et al., 2020): each pass over the data segments the "
+                            "training pairs anew, each BPE merge skipped with probability P (0.1 in the paper); dev "
+                            "pairs and translations keep the plain segmentation. Default 0 (off)")
     train.add_argument("--activation", choices=["relu", "gelu", "silu"])
     train.add_argument("--tie-embeddings", dest="tie_embeddings", choices=["none", "target"],
                        help="target: the output projection is the target embedding matrix (one matrix, "

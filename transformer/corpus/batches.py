@@ -10,6 +10,7 @@ import math
 
 import numpy as np
 
+from ..bpe_dropout import BPEDropout, check_rate, dropout_rng
 from .store import PreparedCorpus
 
 
@@ -72,10 +73,15 @@ class TrainingSet:
     (both sides non-empty, at most max_tokens source ids and max_tokens - 1 target ids, as
     train_on_data has always kept them), batched by length per epoch, padded into arrays."""
 
-    def __init__(self, corpus, max_tokens, batch_tokens, seed, bos_id, eos_id, pad_id):
+    def __init__(self, corpus, max_tokens, batch_tokens, seed, bos_id, eos_id, pad_id, bpe_dropout=0.0):
         if not isinstance(corpus, PreparedCorpus):
             raise TypeError(f"corpus must be a PreparedCorpus, got {type(corpus).__name__}")
         self.corpus = corpus
+        self.max_tokens = max_tokens
+        self.bpe_dropout = check_rate(bpe_dropout, "bpe_dropout")
+        # BPE-dropout: the merges of each side's vocabulary (ValueError for one that is not BPE)
+        self.segmenters = ({side: BPEDropout(tok) for side, tok in corpus.tokenizers.items()}
+                           if self.bpe_dropout else None)
         self.batch_tokens, self.seed = batch_tokens, seed
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         src_len, tgt_len = corpus.lengths("src"), corpus.lengths("tgt")
@@ -108,22 +114,36 @@ class TrainingSet:
         k = int(np.random.default_rng([self.seed, step, CURRICULUM_STREAM]).integers(count))
         return epoch.order[epoch.bounds[k]:epoch.bounds[k + 1]]
 
-    def collate(self, positions):
+    def collate(self, positions, epoch=0):
         """(src, tgt_in, tgt_out) int64 arrays of the pairs at `positions`, padded with pad_id:
-        the decoder reads BOS + y and predicts y + EOS (teacher forcing, section 3.1)."""
+        the decoder reads BOS + y and predicts y + EOS (teacher forcing, section 3.1). With
+        bpe_dropout, each sentence is segmented anew for `epoch` (segment)."""
         rows = self.rows[np.asarray(positions, dtype=np.int64)]
         ids, offsets = self.corpus.ids, self.corpus.offsets
-        src_spans = [(int(offsets["src"][r]), int(offsets["src"][r + 1])) for r in rows]
-        tgt_spans = [(int(offsets["tgt"][r]), int(offsets["tgt"][r + 1])) for r in rows]
-        src_width = max((b - a for a, b in src_spans), default=0)
-        tgt_width = max((b - a for a, b in tgt_spans), default=0) + 1
-        src = np.full((rows.size, src_width), self.pad_id, dtype=np.int64)
+        src = [ids["src"][offsets["src"][r]:offsets["src"][r + 1]] for r in rows]
+        tgt = [ids["tgt"][offsets["tgt"][r]:offsets["tgt"][r + 1]] for r in rows]
+        if self.bpe_dropout:
+            src = [self.segment("src", r, s, epoch) for r, s in zip(rows, src)]
+            tgt = [self.segment("tgt", r, t, epoch) for r, t in zip(rows, tgt)]
+        src_width = max((len(s) for s in src), default=0)
+        tgt_width = max((len(t) for t in tgt), default=0) + 1
+        src_out = np.full((rows.size, src_width), self.pad_id, dtype=np.int64)
         tgt_in = np.full((rows.size, tgt_width), self.pad_id, dtype=np.int64)
         tgt_out = np.full((rows.size, tgt_width), self.pad_id, dtype=np.int64)
-        for b, ((s0, s1), (t0, t1)) in enumerate(zip(src_spans, tgt_spans)):
-            src[b, :s1 - s0] = ids["src"][s0:s1]
+        for b, (s, t) in enumerate(zip(src, tgt)):
+            src_out[b, :len(s)] = s
             tgt_in[b, 0] = self.bos_id
-            tgt_in[b, 1:t1 - t0 + 1] = ids["tgt"][t0:t1]
-            tgt_out[b, :t1 - t0] = ids["tgt"][t0:t1]
-            tgt_out[b, t1 - t0] = self.eos_id
-        return src, tgt_in, tgt_out
+            tgt_in[b, 1:len(t) + 1] = t
+            tgt_out[b, :len(t)] = t
+            tgt_out[b, len(t)] = self.eos_id
+        return src_out, tgt_in, tgt_out
+
+    def segment(self, side, row, plain, epoch):
+        """Pair `row`'s `side` as pass `epoch` sees it with BPE-dropout (Provilkov et al., 2020):
+        drawn from (seed, epoch, side, row) alone, so any order, rank or resumed run draws the same.
+        A segmentation longer than the model takes (source max_tokens, target max_tokens - 1, as
+        the plain ones were kept) gives way to the plain one."""
+        rng = dropout_rng(self.seed, epoch, side, row)
+        drawn = self.segmenters[side].resegment(plain.tolist(), self.bpe_dropout, rng)
+        limit = self.max_tokens if side == "src" else self.max_tokens - 1
+        return drawn if len(drawn) <= limit else plain

@@ -117,7 +117,8 @@ class Trainer:
         if steps is not None and self.state.step < steps:   # the epoch's position waits for its end
             positions = self._shard(self.data.curriculum_batch(
                 self.state.step, curriculum.competence(self.state.step, steps)))
-            return self.data.collate(positions) if len(positions) else (None, None, None)
+            # BPE-dropout: curriculum step t draws its segmentations as "pass" -(t + 1), its own
+            return self.data.collate(positions, epoch=-1 - self.state.step) if len(positions) else (None, None, None)
         batches = self.data.batches(self.state.epoch)
         if self.state.batch_in_epoch >= len(batches):
             self.state.epoch += 1
@@ -125,7 +126,9 @@ class Trainer:
             batches = self.data.batches(self.state.epoch)
         positions = self._shard(batches[self.state.batch_in_epoch])
         self.state.batch_in_epoch += 1
-        return self.data.collate(positions) if len(positions) else (None, None, None)
+        if not len(positions):
+            return None, None, None
+        return self.data.collate(positions, epoch=self.state.epoch)   # the pass draws BPE-dropout's segmentations
 
     def curriculum_steps(self):
         """The length curriculum's steps (--curriculum, fixed in the plan), or None. Before the plan

@@ -54,7 +54,13 @@ def train_on_data(args, engine=None, result=None):
     max_tokens = args.max_sentence_tokens
     if args.checkpoint is not None or initial is not None:
         max_tokens = min(max_tokens, known.max_len - 1)
-    data = TrainingSet(corpus, max_tokens, args.batch_tokens, args.seed, known.bos_id, known.eos_id, known.pad_id)
+    bpe_dropout = getattr(args, "bpe_dropout", None) or 0.0
+    with blame("--bpe-dropout", bpe_dropout):
+        data = TrainingSet(corpus, max_tokens, args.batch_tokens, args.seed, known.bos_id, known.eos_id,
+                           known.pad_id, bpe_dropout=bpe_dropout)
+    if bpe_dropout:
+        say(f"BPE-dropout {bpe_dropout:g}: each pass over the data segments the training pairs anew, each merge "
+            "skipped with that probability (the dev pairs and translations keep the plain segmentation)")
     if data.dropped:
         say(f"skipped {data.dropped} training pairs that are empty after tokenisation or longer than "
              f"{max_tokens} subwords")

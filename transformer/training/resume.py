@@ -79,6 +79,8 @@ def load_resume(args):
         raise FlagError(f"--data {describe_data(args)}: the run in {args.resume} trained on the built-in task; "
                         "start a new run (--out) to train on data")
     refuse_flags_that_do_not_apply(args, has_data(args) or started_on_data)
+    if started_on_data:
+        ckpt.args.setdefault("bpe_dropout", 0.0)   # written before --bpe-dropout: it trained without
     moved = has_data(args)
     for key in TRAJECTORY_ARGS:
         if key in ("data", "src_file", "tgt_file") and moved:

@@ -1,0 +1,124 @@
+"""BPE-dropout (Provilkov, Emelianenko and Voita, 2020): while a training sentence is segmented,
+each merge that could apply is skipped with probability p, so the model sees the same words cut
+into varied subwords; inference and the dev/test sets keep the plain segmentation.
+
+The merges of a SubwordTokenizer are replayed here, in Python, from the plain ids: a sentence's
+pieces are grouped into words (every pre-token Metaspace makes begins with "▁", and no merge
+crosses one), each word goes back to its characters, and BPE merges them again, lowest rank
+first, the leftmost on ties, exactly as the `tokenizers` library does, except that each merge,
+when its turn comes, is skipped with probability p (and considered again after the next merge
+made; the word is done when every merge left was skipped). With p = 0 this is the plain
+segmentation, id for id.
+
+The random draws come from an explicit stream, dropout_rng(seed, pass, side, index): a function
+of the sentence and the pass over the data only, so a segmentation does not depend on the
+order sentences are segmented in, on threads, on ranks, or on where a run was resumed.
+`tokenizers`' own BPE dropout draws from a thread's unseeded generator, hence this replay.
+"""
+import hashlib
+import json
+import random
+
+WORD_START = "\u2581"   # Metaspace's word-start mark, "▁"
+
+
+def dropout_rng(seed, pass_index, side, index):
+    """The random stream of one sentence's segmentation in one pass: random.Random, whose
+    random() sequence for a given int seed Python keeps the same from version to version."""
+    key = f"bpe-dropout:{int(seed)}:{int(pass_index)}:{side}:{int(index)}".encode("ascii")
+    return random.Random(int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "little"))
+
+
+def check_rate(p, name="p"):
+    """p as a float in [0, 1), or TypeError/ValueError naming it."""
+    if isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(p).__name__}")
+    if not 0 <= p < 1:          # NaN too
+        raise ValueError(f"{name} must be in [0, 1), got {p}")
+    return float(p)
+
+
+class BPEDropout:
+    """The merges of one BPE vocabulary (a SubwordTokenizer), replayed with dropout."""
+
+    def __init__(self, tokenizer):
+        from .tokenizer import SubwordTokenizer
+
+        if not isinstance(tokenizer, SubwordTokenizer):
+            raise ValueError(f"BPE-dropout needs a BPE vocabulary (SubwordTokenizer), and this one is "
+                             f"{type(tokenizer).__name__}")
+        self.tokenizer = tokenizer
+        data = json.loads(tokenizer.to_json())
+        model, pre = data.get("model") or {}, data.get("pre_tokenizer") or {}
+        plain = not any(model.get(key) for key in ("continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
+                                                    "byte_fallback", "ignore_merges"))
+        if model.get("type") != "BPE" or not plain or pre.get("type") != "Metaspace" \
+                or pre.get("replacement") != WORD_START or pre.get("split") is False:
+            raise ValueError("BPE-dropout needs a BPE vocabulary of SubwordTokenizer.train's kind (Metaspace words, "
+                             "no subword prefixes or byte fallback)")
+        vocab = model["vocab"]
+        self._pieces = {token_id: piece for piece, token_id in vocab.items()}
+        self._vocab = vocab
+        self._merges = {}      # (left id, right id) -> (rank, merged id)
+        for rank, merge in enumerate(model["merges"]):
+            left, right = merge.split(" ", 1) if isinstance(merge, str) else merge
+            self._merges.setdefault((vocab[left], vocab[right]), (rank, vocab[left + right]))
+        self._chars = {}       # id -> the ids of its characters (bounded by the vocabulary)
+        self._starts = {}      # id -> whether its piece begins a word
+
+    def _characters(self, token_id):
+        chars = self._chars.get(token_id)
+        if chars is None:
+            piece = self._pieces.get(token_id)
+            chars = (token_id,)            # <unk> and the reserved ids stay whole: no merge has them
+            if piece is not None and token_id > 3 and len(piece) > 1 and all(ch in self._vocab for ch in piece):
+                chars = tuple(self._vocab[ch] for ch in piece)
+            self._chars[token_id] = chars
+        return chars
+
+    def _begins_word(self, token_id):
+        start = self._starts.get(token_id)
+        if start is None:
+            start = self._starts[token_id] = (self._pieces.get(token_id) or "").startswith(WORD_START)
+        return start
+
+    def _merge_word(self, symbols, p, rng, stats):
+        """BPE on one word's character ids: the merge of lowest rank (leftmost on ties) that is not
+        skipped, again and again; each merge reached is skipped with probability p."""
+        merges, draw = self._merges, rng.random
+        considered = skipped = 0
+        while len(symbols) > 1:
+            candidates = sorted((merges[pair][0], i) for i, pair in enumerate(zip(symbols, symbols[1:]))
+                                if pair in merges)
+            for _, i in candidates:
+                considered += 1
+                if p and draw() < p:
+                    skipped += 1
+                    continue
+                symbols[i:i + 2] = [merges[symbols[i], symbols[i + 1]][1]]
+                break
+            else:
+                break
+        if stats is not None:
+            stats["considered"] = stats.get("considered", 0) + considered
+            stats["skipped"] = stats.get("skipped", 0) + skipped
+        return symbols
+
+    def resegment(self, ids, p, rng, stats=None):
+        """A segmentation of the sentence whose plain ids are `ids`, each merge skipped with
+        probability p, drawn from rng (random.Random: dropout_rng). stats, a dict: adds the merges
+        considered and skipped."""
+        out, word = [], []
+        for token_id in ids:
+            token_id = int(token_id)
+            if word and self._begins_word(token_id):
+                out.extend(self._merge_word(word, p, rng, stats))
+                word = []
+            word.extend(self._characters(token_id))
+        if word:
+            out.extend(self._merge_word(word, p, rng, stats))
+        return out
+
+    def encode(self, text, p, rng, stats=None):
+        """The ids of `text` with BPE-dropout p, drawn from rng (p = 0: tokenizer.encode(text))."""
+        return self.resegment(self.tokenizer.encode(text), check_rate(p), rng, stats)
