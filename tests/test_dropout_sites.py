@@ -390,3 +390,70 @@ def test_the_pytorch_reference_takes_the_site_rates():
     layer = tm.transformer.decoder.layers[0]
     assert (layer.self_attn.dropout, layer.multihead_attn.dropout, layer.dropout.p, layer.dropout1.p) == \
         (0.2, 0.2, 0.3, 0.1)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flag", ["--attention-dropout", "--activation-dropout", "--word-dropout"])
+@pytest.mark.parametrize("value", ["1", "-0.1", "x", "nan"])
+def test_bad_flag_values_are_refused_naming_the_flag(capsys, flag, value):
+    with pytest.raises(SystemExit) as done:
+        cli.build_parser().parse_args(["train", flag, value])
+    assert done.value.code == 2
+    assert f"argument {flag}:" in capsys.readouterr().err
+
+
+def test_the_flags_set_the_model_config_and_are_kept_by_a_resumed_run():
+    from transformer.training.flags import TRAJECTORY_ARGS, model_config_from_args
+    args = cli.build_parser().parse_args(["train", "--preset", "tiny", "--attention-dropout", "0.2",
+                                          "--activation-dropout", "0", "--word-dropout", "0.1"])
+    cfg = model_config_from_args(args, 50, 60, max_len=20)
+    assert (cfg.attention_dropout, cfg.activation_dropout, cfg.word_dropout, cfg.dropout) == (0.2, 0.0, 0.1, 0.1)
+    unset = model_config_from_args(cli.build_parser().parse_args(["train", "--preset", "tiny"]), 50, 60, 20)
+    assert (unset.attention_dropout, unset.activation_dropout, unset.word_dropout) == (None, None, 0.0)
+    assert {"attention_dropout", "activation_dropout", "word_dropout"} <= set(TRAJECTORY_ARGS)
+
+
+def write_corpus(path, n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    words = ["red", "blue", "cat", "dog", "runs", "sleeps", "the", "a", "big", "small"]
+    lines = ["eng\tfake"]
+    for _ in range(n):
+        sentence = " ".join(rng.choice(words, size=rng.integers(2, 7)))
+        lines.append(f"{sentence}\t{sentence[::-1]}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return str(path)
+
+
+def test_a_run_keeps_the_site_rates_the_rule_does_not_set_and_a_resumed_run_keeps_them(tmp_path, capsys):
+    """Three steps see the pairs less than once, so the rule picks residual dropout 0; the given
+    attention and word rates stay as given, the activation rate follows the rule's 0. A resumed
+    run keeps them, and refuses a flag that contradicts them, naming it."""
+    from transformer.checkpoint import load_checkpoint
+    data = write_corpus(tmp_path / "pairs.tsv")
+    out = str(tmp_path / "run")
+    argv = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", "--d-model", "32", "--n-heads", "2",
+            "--d-ff", "64", "--n-encoder-layers", "1", "--n-decoder-layers", "1", "--quiet", "--threads", "1",
+            "--vocab-size", "60", "--batch-tokens", "300", "--dev-fraction", "0.1"]
+    assert cli.main(argv + ["--max-steps", "2", "--attention-dropout", "0.2", "--word-dropout", "0.1",
+                            "--out", out]) == 0
+    assert "dropout 0: the plan sees the training pairs" in capsys.readouterr().err
+    cfg = load_checkpoint(out).model.cfg
+    assert (cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.word_dropout) == (0.0, 0.2, None, 0.1)
+    assert cli.main(["train", "--resume", out, "--word-dropout", "0.3", "--max-steps", "3", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--word-dropout 0.3: the run in" in err and "started with 0.1" in err
+    assert cli.main(["train", "--resume", out, "--max-steps", "3", "--quiet"]) == 0
+    assert load_checkpoint(out).model.cfg == cfg
+    # fine-tuning the run's model: its sizes are refused as flags, its dropout rates may be set
+    ft = str(tmp_path / "ft")
+    assert cli.main(argv + ["--init-from", out, "--max-steps", "1", "--attention-dropout", "0.05",
+                            "--activation-dropout", "0.15", "--out", ft]) == 2   # --d-model & co given
+    err = capsys.readouterr().err
+    assert "--vocab-size" in err and "sizes and vocabularies come from --init-from" in err
+    fine = argv[:7] + argv[17:20] + argv[22:]       # no size flag, no --vocab-size
+    assert fine[-6:] == ["--threads", "1", "--batch-tokens", "300", "--dev-fraction", "0.1"]
+    assert cli.main(fine + ["--init-from", out, "--max-steps", "1", "--attention-dropout", "0.05",
+                            "--activation-dropout", "0.15", "--out", ft]) == 0
+    tuned = load_checkpoint(ft).model.cfg
+    assert (tuned.attention_dropout, tuned.activation_dropout, tuned.word_dropout) == (0.05, 0.15, 0.1)

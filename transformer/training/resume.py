@@ -7,7 +7,7 @@ from ..checkpoint import load_checkpoint
 from ..errors import FlagError, blame
 from ..optim import Adam
 from .data import CORPUS_READING_FLAGS, check_prepared_flags, prepared_dir
-from .flags import (SIZE_FLAGS, TRAJECTORY_ARGS, data_specs, describe_data, flag_name, has_data,
+from .flags import (DROPOUT_FLAGS, SIZE_FLAGS, TRAJECTORY_ARGS, data_specs, describe_data, flag_name, has_data,
                     refuse_flags_that_do_not_apply)
 from .loop import TrainState
 
@@ -28,7 +28,7 @@ def load_initial_model(args):
     the run's, so the flags that would set them are refused."""
     from ..checkpoint import load_for_inference
 
-    for key in ("preset", "vocab_size") + tuple(k for k in SIZE_FLAGS if k != "dropout"):
+    for key in ("preset", "vocab_size") + tuple(k for k in SIZE_FLAGS if k not in DROPOUT_FLAGS):
         if getattr(args, key, None) is not None:
             raise FlagError(f"{flag_name(key)}: the model's sizes and vocabularies come from --init-from "
                             f"{args.init_from} (leave the flag out)")
