@@ -94,10 +94,24 @@ def test_only_the_site_rates_may_be_none():
 
 
 def test_a_config_written_before_the_fields_existed_loads_with_them_unset():
-    old = {k: v for k, v in config(dropout=0.1).to_dict().items()
+    old = {k: v for k, v in dataclasses.asdict(config(dropout=0.1)).items()
            if k not in ("attention_dropout", "activation_dropout", "word_dropout")}
     cfg = ModelConfig.from_dict(old)
     assert (cfg.attention_dropout, cfg.activation_dropout, cfg.word_dropout) == (None, None, 0.0)
+
+
+def test_unset_options_are_left_out_of_the_written_config_so_older_engines_still_read_it():
+    assert config(dropout=0.1).to_dict() == old_fields_only(config(dropout=0.1))
+    cfg = config(dropout=0.1, attention_dropout=0.0, word_dropout=0.2)
+    written = cfg.to_dict()
+    assert written["attention_dropout"] == 0.0 and written["word_dropout"] == 0.2
+    assert "activation_dropout" not in written
+    assert ModelConfig.from_dict(json.loads(json.dumps(written))) == cfg
+
+
+def old_fields_only(cfg):
+    return {k: v for k, v in dataclasses.asdict(cfg).items()
+            if k not in ("attention_dropout", "activation_dropout", "word_dropout")}
 
 
 # -- unset, nothing changes -------------------------------------------------------------------------
@@ -363,9 +377,7 @@ def test_site_rates_survive_a_model_directory_and_a_checkpoint(tmp_path):
     assert T.Seq2SeqTransformer.load(tmp_path / "m").cfg == cfg
     # a directory written before the fields existed
     raw = json.loads((tmp_path / "m" / "config.json").read_text())
-    for key in ("attention_dropout", "activation_dropout", "word_dropout"):
-        del raw[key]
-    (tmp_path / "m" / "config.json").write_text(json.dumps(raw))
+    (tmp_path / "m" / "config.json").write_text(json.dumps(old_fields_only(ModelConfig.from_dict(raw))))
     old = T.Seq2SeqTransformer.load(tmp_path / "m").cfg
     assert (old.attention_dropout, old.activation_dropout, old.word_dropout) == (None, None, 0.0)
     tok = CharTokenizer("abc")

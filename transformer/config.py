@@ -9,6 +9,7 @@ POSITIONS = ("interleaved", "split")
 TIE_EMBEDDINGS = ("none", "target", "all")
 DROPOUT_SITES = ("residual", "attention", "activation", "word")
 OPTIONAL_RATES = ("attention_dropout", "activation_dropout")   # None: follow `dropout`
+UNSET_WHEN_DEFAULT = {"attention_dropout": None, "activation_dropout": None, "word_dropout": 0.0}
 
 # Training on data (transformer.train) with no --dropout: a budget that sees the training pairs
 # fewer times than this trains without dropout (regularising data the model has barely seen only
@@ -139,7 +140,14 @@ class ModelConfig:
         return any(self.dropout_at(site) > 0.0 for site in DROPOUT_SITES)
 
     def to_dict(self):
-        return asdict(self)
+        """The fields as a dict; the training-only dropout options only when set (not their
+        defaults), so a config that uses none of them is written as before they existed and
+        engines of earlier versions, which refuse fields they do not know, still load it."""
+        d = asdict(self)
+        for name, default in UNSET_WHEN_DEFAULT.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, d):
