@@ -449,7 +449,8 @@ def test_a_run_keeps_the_site_rates_the_rule_does_not_set_and_a_resumed_run_keep
             "--vocab-size", "60", "--batch-tokens", "300", "--dev-fraction", "0.1"]
     assert cli.main(argv + ["--max-steps", "2", "--attention-dropout", "0.2", "--word-dropout", "0.1",
                             "--out", out]) == 0
-    assert "dropout 0: the plan sees the training pairs" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "dropout 0: the plan sees the training pairs" in err and "; --attention-dropout 0.2 as given" in err
     cfg = load_checkpoint(out).model.cfg
     assert (cfg.dropout, cfg.attention_dropout, cfg.activation_dropout, cfg.word_dropout) == (0.0, 0.2, None, 0.1)
     assert cli.main(["train", "--resume", out, "--word-dropout", "0.3", "--max-steps", "3", "--quiet"]) == 2
@@ -457,6 +458,19 @@ def test_a_run_keeps_the_site_rates_the_rule_does_not_set_and_a_resumed_run_keep
     assert "--word-dropout 0.3: the run in" in err and "started with 0.1" in err
     assert cli.main(["train", "--resume", out, "--max-steps", "3", "--quiet"]) == 0
     assert load_checkpoint(out).model.cfg == cfg
+    # a checkpoint written before the flags existed has none in its args: a flag given is still
+    # held to the model's config (unset), not ignored
+    from transformer.checkpoint import CHECKPOINT_FILE, read_metadata
+    from transformer.serialization import load_file, save_file
+    path = f"{out}/{CHECKPOINT_FILE}"
+    metadata = read_metadata(path)
+    args = json.loads(metadata["args"])
+    for key in ("attention_dropout", "activation_dropout", "word_dropout"):
+        del args[key]
+    metadata["args"] = json.dumps(args)
+    save_file(load_file(path), path, metadata=metadata)
+    assert cli.main(["train", "--resume", out, "--activation-dropout", "0.1", "--max-steps", "4", "--quiet"]) == 2
+    assert "--activation-dropout 0.1: the run in" in capsys.readouterr().err
     # fine-tuning the run's model: its sizes are refused as flags, its dropout rates may be set
     ft = str(tmp_path / "ft")
     assert cli.main(argv + ["--init-from", out, "--max-steps", "1", "--attention-dropout", "0.05",

@@ -85,13 +85,15 @@ def load_resume(args):
             continue           # the same corpus may have moved (or been prepared meanwhile)
         if directory is not None and key in CORPUS_READING_FLAGS:
             continue           # how the files were read: the prepared directory's business
-        if key in ckpt.args:
+        # a checkpoint written before the dropout-by-site flags existed has no word of them, and
+        # its model's config holds what it trained with (unset): compared with that, not ignored
+        if key in ckpt.args or key in DROPOUT_FLAGS:
             given, started = getattr(args, key, None), started_with(ckpt, key)
             if given is not None and given != started:
                 was = "without it" if started is None else f"with {started}"
                 raise FlagError(f"{flag_name(key)} {given}: the run in {args.resume} started {was}, and a resumed "
                                 "run keeps its settings (leave the flag out, or start a new run with --out)")
-            setattr(args, key, ckpt.args[key])
+            setattr(args, key, ckpt.args.get(key))
     args.checkpoint = ckpt
 
 
