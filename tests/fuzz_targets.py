@@ -1348,8 +1348,12 @@ def prop_batches(data):
 
 CONFIG_FIELDS = {"src_vocab_size": 9, "tgt_vocab_size": 7, "d_model": 8, "n_heads": 2, "d_ff": 16,
                  "n_encoder_layers": 1, "n_decoder_layers": 1, "dropout": 0.0, "activation": "relu",
-                 "norm_first": False, "max_len": 6, "pad_id": 0, "bos_id": 1, "eos_id": 2}
+                 "norm_first": False, "max_len": 6, "pad_id": 0, "bos_id": 1, "eos_id": 2,
+                 "attention_dropout": None, "activation_dropout": 0.1, "word_dropout": 0.0}
+_SITE_RATE_BAD = [(-0.1, ValueError), (1.0, ValueError), (math.nan, ValueError), ("0.1", TypeError), (True, TypeError)]
 CONFIG_BAD = {
+    "attention_dropout": _SITE_RATE_BAD, "activation_dropout": _SITE_RATE_BAD,
+    "word_dropout": _SITE_RATE_BAD + [(None, TypeError)],
     "int": [(0, ValueError), (-1, ValueError), (2.0, TypeError), ("8", TypeError), (None, TypeError), (True, TypeError)],
     "dropout": [(-0.1, ValueError), (1.0, ValueError), (math.nan, ValueError), ("0.1", TypeError), (None, TypeError), (True, TypeError)],
     "activation": [("tanh", ValueError), ("", ValueError), (None, ValueError), (1, ValueError)],

@@ -1,11 +1,15 @@
 """Model hyper-parameters (the paper's Table 3 names) and the size presets of DESIGN."""
 from dataclasses import asdict, dataclass, fields
+from typing import Optional
 
 __all__ = ["ModelConfig", "PRESETS"]
 
 ACTIVATIONS = ("relu", "gelu", "silu")
 POSITIONS = ("interleaved", "split")
 TIE_EMBEDDINGS = ("none", "target", "all")
+DROPOUT_SITES = ("residual", "attention", "activation", "word")
+OPTIONAL_RATES = ("attention_dropout", "activation_dropout")   # None: follow `dropout`
+UNSET_WHEN_DEFAULT = {"attention_dropout": None, "activation_dropout": None, "word_dropout": 0.0}
 
 # Training on data (transformer.train) with no --dropout: a budget that sees the training pairs
 # fewer times than this trains without dropout (regularising data the model has barely seen only
@@ -60,6 +64,16 @@ class ModelConfig:
     tie_embeddings: str = "none"       # "target": the output projection is tgt_embed.weight;
                                        # "all": one matrix for source, target and output
     final_norm: bool = True            # nn.Transformer's final encoder and decoder LayerNorm
+    # Dropout by site (training only; inference never reads them). `dropout` is the rate of the
+    # embeddings and of each sublayer's output before its residual add; these two override it at
+    # the attention weights and at the feed-forward hidden activation (None: `dropout`'s rate, as
+    # torch.nn.Transformer has one rate everywhere).
+    attention_dropout: Optional[float] = None
+    activation_dropout: Optional[float] = None
+    # Source word dropout (Marian's --dropout-src): a source token's word embedding (before the
+    # sqrt(d_model) scale and the positions are added) is zeroed with this probability, the kept
+    # ones scaled by 1 / (1 - p); the whole row, every feature, together. Source side only.
+    word_dropout: float = 0.0
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
@@ -71,11 +85,17 @@ class ModelConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.d_model % self.n_heads != 0:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise TypeError(f"dropout must be a float, got {type(self.dropout).__name__}")
-        self.dropout = float(self.dropout)
-        if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {self.dropout}")
+        for name in ("dropout", "attention_dropout", "activation_dropout", "word_dropout"):
+            value = getattr(self, name)
+            if value is None and name in OPTIONAL_RATES:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{name} must be a float{' or None' if name in OPTIONAL_RATES else ''}, "
+                                f"got {type(value).__name__}")
+            value = float(value)
+            if not 0.0 <= value < 1.0:      # (nan fails this too)
+                raise ValueError(f"{name} must be in [0, 1), got {value}")
+            setattr(self, name, value)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
         for name in ("norm_first", "scale_embedding", "final_norm"):
@@ -104,8 +124,30 @@ class ModelConfig:
     def d_head(self):
         return self.d_model // self.n_heads
 
+    def dropout_at(self, site):
+        """The dropout rate of a site: "residual" (embeddings and sublayer outputs: `dropout`),
+        "attention" (the attention weights), "activation" (the feed-forward hidden activation),
+        each of the last two `dropout` unless set, or "word" (source words: `word_dropout`)."""
+        if site == "residual":
+            return self.dropout
+        if site == "word":
+            return self.word_dropout
+        own = {"attention": self.attention_dropout, "activation": self.activation_dropout}[site]
+        return self.dropout if own is None else own
+
+    def trains_with_dropout(self):
+        """Whether a training pass draws any dropout mask (some site's rate above 0)."""
+        return any(self.dropout_at(site) > 0.0 for site in DROPOUT_SITES)
+
     def to_dict(self):
-        return asdict(self)
+        """The fields as a dict; the training-only dropout options only when set (not their
+        defaults), so a config that uses none of them is written as before they existed and
+        engines of earlier versions, which refuse fields they do not know, still load it."""
+        d = asdict(self)
+        for name, default in UNSET_WHEN_DEFAULT.items():
+            if d[name] == default:
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, d):

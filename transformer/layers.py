@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _C
 
-__all__ = ["Workspace", "DropoutStream", "Linear", "LayerNorm", "Dropout", "MultiHeadAttention",
+__all__ = ["Workspace", "DropoutStream", "Linear", "LayerNorm", "Dropout", "WordDropout", "MultiHeadAttention",
            "FeedForward", "Embedding", "EncoderLayer", "DecoderLayer"]
 
 _f32 = np.float32
@@ -123,10 +123,15 @@ def _splitmix64(z):
 
 
 class Dropout:
-    """Dropout (section 5.4): out = x * keep / (1 - p), active only in training calls."""
+    """Dropout (section 5.4): out = x * keep / (1 - p), active only in training calls.
 
-    def __init__(self, p, stream):
+    `site` names the config rate it takes (ModelConfig.dropout_at): "residual" (the embeddings and
+    each sublayer's output), "attention" (the attention weights), "activation" (the feed-forward
+    hidden activation) or "word" (WordDropout)."""
+
+    def __init__(self, p, stream, site="residual"):
         self.p = float(p)
+        self.site = site
         self.stream = stream
         self.offset = stream.new_site()
         stream.users.append(self)
@@ -152,6 +157,24 @@ class Dropout:
             _C.dropout_backward(dout, dx, self.p, self.stream.seed, self.offset)
             return dx
         return dout
+
+
+class WordDropout(Dropout):
+    """Source word dropout (Marian's --dropout-src; Gal and Ghahramani 2016 drop word types, this
+    drops tokens): in a training call, row r of the [B*S] source tokens keeps its word embedding
+    iff uniform(seed, offset + r) >= p, scaled by 1 / (1 - p) as every dropout here; a dropped
+    token's embedding is zeroed, every feature together, and its position encoding stays (the
+    model sees that a word was there). Its own site of the stream, drawn like any other: the same
+    bits at any thread count, and a shard's rows counted from 0 under the shard's seed (shards.py)."""
+
+    def __init__(self, p, stream):
+        super().__init__(p, stream, site="word")
+
+    def factors(self, rows, out):
+        """out float32 [rows] = keep / (1 - p) for each row (exactly dropout_forward of ones)."""
+        out.fill(1.0)
+        _C.dropout_forward(out, out, self.p, self.stream.seed, self.offset)
+        return out
 
 
 class Linear:
@@ -328,7 +351,7 @@ class MultiHeadAttention:
         self.out_proj = Linear(params[f"{prefix}.out_proj.weight"], params[f"{prefix}.out_proj.bias"],
                                grads[f"{prefix}.out_proj.weight"], grads[f"{prefix}.out_proj.bias"], ws,
                                f"{prefix}.out_proj.weight")
-        self.attn_dropout = Dropout(dropout, stream)
+        self.attn_dropout = Dropout(dropout, stream, site="attention")
         self.ws = ws
         self._key = None
 
@@ -450,7 +473,7 @@ class FeedForward:
                               grads[f"{prefix}.linear2.weight"], grads[f"{prefix}.linear2.bias"], ws,
                               f"{prefix}.linear2.weight")
         self.activation = activation
-        self.dropout = Dropout(dropout, stream)
+        self.dropout = Dropout(dropout, stream, site="activation")
         self.ws = ws
         self.d_ff, self.d_model = self.linear1.weight.shape
 
@@ -483,7 +506,8 @@ class FeedForward:
 class Embedding:
     """Embeddings and positional encoding (sections 3.4-3.5): table[ids] * sqrt(d_model) + PE,
     then dropout. `scale`: the factor (sqrt(d_model) unless the config says not to scale);
-    `pad_id`: the row no lookup trains (nn.Embedding's padding_idx)."""
+    `pad_id`: the row no lookup trains (nn.Embedding's padding_idx); `words`: a WordDropout
+    (the source embedding's), set by the model, or None."""
 
     def __init__(self, table, dtable, pe, dropout, stream, ws, scale=None, pad_id=None):
         self.table, self.dtable, self.pe = table, dtable, pe
@@ -491,15 +515,26 @@ class Embedding:
         self.scale = math.sqrt(self.d_model) if scale is None else float(scale)
         self.pad_id = pad_id
         self.dropout = Dropout(dropout, stream)
+        self.words = None
         self.ws = ws
 
     def forward(self, ids, table=None):
         # ids int64 [B, T] -> [B*T, D]; table: another table to read (int8 inference: dequantized)
         B, T = ids.shape
         out = self.ws.persistent(self, "out", (B * T, self.d_model))
-        _C.embedding_forward(ids, self.table if table is None else table, out.reshape(B, T, self.d_model),
-                             self.scale, self.pe, 0)
+        out3 = out.reshape(B, T, self.d_model)
+        table = self.table if table is None else table
         self.ids = ids
+        self.word_factors = None
+        if self.words is not None and self.words.active:
+            # word dropout: (table[ids] * scale) * keep / (1 - p) + PE, each product rounded
+            f = self.words.factors(B * T, self.ws.persistent(self, "word_factors", (B * T,)))
+            _C.embedding_forward(ids, table, out3, self.scale, None, 0)
+            np.multiply(out3, f.reshape(B, T, 1), out=out3)
+            np.add(out3, self.pe[:T], out=out3)
+            self.word_factors = f
+        else:
+            _C.embedding_forward(ids, table, out3, self.scale, self.pe, 0)
         return self.dropout.forward_(out)
 
     def backward(self, dout):
@@ -510,6 +545,8 @@ class Embedding:
             # padding_idx: pad positions add nothing to the pad row (in exact arithmetic they carry
             # no gradient anyway, except a pad start token: MarianMT's decoder input)
             dout[self.ids.reshape(-1) == self.pad_id] = 0.0
+        if self.word_factors is not None:   # a dropped word's row adds nothing to its table row
+            np.multiply(dout, self.word_factors.reshape(-1, 1), out=dout)
         _C.embedding_backward(self.ids, dout.reshape(B, T, self.d_model), self.dtable, self.scale)
 
 
@@ -530,9 +567,10 @@ class EncoderLayer:
     or x + Sublayer(LayerNorm(x)) (norm_first=True), as torch.nn.TransformerEncoderLayer."""
 
     def __init__(self, params, grads, prefix, cfg, stream, ws):
-        p = cfg.dropout
-        self.self_attn = MultiHeadAttention(params, grads, f"{prefix}.self_attn", cfg.n_heads, p, stream, ws)
-        self.feed_forward = FeedForward(params, grads, prefix, cfg.activation, p, stream, ws)
+        p, attention = cfg.dropout, cfg.dropout_at("attention")
+        self.self_attn = MultiHeadAttention(params, grads, f"{prefix}.self_attn", cfg.n_heads, attention, stream, ws)
+        self.feed_forward = FeedForward(params, grads, prefix, cfg.activation, cfg.dropout_at("activation"),
+                                        stream, ws)
         self.norm1 = _norm(params, grads, f"{prefix}.norm1", ws)
         self.norm2 = _norm(params, grads, f"{prefix}.norm2", ws)
         self.dropout1 = Dropout(p, stream)
@@ -603,12 +641,13 @@ class DecoderLayer:
     torch.nn.TransformerDecoderLayer."""
 
     def __init__(self, params, grads, prefix, cfg, stream, ws):
-        p = cfg.dropout
-        self.self_attn = MultiHeadAttention(params, grads, f"{prefix}.self_attn", cfg.n_heads, p, stream, ws,
-                                            cached=True)
-        self.cross_attn = MultiHeadAttention(params, grads, f"{prefix}.multihead_attn", cfg.n_heads, p,
+        p, attention = cfg.dropout, cfg.dropout_at("attention")
+        self.self_attn = MultiHeadAttention(params, grads, f"{prefix}.self_attn", cfg.n_heads, attention, stream,
+                                            ws, cached=True)
+        self.cross_attn = MultiHeadAttention(params, grads, f"{prefix}.multihead_attn", cfg.n_heads, attention,
                                              stream, ws, cross=True, cached=True)
-        self.feed_forward = FeedForward(params, grads, prefix, cfg.activation, p, stream, ws)
+        self.feed_forward = FeedForward(params, grads, prefix, cfg.activation, cfg.dropout_at("activation"),
+                                        stream, ws)
         self.norm1 = _norm(params, grads, f"{prefix}.norm1", ws)
         self.norm2 = _norm(params, grads, f"{prefix}.norm2", ws)
         self.norm3 = _norm(params, grads, f"{prefix}.norm3", ws)

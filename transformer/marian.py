@@ -131,7 +131,10 @@ def config_to_marian(cfg):
         "decoder_attention_heads": cfg.n_heads, "encoder_ffn_dim": cfg.d_ff, "decoder_ffn_dim": cfg.d_ff,
         "activation_function": {"silu": "swish"}.get(cfg.activation, cfg.activation),
         "max_position_embeddings": cfg.max_len, "scale_embedding": cfg.scale_embedding,
-        "dropout": cfg.dropout, "attention_dropout": 0.0, "activation_dropout": 0.0,
+        # rates set by site are written as such (transformers' MarianConfig has both); word_dropout,
+        # training-only, has no equivalent there and is left out, as inference never reads it
+        "dropout": cfg.dropout, "attention_dropout": cfg.attention_dropout or 0.0,
+        "activation_dropout": cfg.activation_dropout or 0.0,
         "pad_token_id": cfg.pad_id, "eos_token_id": cfg.eos_id, "forced_eos_token_id": cfg.eos_id,
         "decoder_start_token_id": cfg.bos_id, "is_encoder_decoder": True,
         "static_position_embeddings": True, "normalize_embedding": False,

@@ -16,7 +16,7 @@ import numpy as np
 from . import _C
 from .config import ModelConfig
 from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, LayerNorm, Linear,
-                     Workspace, output_loss)
+                     WordDropout, Workspace, output_loss)
 from .params import Parameters
 from .precision import check_precision
 from .prepared import PreparedWeights, dequantize, quantize
@@ -152,6 +152,8 @@ class Seq2SeqTransformer:
             self._norm("transformer.decoder.norm") if cfg.final_norm else None)
         self.generator = Linear(tensor("generator.weight"), P["generator.bias"],
                                 gradient("generator.weight"), G["generator.bias"], self.ws, "generator.weight")
+        # the stream's last site, so that every other site keeps the offset it had before it existed
+        self.src_embed.words = WordDropout(cfg.word_dropout, self.stream)
 
     def _norm(self, name):
         P, G = self.params.data, self.params.grad
@@ -342,7 +344,7 @@ class Seq2SeqTransformer:
         S = src.shape[1]
         D = self.cfg.d_model
         with self._lock:
-            self.stream.training = self.cfg.dropout > 0.0
+            self.stream.training = self.cfg.trains_with_dropout()
             self.stream.seed = seed
             self.ws.bf16 = self.ws.bf16_attention = bf16
             self.params.grad_is_zero = False
@@ -408,14 +410,22 @@ class Seq2SeqTransformer:
         self.params.zero_grad()
 
     def set_dropout(self, p):
-        """Change the dropout probability of every site (and cfg.dropout), e.g. once a training
-        plan knows how often it will see its data."""
-        p = float(p)
-        if not 0.0 <= p < 1.0:
-            raise ValueError(f"dropout must be in [0, 1), got {p}")
+        """Change cfg.dropout, the rate of the embeddings and sublayer outputs, and of the attention
+        and feed-forward sites that follow it (attention_dropout / activation_dropout None), e.g.
+        once a training plan knows how often it will see its data. A site rate set explicitly
+        stays as it is: it was asked for, and the plan's rule was measured on the residual rate
+        alone, so scaling the others with it would be a guess; word_dropout is its own."""
+        self.set_dropout_rates(dropout=float(p))
+
+    def set_dropout_rates(self, **rates):
+        """Change any of cfg's dropout, attention_dropout, activation_dropout (None: follow dropout)
+        and word_dropout, checked as ModelConfig checks them; every site takes its new rate."""
+        unknown = sorted(set(rates) - {"dropout", "attention_dropout", "activation_dropout", "word_dropout"})
+        if unknown:
+            raise TypeError(f"set_dropout_rates() takes dropout rates only, got {unknown}")
+        self.cfg = self.cfg.replace(**rates)
         for site in self.stream.users:
-            site.p = p
-        self.cfg = self.cfg.replace(dropout=p)
+            site.p = self.cfg.dropout_at(site.site)
 
     def num_parameters(self):
         return self.params.count()

@@ -54,6 +54,13 @@ def _reference_class():
                 self.transformer = nn.Transformer(
                     cfg.d_model, cfg.n_heads, cfg.n_encoder_layers, cfg.n_decoder_layers, cfg.d_ff,
                     cfg.dropout, activation, batch_first=True, norm_first=cfg.norm_first)
+            # the config's rates by site (nn.Transformer takes one): the attention weights' and the
+            # feed-forward hidden activation's
+            for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+                for attn in (layer.self_attn, getattr(layer, "multihead_attn", None)):
+                    if attn is not None:
+                        attn.dropout = cfg.dropout_at("attention")
+                layer.dropout.p = cfg.dropout_at("activation")
             if not cfg.final_norm:
                 self.transformer.encoder.norm = None
                 self.transformer.decoder.norm = None
@@ -63,6 +70,7 @@ def _reference_class():
             if cfg.tie_embeddings != "none":
                 self.generator.weight = self.tgt_embed.weight
             self.dropout = nn.Dropout(cfg.dropout)
+            self.word_keep = None
             # not persistent: state_dict() holds exactly the parameters, as ours does
             table = positional_table(cfg.max_len, cfg.d_model, cfg.positions)
             self.register_buffer("pe", torch.from_numpy(table), persistent=False)
@@ -71,7 +79,14 @@ def _reference_class():
         def forward(self, src, tgt_in):
             S, T = src.shape[1], tgt_in.shape[1]
             pad = self.cfg.pad_id
-            x = self.dropout(self.src_embed(src) * self.scale + self.pe[:S])
+            words = self.src_embed(src)
+            if self.training and self.cfg.word_dropout > 0.0:   # a source word's whole embedding
+                p = self.cfg.word_dropout
+                keep = self.word_keep      # bool [B, S] set by a caller (tests: our engine's mask)
+                if keep is None:
+                    keep = torch.rand(words.shape[:-1], device=words.device) >= p
+                words = words * (keep.unsqueeze(-1).to(words.dtype) / (1.0 - p))
+            x = self.dropout(words * self.scale + self.pe[:S])
             y = self.dropout(self.tgt_embed(tgt_in) * self.scale + self.pe[:T])
             causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=src.device), diagonal=1)
             src_pad = src == pad

@@ -109,9 +109,18 @@ def register(sub):
     train.add_argument("--n-encoder-layers", dest="n_encoder_layers", type=_positive_int)
     train.add_argument("--n-decoder-layers", dest="n_decoder_layers", type=_positive_int)
     train.add_argument("--dropout", type=_fraction,
-                       help=f"default with --data: 0 when the budget sees the training pairs fewer than "
-                            f"{DROPOUT_FREE_PASSES:g} times, {HEAVY_DROPOUT:g} when it sees them "
-                            f"{HEAVY_DROPOUT_PASSES:g} times or more, else 0.1; 0 for the built-in task")
+                       help=f"the rate of the embeddings and of each sublayer's output before its residual add, "
+                            f"and of the sites below left unset. Default with --data: 0 when the budget sees the "
+                            f"training pairs fewer than {DROPOUT_FREE_PASSES:g} times, {HEAVY_DROPOUT:g} when it "
+                            f"sees them {HEAVY_DROPOUT_PASSES:g} times or more, else 0.1; 0 for the built-in task")
+    train.add_argument("--attention-dropout", dest="attention_dropout", type=_fraction, metavar="P",
+                       help="dropout on the attention weights (default: --dropout's rate, or the rate the rule "
+                            "above picks without it; given, it stays as given whatever the rule picks)")
+    train.add_argument("--activation-dropout", dest="activation_dropout", type=_fraction, metavar="P",
+                       help="dropout on the feed-forward hidden activation (default: that of the attention weights, above)")
+    train.add_argument("--word-dropout", dest="word_dropout", type=_fraction, metavar="P",
+                       help="source word dropout (Marian's --dropout-src): each source token's word embedding "
+                            "zeroed with this probability, its position kept (default 0; the rule never sets it)")
     train.add_argument("--bpe-dropout", dest="bpe_dropout", type=_fraction, metavar="P",
                        help="with --data: BPE-dropout (Provilkov et al., 2020): each pass over the data segments the "
                             "training pairs anew, each BPE merge skipped with probability P (0.1 in the paper); dev "

@@ -199,6 +199,12 @@ class Trainer:
         rate, why = schedule.dropout_for(passes, self.model.cfg.dropout)
         if rate is not None:
             self.model.set_dropout(rate)
+        cfg = self.model.cfg
+        given = [f"{flag} {value:g}" for flag, value in (("--attention-dropout", cfg.attention_dropout),
+                                                         ("--activation-dropout", cfg.activation_dropout))
+                 if value is not None]
+        if given:      # the rule sets the residual rate only (set_dropout): say what it left alone
+            why += f"; {' and '.join(given)} as given"
         say(why, stream)
 
     def learning_rate(self, step):

@@ -8,7 +8,7 @@ from ..model import Seq2SeqTransformer
 from ..optim import clip_grad_norm
 from . import sizing
 from .data import choose_languages, open_corpus
-from .flags import describe_data, model_config_from_args
+from .flags import DROPOUT_FLAGS, describe_data, model_config_from_args
 from .loop import Trainer, TrainState
 from .report import describe, rounded, say
 from .resume import resume_or_new
@@ -76,8 +76,10 @@ def train_on_data(args, engine=None, result=None):
 
     def make_model():
         if initial is not None:
-            if args.dropout is not None:      # the model's stored rate otherwise (choose_dropout)
-                initial[0].set_dropout(args.dropout)
+            # the rates given; the model's stored ones otherwise (the residual rate: choose_dropout)
+            given = {key: getattr(args, key) for key in DROPOUT_FLAGS if getattr(args, key, None) is not None}
+            if given:
+                initial[0].set_dropout_rates(**given)
             return initial[0]
         cfg = model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1)
         return Seq2SeqTransformer(cfg, seed=args.seed)

@@ -7,7 +7,7 @@ from ..checkpoint import load_checkpoint
 from ..errors import FlagError, blame
 from ..optim import Adam
 from .data import CORPUS_READING_FLAGS, check_prepared_flags, prepared_dir
-from .flags import (SIZE_FLAGS, TRAJECTORY_ARGS, data_specs, describe_data, flag_name, has_data,
+from .flags import (DROPOUT_FLAGS, SIZE_FLAGS, TRAJECTORY_ARGS, data_specs, describe_data, flag_name, has_data,
                     refuse_flags_that_do_not_apply)
 from .loop import TrainState
 
@@ -28,7 +28,7 @@ def load_initial_model(args):
     the run's, so the flags that would set them are refused."""
     from ..checkpoint import load_for_inference
 
-    for key in ("preset", "vocab_size") + tuple(k for k in SIZE_FLAGS if k != "dropout"):
+    for key in ("preset", "vocab_size") + tuple(k for k in SIZE_FLAGS if k not in DROPOUT_FLAGS):
         if getattr(args, key, None) is not None:
             raise FlagError(f"{flag_name(key)}: the model's sizes and vocabularies come from --init-from "
                             f"{args.init_from} (leave the flag out)")
@@ -87,13 +87,15 @@ def load_resume(args):
             continue           # the same corpus may have moved (or been prepared meanwhile)
         if directory is not None and key in CORPUS_READING_FLAGS:
             continue           # how the files were read: the prepared directory's business
-        if key in ckpt.args:
+        # a checkpoint written before the dropout-by-site flags existed has no word of them, and
+        # its model's config holds what it trained with (unset): compared with that, not ignored
+        if key in ckpt.args or key in DROPOUT_FLAGS:
             given, started = getattr(args, key, None), started_with(ckpt, key)
             if given is not None and given != started:
                 was = "without it" if started is None else f"with {started}"
                 raise FlagError(f"{flag_name(key)} {given}: the run in {args.resume} started {was}, and a resumed "
                                 "run keeps its settings (leave the flag out, or start a new run with --out)")
-            setattr(args, key, ckpt.args[key])
+            setattr(args, key, ckpt.args.get(key))
     if "curriculum" not in ckpt.args and getattr(args, "curriculum", None) is not None:
         # written before --curriculum existed: its plan, fixed at step 1, has no curriculum
         raise FlagError(f"--curriculum {args.curriculum}: the run in {args.resume} started without it, and a "
