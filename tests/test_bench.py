@@ -521,7 +521,7 @@ def test_bench_refuses_a_precision_the_engine_lacks_before_any_work(what, monkey
 def test_bench_repeats_is_refused_where_nothing_reads_it(what, capsys):
     assert cli.main(["bench", "--what", what, "--repeats", "5", "--threads", "1"]) == 2
     assert capsys.readouterr().err.startswith(
-        f"transformer bench: error: --repeats does not apply to --what {what}, only to --what train or decode")
+        f"transformer bench: error: --repeats does not apply to --what {what}, only to --what train or decode or serve")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -529,6 +529,7 @@ def test_bench_repeats_is_refused_where_nothing_reads_it(what, capsys):
     (["--what", "serve", "--baseline", "."], "--baseline applies to --hostile"),
     (["--what", "decode", "--file-docx"], "--file-docx does not apply to --what decode, only to --what serve"),
     (["--what", "serve", "--file-docx", "--hostile", "8"], "--file-docx and --hostile are two loads"),
+    (["--what", "serve", "--repeats", "4"], "--repeats with --what serve applies to --hostile only"),
     (["--what", "serve", "--hostile", "8", "--baseline", "no-such-checkout"], "--baseline no-such-checkout: no "
                                                                                "transformer package there"),
 ])
@@ -662,3 +663,18 @@ def test_bench_serve_file_docx_runs_end_to_end_and_its_docx_is_read_back(tmp_pat
     assert record["text_s"] > 0 and record["file_s"] > 0 and record["file_over_text"] > 0
     assert 0 < record["rss_idle_mib"] <= record["rss_peak_file_mib"] <= record["rss_peak_mib"]
     assert record["bold_paragraphs"] >= 1
+
+
+def test_hostile_summary_pairs_each_round_with_the_baseline():
+    """The summary's paired ratios divide each round's runs by that round's baseline run: a drift of
+    the machine between rounds moves both alike."""
+    from transformer.bench.serve import hostile_summary
+    runs = [{"engine": engine, "hostile": hostile, "round": round_, "sentences_per_s": speed, "mismatches": 0,
+             "refused": 0, "answered_once": True}
+            for round_, (clean, attacked, base) in enumerate([(100, 90, 100), (200, 150, 210), (50, 40, 48)])
+            for engine, hostile, speed in (("ours", 0, clean), ("ours", 8, attacked), ("baseline", 0, base))]
+    out = hostile_summary(runs, {})
+    assert out["with_hostile_vs_baseline_paired_median"] == round(40 / 48, 3)      # of 0.9, 0.714, 0.833
+    assert out["with_hostile_vs_baseline_paired_spread"] == [round(150 / 210, 3), round(90 / 100, 3)]
+    assert out["without_hostile_vs_baseline_paired_median"] == 1.0
+    assert out["with_hostile_vs_baseline"] == round((90 + 150 + 40) / 3 / ((100 + 210 + 48) / 3), 3)

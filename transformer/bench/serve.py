@@ -55,6 +55,7 @@ import random
 import re
 import shutil
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -616,6 +617,17 @@ def hostile_summary(records, base):
         out["baseline_sentences_per_s"] = baseline
         out["without_hostile_vs_baseline"] = round(clean / baseline, 3)
         out["with_hostile_vs_baseline"] = round(attacked / baseline, 3)
+        # each round's runs ran within seconds of each other: their ratios, paired, are steadier than
+        # the ratio of the means when the machine's speed drifts between rounds
+        paired = {}
+        for r in runs:
+            paired.setdefault(r["round"], {})[(r["engine"], bool(r["hostile"]))] = r["sentences_per_s"]
+        for name, key in (("without_hostile", ("ours", False)), ("with_hostile", ("ours", True))):
+            ratios = sorted(p[key] / p[("baseline", False)] for p in paired.values()
+                            if key in p and ("baseline", False) in p)
+            if ratios:
+                out[f"{name}_vs_baseline_paired_median"] = round(statistics.median(ratios), 3)
+                out[f"{name}_vs_baseline_paired_spread"] = [round(ratios[0], 3), round(ratios[-1], 3)]
     out["mismatches"] = sum(r["mismatches"] for r in runs)
     out["refused"] = sum(r["refused"] for r in runs)
     out["answered_once"] = all(r["answered_once"] for r in runs)

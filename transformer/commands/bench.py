@@ -15,7 +15,7 @@ BENCH_FLAGS = {"kernels": ("families", "against", "precision"),
                "train": ("config", "against", "precision", "repeats"), "profile": ("config",),
                "decode": ("config", "against", "precision", "repeats"), "masking": (),
                "all": ("config", "against", "plot"), "distributed": ("config", "against"),
-               "marian": ("config",), "serve": ("config", "precision", "hostile", "baseline", "file_docx")}
+               "marian": ("config",), "serve": ("config", "precision", "hostile", "baseline", "file_docx", "repeats")}
 
 
 def _threads(text):
@@ -123,7 +123,8 @@ def _bench_serve(args):
         elif args.hostile:
             for name in names:
                 records += serve.run_hostile(config=name, threads=threads, precision=args.precision,
-                                             hostile=args.hostile, baseline=args.baseline, stream=sys.stdout)
+                                             hostile=args.hostile, baseline=args.baseline, rounds=args.repeats or 2,
+                                             stream=sys.stdout)
         else:
             records += serve.run(configs=tuple(names), threads=threads, precision=args.precision, stream=sys.stdout)
     if args.json:
@@ -148,6 +149,8 @@ def _check_bench_flags(args):
         args.precision = "int8"         # the issue's figure: int8 serving
     if args.what == "serve" and args.hostile and args.config is None:
         args.config = "tiny"            # issue 58's load: the server's own costs show on the small model
+    if args.what == "serve" and args.repeats is not None and not args.hostile:
+        raise FlagError("--repeats with --what serve applies to --hostile only (its rounds)")
     if args.what == "serve" and args.file_docx and args.hostile:
         raise FlagError("--file-docx and --hostile are two loads: give one")
     if args.what == "serve" and args.file_docx and args.config is None:
@@ -304,6 +307,7 @@ def register(sub):
     bench.add_argument("--repeats", type=_positive_int,
                        help="train, decode: timed runs of each engine per measurement, alternated, the "
                             "median reported (default per config: train 15 tiny / 3 base, decode 5 / 3); "
+                            "serve --hostile: rounds, the loads' order alternating (default 2); "
                             "more gives steadier ratios on a noisy machine")
     bench.add_argument("--hostile", type=_positive_int, metavar="N",
                        help="with --what serve: issue 58's load instead, 64 well-formed clients alone and while "
