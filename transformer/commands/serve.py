@@ -15,6 +15,13 @@ def run(args):
 
     if not args.model:
         raise FlagError("the following arguments are required: --model (or: transformer serve keys ...)")
+    if args.require_api_key_origin is not None:        # it exempts from a key: with none asked, it does nothing
+        if not (args.api_keys or args.api_keys_db):
+            raise FlagError("--require-api-key-origin: no key is asked for without --api-keys or --api-keys-db, "
+                            "so it would change nothing")
+        if not args.require_key_for:
+            raise FlagError("--require-api-key-origin: --require-key-for none asks a key for no route, so it would "
+                            "change nothing")
     _apply_threads(args)
     with blame():
         return run_server(args, load=lambda directory: _load_model(directory, frozen=True))
@@ -104,12 +111,21 @@ def register(sub):
                             "(POST /translate, /detect, /v1/translate), metrics (GET /metrics), health (the "
                             "queue and scheduler of GET /health), or none (a key only raises the limits, as "
                             "LibreTranslate's --api-keys); default translate")
+    serve.add_argument("--require-api-key-origin", metavar="ORIGIN",
+                       help="with --api-keys or --api-keys-db, a request whose Origin header is ORIGIN (your own "
+                            "web page, e.g. https://translate.example.org) needs no key where --require-key-for "
+                            "asks one, as LibreTranslate's (there a pattern; here the exact origin)")
     serve.add_argument("--req-limit", type=_non_negative_int, default=0, metavar="N",
                        help="requests a minute from one address, as LibreTranslate's (a key: its req_limit); "
                             "past it 429 with Retry-After (0: no limit; default 0)")
     serve.add_argument("--chars-per-minute", type=_non_negative_int, default=0, metavar="N",
                        help="characters a minute from one address (a key: its chars_per_minute); past it 429 "
                             "with Retry-After (0: no limit; default 0)")
+    serve.add_argument("--req-limit-storage", default="memory://", metavar="URI",
+                       help="where the limits a minute (--req-limit, --chars-per-minute, a key's) are counted, as "
+                            "LibreTranslate's: memory:// (this process; default) or sqlite:///PATH (a file the "
+                            "servers of one host share, kept across restarts; sqlite:////ABS/PATH for an "
+                            "absolute path)")
     serve.add_argument("--max-connections", type=_positive_int, default=1000, metavar="N",
                        help="connections open at once (fewer if the descriptor limit is lower); past it the "
                             "longest idle one is closed, or the new one gets 503 when all are busy (default 1000)")

@@ -83,10 +83,11 @@ def load_models(specs, beam=None, precision=None, max_len=None, no_repeat_ngram=
 
 
 def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5000, max_texts=64,
-          max_body=1 << 20, api_keys=None, batching="step", limits=None, access=None, stuck_after=60.0):
+          max_body=1 << 20, api_keys=None, batching="step", limits=None, access=None, stuck_after=60.0,
+          rates=None):
     """(aiohttp application, scheduler) serving `models`. limits: a fields.Limits (in place of
     char_limit, max_texts, max_body); access: an access.Access (keys needed, CORS, Host names);
-    api_keys: a set of keys or a keys.Keys."""
+    api_keys: a set of keys or a keys.Keys; rates: a limits.RateLimits (default: in memory)."""
     _aiohttp()
     from .app import Limits, Server
     from .detect import Detector
@@ -100,22 +101,25 @@ def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5
     if len(detector.languages) > 1:     # source "auto" detects: its model loads now, not in a request
         detector.warm()
     limits = limits or Limits(char_limit, max_texts, max_body)
-    server = Server(scheduler, limits, metrics, api_keys, detector, access)
+    server = Server(scheduler, limits, metrics, api_keys, detector, access, rates)
     return server.app(), scheduler
 
 
-def _guards(app, args, api_keys, access):
+def _guards(app, args, api_keys, access, rates):
     """The banner's line of limits and access, as they apply (the connection cap after the
     descriptor limit)."""
     from .app import GUARD
 
     per_minute = ", ".join(f"{n} {what}" for n, what in ((args.req_limit, "requests"),
                                                         (args.chars_per_minute, "characters")) if n) or "no limit"
+    counted = f"counted in {rates.store.path}" if getattr(rates.store, "path", None) else "counted in memory"
     keys = (f"{len(api_keys)} keys, needed for {', '.join(access.require_key_for) or 'nothing (they raise limits)'}"
             if api_keys is not None else "no keys")
+    if api_keys is not None and access.key_origin:
+        keys += f" (not from Origin {access.key_origin})"
     hosts = ", ".join(sorted(access.allowed_hosts)) if access.allowed_hosts is not None else "any"
     return (f"guards: at most {app[GUARD].max_connections} connections, headers within {args.header_timeout:g} s, "
-            f"bodies within {args.body_timeout:g} s; a minute per address: {per_minute}; {keys}; CORS: "
+            f"bodies within {args.body_timeout:g} s; a minute per address: {per_minute} ({counted}); {keys}; CORS: "
             f"{', '.join(access.cors_origins) or 'none'}; Host: {hosts}")
 
 
@@ -175,6 +179,13 @@ def listen(app, host, port, shutdown_timeout=60.0, banner=(), shutdown_grace=2.0
 def run(args, load):
     """The command line's serve: load, listen, answer until SIGINT/SIGTERM, then drain and exit 0."""
     _aiohttp()
+    from ..errors import FlagError
+    from .limits import RateLimits, open_store
+
+    try:                                # before the models load: a wrong URI fails at once
+        rates = RateLimits(open_store(args.req_limit_storage))
+    except ValueError as exc:
+        raise FlagError(str(exc)) from None
     models = load_models(args.model, beam=args.beam, precision=args.precision, max_len=args.max_len,
                          no_repeat_ngram=args.no_repeat_ngram, load=load)
     from .access import LOOPBACK_NAMES, Access, is_loopback
@@ -191,15 +202,18 @@ def run(args, load):
         allowed_hosts = LOOPBACK_NAMES + tuple(args.allowed_hosts or ())
     elif args.allowed_hosts:
         allowed_hosts = tuple(args.allowed_hosts)
-    access = Access(require_key_for=args.require_key_for, cors_origins=args.cors_origins or (),
-                    allowed_hosts=allowed_hosts)
+    try:
+        access = Access(require_key_for=args.require_key_for, cors_origins=args.cors_origins or (),
+                        allowed_hosts=allowed_hosts, key_origin=args.require_api_key_origin)
+    except ValueError as exc:
+        raise FlagError(str(exc)) from None
     limits = Limits(args.char_limit, args.max_texts, args.max_body, body_timeout=args.body_timeout,
                     header_timeout=args.header_timeout, max_connections=args.max_connections,
                     req_limit=args.req_limit, chars_per_minute=args.chars_per_minute,
                     max_file_size=args.max_file_size, file_expiry=args.file_expiry)
     app, scheduler = build(models, batch_tokens=args.batch_tokens, batch_size=args.batch_size,
                            max_queue=args.max_queue, api_keys=api_keys, batching=args.batching, limits=limits,
-                           access=access)
+                           access=access, rates=rates)
 
     async def drain(app):       # after the in-flight requests were answered: the scheduler stops
         scheduler.stop()
@@ -212,7 +226,7 @@ def run(args, load):
         if settings is not None:
             banner.append(f"  {name}'s generation settings (imported with it): "
                           + "; ".join(settings.describe(served.model.cfg.max_len)))
-    banner.append(_guards(app, args, api_keys, access))
+    banner.append(_guards(app, args, api_keys, access, rates))
     cut = listen(app, args.host, args.port, args.shutdown_timeout, banner, args.shutdown_grace, args.idle_timeout)
     if cut:
         print(f"stopped: {cut} connections still busy after --shutdown-timeout {args.shutdown_timeout:g} s "

@@ -10,8 +10,14 @@ CORS: without --cors-origins no Access-Control-* header is sent, and browsers ke
 origins from reading the answers. With it, a request whose Origin is listed (or any origin, for
 "*") gets Access-Control-Allow-Origin naming it, and a preflight (OPTIONS) is answered 204. No
 credentials: keys travel in the body or the Authorization header, never in cookies.
+
+--require-api-key-origin ORIGIN (LibreTranslate's): a request whose Origin header is ORIGIN (the
+operator's own web page) needs no key where --require-key-for asks one. A browser sets Origin and
+a page cannot change it, so a page of another site cannot borrow the exemption; a program can
+send any Origin, so the exemption keeps strangers' pages out, not strangers' programs.
 """
 import ipaddress
+import re
 
 KEY_ROUTES = ("translate", "metrics", "health")     # what --require-key-for names
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
@@ -40,13 +46,21 @@ class Access:
     """require_key_for: a subset of KEY_ROUTES (which need a key, when keys are given);
     cors_origins: a tuple of origins, or ("*",); allowed_hosts: the Host names answered (None: any)."""
 
-    def __init__(self, require_key_for=("translate",), cors_origins=(), allowed_hosts=None):
+    def __init__(self, require_key_for=("translate",), cors_origins=(), allowed_hosts=None, key_origin=None):
         unknown = set(require_key_for) - set(KEY_ROUTES)
         if unknown:
             raise ValueError(f"--require-key-for takes {', '.join(KEY_ROUTES)}, got {', '.join(sorted(unknown))}")
         self.require_key_for = frozenset(require_key_for)
+        self.key_origin = None if key_origin is None else _origin(key_origin)
         self.cors_origins = tuple(origin.rstrip("/") for origin in cors_origins)
         self.allowed_hosts = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
+
+    def needs_key(self, route, origin):
+        """Whether a request to `route` (a KEY_ROUTES name, or None) from `origin` (its Origin
+        header, or None) must give a key, when keys are asked for."""
+        if route not in self.require_key_for:
+            return False
+        return self.key_origin is None or origin is None or origin.strip().rstrip("/").lower() != self.key_origin
 
     def host_allowed(self, header):
         """Whether a request with this Host header (None: none sent, as HTTP/1.0 may) is answered."""
@@ -68,3 +82,12 @@ class Access:
                 "Access-Control-Allow-Headers": "Content-Type, Authorization",
                 "Access-Control-Expose-Headers": "Retry-After",
                 "Access-Control-Max-Age": str(CORS_MAX_AGE_S)}
+
+
+def _origin(text):
+    """--require-api-key-origin's value as browsers send Origin: scheme://host[:port], lower case."""
+    origin = text.strip().rstrip("/").lower()
+    if not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s?#*]+", origin):
+        raise ValueError(f"--require-api-key-origin {text[:60]!r}: an origin is scheme://host[:port], as a "
+                         "browser's Origin header gives it (e.g. https://translate.example.org)")
+    return origin

@@ -35,6 +35,7 @@ import asyncio
 import inspect
 import logging
 import os
+import sqlite3
 import time
 import uuid
 
@@ -110,7 +111,7 @@ def _unique(texts, main, n):
 class Server:
     """The aiohttp application around a Scheduler. detector: a Detector of the served sources."""
 
-    def __init__(self, scheduler, limits, metrics, api_keys=None, detector=None, access=None):
+    def __init__(self, scheduler, limits, metrics, api_keys=None, detector=None, access=None, rates=None):
         from .detect import Detector
 
         self.scheduler, self.limits, self.metrics = scheduler, limits, metrics
@@ -118,7 +119,7 @@ class Server:
         self.keys = Keys(plain=api_keys) if isinstance(api_keys, (set, frozenset, list, tuple)) else api_keys
         self.api_keys = self.keys is not None
         self.access = access or Access()
-        self.rates = RateLimits()
+        self.rates = rates or RateLimits()     # the limits a minute, in --req-limit-storage's store
         self.models = scheduler.models
         self.detector = detector or Detector({m.source for m in self.models.values()})
         self.pairs = Pairs(self.models, self.detector)
@@ -148,6 +149,7 @@ class Server:
 
         async def remove_files(app):
             self.files.close()
+            self.rates.close()
         app.on_cleanup.append(remove_files)
         return app
 
@@ -201,8 +203,9 @@ class Server:
 
     def _key(self, request, key, route):
         """(key, its KeyLimits) of the request's valid key, or None when keys are not asked for or
-        it gave none and `route` (--require-key-for) needs none. A key from the api_key field, the
-        query string or `Authorization: Bearer KEY`. 403 for a key that is not valid or missing."""
+        it gave none and `route` (--require-key-for) needs none, or its Origin is
+        --require-api-key-origin's. A key from the api_key field, the query string or
+        `Authorization: Bearer KEY`. 403 for a key that is not valid or missing."""
         if self.keys is None:
             return None             # no keys: an api_key is ignored (deep-translator always sends one)
         if key is None or key == "":
@@ -218,7 +221,7 @@ class Server:
             if limits is None:
                 raise BadRequest("Invalid API key", 403)
             return key, limits
-        if route in self.access.require_key_for:
+        if self.access.needs_key(route, request.headers.get("Origin")):
             raise BadRequest("an API key is needed (api_key)", 403)
         return None
 
@@ -226,20 +229,27 @@ class Server:
         """Characters a request at most: the key's own char_limit, else --char-limit."""
         return key[1].char_limit if key and key[1].char_limit else self.limits.char_limit
 
-    def _charge(self, request, key, characters):
-        """Count the request against its key's or its address's limits a minute (limits.py)."""
+    async def _charge(self, request, key, characters):
+        """Count the request against its key's or its address's limits a minute (limits.py), in
+        the store --req-limit-storage names."""
         try:
             if key is not None:
                 limits = key[1]
-                self.rates.charge(("key", key[0]), characters,
-                                  self.limits.req_limit if limits.req_limit is None else limits.req_limit,
-                                  self.limits.chars_per_minute if limits.chars_per_minute is None
-                                  else limits.chars_per_minute, "this API key's limit")
+                await self.rates.charge_on_loop(
+                    ("key", key[0]), characters,
+                    self.limits.req_limit if limits.req_limit is None else limits.req_limit,
+                    self.limits.chars_per_minute if limits.chars_per_minute is None else limits.chars_per_minute,
+                    "this API key's limit")
             else:
-                self.rates.charge(("address", request.remote), characters, self.limits.req_limit,
-                                  self.limits.chars_per_minute, "this address: --req-limit, --chars-per-minute")
+                await self.rates.charge_on_loop(("address", request.remote), characters, self.limits.req_limit,
+                                                self.limits.chars_per_minute,
+                                                "this address: --req-limit, --chars-per-minute")
         except Refused as exc:
             raise BadRequest(str(exc), 429, {"Retry-After": str(exc.retry_after)}) from None
+        except sqlite3.Error as exc:    # the shared file locked past its busy timeout, or the disk full
+            LOG.warning("--req-limit-storage: %s", exc)
+            raise BadRequest("the request counters (--req-limit-storage) cannot be reached now; retry later",
+                             503, {"Retry-After": str(RETRY_AFTER_S)}) from None
 
     async def _routes(self, fields, texts):
         """[(model name, detectedLanguage or None)] per text (pairs.py); detection off the loop."""
@@ -315,7 +325,7 @@ class Server:
         fmt = format_of(fields)
         alternatives = alternatives_of(fields)
         decoded = alternatives if fmt == "text" else 0       # LibreTranslate gives none for html
-        self._charge(request, key, sum(len(text) for text in texts))
+        await self._charge(request, key, sum(len(text) for text in texts))
         routes = await self._routes(fields, texts)
         documents = [self._document(text, fmt, name, f"q[{i}]" if was_list else "q")
                      for i, (text, (name, _)) in enumerate(zip(texts, routes))]
@@ -345,7 +355,7 @@ class Server:
     async def native(self, request):
         fields, key = await self._fields(request, json_only=True)
         texts, was_list = texts_of(fields, self.limits, self._char_limit(key))
-        self._charge(request, key, sum(len(text) for text in texts))
+        await self._charge(request, key, sum(len(text) for text in texts))
         routes = await self._routes(fields, texts)
         name = routes[0][0]
         overrides = {}
@@ -397,7 +407,7 @@ class Server:
         char_limit = self._char_limit(key)
         if char_limit and len(q) > char_limit:
             raise BadRequest(f"q holds {len(q)} characters; at most {char_limit} a request (--char-limit)")
-        self._charge(request, key, len(q))
+        await self._charge(request, key, len(q))
         return web.json_response(await asyncio.to_thread(self.detector.detect, q))
 
     async def languages(self, request):
@@ -437,7 +447,7 @@ class Server:
         if len(document.sentences) > self.scheduler.max_queue:
             raise BadRequest(f"the file holds {len(document.sentences)} sentences; the queue takes at most "
                              f"{self.scheduler.max_queue} (--max-queue)", 413)
-        self._charge(request, key, sum(len(sentence) for sentence in document.sentences))
+        await self._charge(request, key, sum(len(sentence) for sentence in document.sentences))
         translated = (await self._documents([(name, detected)], [document], self._defaults.get))[0]
         rendered = await asyncio.to_thread(document.render, translated)      # an archive: off the loop
         stored = self.files.put(rendered, uploaded, self.models[name].target, ext)
@@ -467,7 +477,7 @@ class Server:
         # the details (queue, scheduler) with a key when --require-key-for health; the status alone
         # (and the models the page lists, which /languages tells anyway) without
         key = self._key(request, None, None)          # never needed here; a wrong one is still 403
-        if self.keys is None or "health" not in self.access.require_key_for or key:
+        if self.keys is None or not self.access.needs_key("health", request.headers.get("Origin")) or key:
             body.update(queue=self.scheduler.queue_length(), scheduler=scheduler)
         return web.json_response(body, status=200 if ok else 503)
 
