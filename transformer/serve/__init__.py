@@ -7,7 +7,8 @@ LibreTranslate API (aiohttp, the [serve] extra).
     app.py        the HTTP side: LibreTranslate's endpoints, ours, health, metrics, errors
     fields.py     a request's fields, from JSON, a form or the query string, within the limits
     connections.py  connections open at once, and how long a request's headers may take
-    limits.py     requests and characters a minute, per client and per key (429, Retry-After)
+    limits.py     requests and characters a minute, per client and per key (429, Retry-After), counted
+                  in memory or in an SQLite file the servers of one host share (--req-limit-storage)
     keys.py       API keys: a file of them, or LibreTranslate's SQLite key database with limits
     access.py     which routes need a key, CORS origins, the Host names a loopback server answers
     pairs.py      which model answers a source and target (any standard code; "auto")
