@@ -254,6 +254,17 @@ def test_the_key_origin_reaches_metrics_too(origin_keyed):
     assert asyncio.run(go()) == [200, 403]
 
 
+def test_frontend_settings_tell_the_key_origin_s_page_that_no_key_is_required(origin_keyed):
+    async def go():
+        async with aiohttp.ClientSession() as session:
+            out = []
+            for headers in ({"Origin": "https://mine.example"}, {}):
+                async with session.get(origin_keyed.url + "/frontend/settings", headers=headers) as response:
+                    out.append((await response.json())["keyRequired"])
+            return out
+    assert asyncio.run(go()) == [False, True]
+
+
 def test_the_key_origin_needs_a_route_that_needs_a_key_and_an_origin(tmp_path):
     keys = tmp_path / "keys.txt"
     keys.write_text("k\n")

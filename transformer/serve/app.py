@@ -419,7 +419,8 @@ class Server:
         source = ({"code": "auto", "name": "Auto Detect"} if len(sources) > 1 else
                   {"code": sources[0], "name": english_name(sources[0])})
         target = self.pairs.targets[sources[0]][0]
-        keys = "translate" in self.access.require_key_for and self.api_keys
+        # LibreTranslate's page shows a key field when this is true: not to the key origin's page
+        keys = self.api_keys and self.access.needs_key("translate", request.headers.get("Origin"))
         return web.json_response({
             "charLimit": self.limits.char_limit or -1, "frontendTimeout": FRONTEND_TIMEOUT_MS,
             "apiKeys": self.api_keys, "keyRequired": keys, "suggestions": False, "filesTranslation": True,
