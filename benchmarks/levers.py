@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -64,7 +65,8 @@ def run_all(args, jobs):
             out = os.path.join(args.out, f"{lever}-s{seed}")
             if os.path.exists(os.path.join(out, "result.json")):
                 continue
-            os.makedirs(out, exist_ok=True)
+            shutil.rmtree(out, ignore_errors=True)       # a run cut short: started again
+            os.makedirs(out)
             log = open(os.path.join(out, "train.log"), "w")
             proc = subprocess.Popen(["taskset", "-c", str(core)] + train_command(args, lever, seed, out),
                                     stdout=subprocess.PIPE, stderr=log, text=True, cwd=args.cwd)
@@ -76,9 +78,14 @@ def run_all(args, jobs):
             stdout = proc.stdout.read()
             log.close()
             del running[core]
+            with open(os.path.join(out, "train.out"), "w") as f:
+                f.write(stdout)
             if proc.returncode != 0:
+                for other, *_ in running.values():
+                    other.kill()
                 raise SystemExit(f"{lever} seed {seed} failed ({proc.returncode}): see {out}/train.log")
-            final = json.loads(stdout.strip().splitlines()[-1])
+            # the run's record: its JSON line (sample translations follow it)
+            final = json.loads([line for line in stdout.splitlines() if line.startswith("{")][-1])
             with open(os.path.join(out, "result.json"), "w") as f:
                 json.dump({"lever": lever, "seed": seed, "train": final, "wall_s": time.monotonic() - t0}, f)
             print(f"done {lever} seed {seed}: {final.get('step')} steps, {final.get('seconds')} s",
@@ -175,7 +182,11 @@ def main():
     if "baseline" not in levers:
         levers.insert(0, "baseline")
     jobs = [(lever, seed) for seed in seeds for lever in levers]
-    run_all(args, jobs)
+    try:
+        run_all(args, jobs)
+    except BaseException:
+        subprocess.run(["pkill", "-f", f"out {os.path.abspath(args.out)}/"])   # no run outlives this one
+        raise
 
     from transformer.bench.harness import cpu_model
     runs, times = {}, {}
