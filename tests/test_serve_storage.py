@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -15,15 +16,19 @@ aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip in
 
 from test_serve import Running, model_dir  # noqa: E402,F401
 from test_serve_hostile import send  # noqa: E402
+import transformer as T  # noqa: E402
 from transformer.serve import limits as limits_module  # noqa: E402
 from transformer.serve.limits import MemoryStore, RateLimits, Refused, SqliteStore, open_store  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# where the imported package lives: the checkout (an editable install) or site-packages (CI's)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(T.__file__)))
 ENG_SPA = {"source": "eng", "target": "spa"}
 
 
 def _here():
-    """The environment with this checkout's package first on the path (a subprocess imports it)."""
+    """The environment with this test's package first on the path (a subprocess imports it; it runs
+    in the temporary directory, so that a checkout's own transformer/ folder, without a compiled
+    module where the package was installed, does not shadow it)."""
     return dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
@@ -135,7 +140,8 @@ def test_two_processes_charging_one_client_at_once_never_pass_its_limit_together
     path = str(tmp_path / "limits.db")
     SqliteStore(path).close()
     processes = [subprocess.Popen([sys.executable, "-c", CHARGER, path], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_here())
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_here(),
+                                  cwd=tempfile.gettempdir())
                  for _ in range(2)]
     for process in processes:
         assert process.stdout.readline() == "ready\n", process.stderr.read()
@@ -176,7 +182,7 @@ def test_memory_and_a_relative_sqlite_path_open_as_sqlalchemy_reads_them(tmp_pat
 def _serve(*argv):
     """(exit status, stderr) of a `transformer serve` that must refuse to start."""
     done = subprocess.run([sys.executable, "-m", "transformer", "serve", *argv, "--port", "1"],
-                          capture_output=True, text=True, timeout=120, env=_here())
+                          capture_output=True, text=True, timeout=120, env=_here(), cwd=tempfile.gettempdir())
     return done.returncode, done.stderr
 
 
