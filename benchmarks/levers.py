@@ -16,7 +16,7 @@ training kept back (greedy and beam 4), and for each lever against the baseline:
   than the baseline's own spread between seeds (max - min); `loses` symmetrically; else `level`.
 
     python benchmarks/levers.py --data ../shared/data/tatoeba-eng-hin.tsv --src-col eng --tgt-col hin \\
-        --steps 3000 --seeds 0,1,2 --out /tmp/levers --json benchmarks/results/levers-....jsonl
+        --steps 2500 --seeds 0,1,2 --out /tmp/levers --json benchmarks/results/levers-....jsonl
 
 A lever whose step costs more (BPE-dropout's segmentations are drawn in Python and are longer)
 is measured at equal steps here: it cannot win at equal time unless it wins at equal steps, and
