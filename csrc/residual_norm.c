@@ -5,11 +5,8 @@
 
 #include "cpu.h"
 #include "dropout.h"
+#include "elementwise.h"
 #include "layernorm.h"
-
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 /* Rows a thread takes in one go: s is written and read back by the layer norm while in L1
  * (8 rows of 512 floats: 16 KiB). */
@@ -25,19 +22,13 @@ void residual_layernorm_forward(float *out, float *mean, float *rstd, float *s, 
                                 uint64_t seed, uint64_t offset)
 {
     if (N == 0 || D == 0) return;
-#pragma omp parallel num_threads(tf_team(N * D, FUSED_GRAIN))
-    {
-        long r0 = 0, r1 = N;
-#ifdef _OPENMP
-        int team = omp_get_num_threads(), t = omp_get_thread_num();
-        r0 = N / team * t + (t < N % team ? t : N % team);
-        r1 = r0 + N / team + (t < N % team ? 1 : 0);
-#endif
-        for (long r = r0; r < r1; r += FUSED_ROWS) {
-            long e = r + FUSED_ROWS < r1 ? r + FUSED_ROWS : r1;
-            bias_dropout_add_rows(x, bias, residual, s, (size_t)r, (size_t)e, (size_t)D, p, seed, offset);
-            layernorm_forward_rows(out, mean, rstd, s, weight, lnbias, r, e, D, eps);
-        }
+    const long blocks = (N + FUSED_ROWS - 1) / FUSED_ROWS;
+    /* each row's arithmetic is the same whichever thread takes its block */
+#pragma omp parallel for schedule(static) num_threads(tf_team(N * D, FUSED_GRAIN))
+    for (long b = 0; b < blocks; b++) {
+        long r = b * FUSED_ROWS, e = r + FUSED_ROWS < N ? r + FUSED_ROWS : N;
+        bias_dropout_add_rows(x, bias, residual, s, (size_t)r, (size_t)e, (size_t)D, p, seed, offset);
+        layernorm_forward_rows(out, mean, rstd, s, weight, lnbias, r, e, D, eps);
     }
 }
 
@@ -46,17 +37,6 @@ size_t residual_layernorm_backward_scratch(long N, long D)
     long chunks = (N + LAYERNORM_CHUNK - 1) / LAYERNORM_CHUNK;
     long blocks = (N + BIAS_BLOCK - 1) / BIAS_BLOCK;
     return (size_t)(2 * chunks + blocks) * (size_t)D;
-}
-
-/* part [D] = the column sums of rows [r0, r1) of g, added row after row from the first
- * (bias_grad's block sum). */
-static void column_block_sum(float *part, const float *g, long r0, long r1, long D)
-{
-    memcpy(part, g + r0 * D, (size_t)D * sizeof(float));
-    for (long r = r0 + 1; r < r1; r++) {
-        const float *row = g + r * D;
-        for (long j = 0; j < D; j++) part[j] += row[j];
-    }
 }
 
 void residual_layernorm_backward(float *ds, float *dd, float *dweight, float *dlnbias, float *dbias,
@@ -83,7 +63,10 @@ void residual_layernorm_backward(float *ds, float *dd, float *dweight, float *dl
                 if (dd)
                     bias_dropout_add_rows(ds, NULL, NULL, dd, (size_t)r, (size_t)e, (size_t)D, p, seed, offset);
             }
-            column_block_sum(bias_parts + b * D, g, b * BIAS_BLOCK, b1, D);
+            /* the block's column sums, by bias_grad itself (its SIMD walk; one block of at most
+             * BIAS_BLOCK rows is summed as its whole-array call sums that block) */
+            memset(bias_parts + b * D, 0, (size_t)D * sizeof(float));
+            bias_grad(g + b * BIAS_BLOCK * D, bias_parts + b * D, (size_t)(b1 - b * BIAS_BLOCK), (size_t)D);
         }
         /* The partials, in chunk and block order: columns in blocks of 64 per iteration. */
 #pragma omp for schedule(static)
