@@ -271,12 +271,15 @@ class LayerNorm:
         self.weight, self.bias, self.dweight, self.dbias = weight, bias, dweight, dbias
         self.ws, self.eps = ws, eps
 
-    def forward(self, x):
-        # x [N, D] (kept, not copied: the caller must not overwrite it before backward)
-        n, d = x.shape
-        out = self.ws.persistent(self, "out", (n, d))
+    def _buffers(self, n, d):
+        """The output [n, d] (returned) and the saved mean and rstd [n] of a forward call."""
         self.mean = self.ws.persistent(self, "mean", (n,))
         self.rstd = self.ws.persistent(self, "rstd", (n,))
+        return self.ws.persistent(self, "out", (n, d))
+
+    def forward(self, x):
+        # x [N, D] (kept, not copied: the caller must not overwrite it before backward)
+        out = self._buffers(*x.shape)
         _C.layernorm_forward(x, self.weight, self.bias, out, self.mean, self.rstd, self.eps)
         self.x = x
         return out
@@ -285,10 +288,7 @@ class LayerNorm:
         """The residual connection into this norm and the norm, in one pass (csrc/residual_norm.h):
         s = residual + dropout(sub + linear's bias) is written into s [N, D] (kept, as forward keeps
         x), and LayerNorm(s) returned. sub: the sub-layer's output without its last bias."""
-        n, d = s.shape
-        out = self.ws.persistent(self, "out", (n, d))
-        self.mean = self.ws.persistent(self, "mean", (n,))
-        self.rstd = self.ws.persistent(self, "rstd", (n,))
+        out = self._buffers(*s.shape)
         _C.residual_layernorm_forward(sub, linear.bias, residual, s, self.weight, self.bias, out, self.mean,
                                       self.rstd, self.eps, *dropout.call())
         self.x = s
