@@ -75,6 +75,18 @@ def _object(pairs):
     return out
 
 
+def _add_query(request, fields):
+    """The query string's fields over `fields` (they win, as in a form), then every value checked
+    (check_text)."""
+    try:
+        query = {}
+        _multi(request.query, query, "query string")
+    except UnicodeDecodeError:
+        raise BadRequest("the query string is not valid UTF-8") from None
+    fields.update(query)
+    check_text(fields)
+
+
 async def _within(limits, read):
     """await read(), or 408 once the body has taken body_timeout seconds (a client that sends a
     byte now and then holds a connection and a handler)."""
@@ -114,13 +126,7 @@ async def read_fields(request, limits, json_only=False):
             raise BadRequest("the form is not valid UTF-8") from None
     elif request.can_read_body and await _within(limits, request.content.read(1)):
         raise BadRequest(f"unsupported Content-Type {shown(kind)}: send application/json, a form or the query string")
-    try:
-        query = {}
-        _multi(request.query, query, "query string")
-    except UnicodeDecodeError:
-        raise BadRequest("the query string is not valid UTF-8") from None
-    data.update(query)
-    check_text(data)
+    _add_query(request, data)
     return data
 
 
@@ -259,13 +265,7 @@ async def read_upload(request, limits):
         raise
     except (ValueError, AssertionError, LookupError) as exc:    # aiohttp's ways of refusing a body
         raise BadRequest(f"the multipart body cannot be read ({str(exc)[:80]})") from None
-    try:
-        query = {}
-        _multi(request.query, query, "query string")
-    except UnicodeDecodeError:
-        raise BadRequest("the query string is not valid UTF-8") from None
-    fields.update(query)
-    check_text(fields)
+    _add_query(request, fields)
     if upload is None:
         raise BadRequest(missing)
     if not upload[0]:
