@@ -23,6 +23,8 @@ from transformer import _C, cli, shards
 from transformer.config import ModelConfig
 
 from conftest import num_threads
+from test_shards import batch, forced  # noqa: F401 (forced: a fixture)
+from test_train import write_corpus
 
 SIGMAS = 5.0
 GRAD_RTOL = 1e-3
@@ -32,25 +34,6 @@ BASE = dict(src_vocab_size=41, tgt_vocab_size=43, d_model=32, n_heads=4, d_ff=64
 
 def config(**changes):
     return T.ModelConfig(**{**BASE, "dropout": 0.0, **changes})
-
-
-def batch(B=9, S=13, Tt=11, seed=0, vocab=41):
-    """Ragged rows, each ending in its own run of padding (as test_shards.py's)."""
-    rng = np.random.default_rng(seed)
-    src = rng.integers(3, vocab, (B, S))
-    tgt = rng.integers(3, vocab, (B, Tt + 1))
-    tgt[:, 0] = 1
-    for b in range(B):
-        src[b, 3 + (b * 5) % (S - 3):] = 0
-        tgt[b, 3 + (b * 7) % (Tt - 2):] = 0
-    return src, tgt[:, :-1].copy(), tgt[:, 1:].copy()
-
-
-@pytest.fixture
-def forced(monkeypatch):
-    def force(n):
-        monkeypatch.setattr(shards, "forced", n)
-    return force
 
 
 def run_pass(cfg, data, calls=1, precision="fp32", seed=3):
@@ -426,23 +409,12 @@ def test_the_flags_set_the_model_config_and_are_kept_by_a_resumed_run():
     assert {"attention_dropout", "activation_dropout", "word_dropout"} <= set(TRAJECTORY_ARGS)
 
 
-def write_corpus(path, n=60, seed=0):
-    rng = np.random.default_rng(seed)
-    words = ["red", "blue", "cat", "dog", "runs", "sleeps", "the", "a", "big", "small"]
-    lines = ["eng\tfake"]
-    for _ in range(n):
-        sentence = " ".join(rng.choice(words, size=rng.integers(2, 7)))
-        lines.append(f"{sentence}\t{sentence[::-1]}")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return str(path)
-
-
 def test_a_run_keeps_the_site_rates_the_rule_does_not_set_and_a_resumed_run_keeps_them(tmp_path, capsys):
     """Three steps see the pairs less than once, so the rule picks residual dropout 0; the given
     attention and word rates stay as given, the activation rate follows the rule's 0. A resumed
     run keeps them, and refuses a flag that contradicts them, naming it."""
     from transformer.checkpoint import load_checkpoint
-    data = write_corpus(tmp_path / "pairs.tsv")
+    data = write_corpus(tmp_path / "pairs.tsv", n=60)
     out = str(tmp_path / "run")
     argv = ["train", "--data", data, "--src-col", "eng", "--tgt-col", "fake", "--d-model", "32", "--n-heads", "2",
             "--d-ff", "64", "--n-encoder-layers", "1", "--n-decoder-layers", "1", "--quiet", "--threads", "1",

@@ -13,7 +13,7 @@ import pytest
 import transformer as T
 from transformer import _C, layers
 
-from conftest import ISA_LEVELS, isa, num_threads   # noqa: F401 (isa: a fixture)
+from conftest import num_threads
 
 RTOL, ATOL = 1e-5, 1e-6
 SEED, OFFSET = 0x5EED, 3 << 40
