@@ -32,6 +32,8 @@ import subprocess
 import sys
 import time
 
+import numpy as np
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 LEVERS = {
@@ -123,13 +125,16 @@ class Stats:
     def __init__(self, hyps, refs):
         from sacrebleu.metrics import BLEU, CHRF
         self.bleu, self.chrf = BLEU(), CHRF()
-        self.b = self.bleu._extract_corpus_statistics(hyps, [refs])
-        self.c = self.chrf._extract_corpus_statistics(hyps, [refs])
+        # [sentences, statistics] arrays: a resample's sums are one indexed sum
+        self.b = np.asarray(self.bleu._extract_corpus_statistics(hyps, [refs]))
+        self.c = np.asarray(self.chrf._extract_corpus_statistics(hyps, [refs]))
+
+    def bleu_at(self, idx):
+        return self.bleu._compute_score_from_stats(self.b[idx].sum(0).tolist()).score
 
     def score(self, idx):
-        b = [sum(col) for col in zip(*(self.b[i] for i in idx))]
-        c = [sum(col) for col in zip(*(self.c[i] for i in idx))]
-        return self.bleu._compute_score_from_stats(b).score, self.chrf._compute_score_from_stats(c).score
+        """(BLEU, chrF) of the sentences idx (with repeats)."""
+        return self.bleu_at(idx), self.chrf._compute_score_from_stats(self.c[idx].sum(0).tolist()).score
 
 
 def compare(runs, lever, search, resamples, rng_seed=12345):
@@ -143,8 +148,7 @@ def compare(runs, lever, search, resamples, rng_seed=12345):
     diffs = []
     for _ in range(resamples):
         idx = [rng.randrange(n) for _ in range(n)]
-        diffs.append((statistics.mean(st.score(idx)[0] for st in other)
-                      - statistics.mean(st.score(idx)[0] for st in base)))
+        diffs.append(statistics.mean(st.bleu_at(idx) for st in other) - statistics.mean(st.bleu_at(idx) for st in base))
     diffs.sort()
     lo, hi = diffs[int(0.025 * resamples)], diffs[int(0.975 * resamples) - 1]
     mean_base = statistics.mean(b for b, _ in per_seed["baseline"])
