@@ -187,6 +187,22 @@ const char *tf_compiler(void)
 #endif
 }
 
+void tf_run_lanes(int lanes, void (*lane)(void *ctx, int l), void *ctx)
+{
+#ifdef _OPENMP
+    const int threads = tf_get_num_threads() < lanes ? tf_get_num_threads() : lanes;
+    int team = 1, tid = 0;
+#pragma omp parallel num_threads(threads) if (threads > 1) private(tid, team)
+    {
+        tid = omp_get_thread_num();
+        team = omp_get_num_threads();
+        for (int l = tid; l < lanes; l += team) lane(ctx, l);
+    }
+#else
+    for (int l = 0; l < lanes; l++) lane(ctx, l);
+#endif
+}
+
 int tf_probe_team(void)
 {
     int team = 1;

@@ -24,6 +24,7 @@ cdef extern from "cpu.h" nogil:
     int tf_openmp_version()
     const char *tf_compiler()
     int tf_probe_team()
+    void tf_run_lanes(int lanes, void (*lane)(void *ctx, int l) noexcept nogil, void *ctx)
     int tf_isa_top()
 
 
@@ -86,6 +87,35 @@ def set_isa(name):
     if name not in _ISA_LEVELS:
         raise ValueError(f"isa must be one of {sorted(_ISA_LEVELS)}, got {name!r}")
     return tf_isa_name(tf_set_isa(_ISA_LEVELS[name])).decode()
+
+
+cdef void _run_lane(void *ctx, int l) noexcept nogil:
+    with gil:
+        (<object>ctx)(l)
+
+
+def run_lanes(int lanes, lane):
+    """lane(l) for every l in range(lanes), each on a thread of one OpenMP team (this thread runs
+    lane 0; the others are the workers every kernel's parallel region uses, awake and at hand,
+    where a thread of Python's own would wait for them to spin down). Returns when every lane has
+    ended; then raises the first lane's error, if any. A lane's kernels get no nested team: for
+    lanes of one thread each (transformer/shards.py). Without OpenMP the lanes run in turn here."""
+    if lanes < 1:
+        raise ValueError(f"lanes must be >= 1, got {lanes}")
+    errors = [None] * lanes
+
+    def guarded(l):
+        try:
+            lane(l)
+        except BaseException as error:       # a lane's error must not cross the C frames
+            errors[l] = error
+
+    cdef void *ctx = <void *>guarded
+    with nogil:
+        tf_run_lanes(lanes, _run_lane, ctx)
+    for error in errors:
+        if error is not None:
+            raise error
 
 
 def openmp_version():

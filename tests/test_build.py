@@ -66,6 +66,59 @@ def test_set_num_threads_changes_the_team_size():
         T.set_num_threads(before)
 
 
+def lanes_seen(lanes, threads):
+    import threading
+    seen, lock = [], threading.Lock()
+
+    def lane(l):
+        with lock:
+            seen.append((l, threading.get_ident(), T.get_num_threads()))
+
+    before = T.get_num_threads()
+    try:
+        T.set_num_threads(threads)
+        _C.run_lanes(lanes, lane)
+    finally:
+        T.set_num_threads(before)
+    return seen
+
+
+@needs_threads
+def test_run_lanes_runs_each_lane_once_on_a_thread_of_its_own():
+    """Two lanes on two threads: lane 0 on the calling thread, lane 1 on another (the team's)."""
+    import threading
+    seen = lanes_seen(2, 2)
+    assert sorted(l for l, _, _ in seen) == [0, 1]
+    by_lane = {l: ident for l, ident, _ in seen}
+    assert by_lane[0] == threading.get_ident() and by_lane[1] != by_lane[0]
+
+
+def test_run_lanes_runs_more_lanes_than_threads_in_turn():
+    seen = lanes_seen(5, 1)
+    assert [l for l, _, _ in seen] == [0, 1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("threads", [1, pytest.param(2, marks=needs_threads)])
+def test_run_lanes_raises_a_lanes_error_after_every_lane_has_ended(threads):
+    ended = []
+
+    def lane(l):
+        if l == 1:
+            raise KeyError("lane 1 failed")
+        ended.append(l)
+
+    before = T.get_num_threads()
+    try:
+        T.set_num_threads(threads)
+        with pytest.raises(KeyError, match="lane 1 failed"):
+            _C.run_lanes(3, lane)
+    finally:
+        T.set_num_threads(before)
+    assert sorted(ended) == [0, 2]
+    with pytest.raises(ValueError, match="lanes"):
+        _C.run_lanes(0, lambda l: None)
+
+
 @pytest.mark.parametrize("bad, error", [(0, ValueError), (-3, ValueError), (1.5, TypeError),
                                         ("2", TypeError), (True, TypeError), (None, TypeError)])
 def test_set_num_threads_rejects_bad_values(bad, error):

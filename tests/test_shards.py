@@ -98,16 +98,18 @@ def test_shards_hold_about_equal_work():
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_sharded_pass_is_bitwise_the_same_at_one_and_two_threads(forced, precision, n):
-    """Dropout on: the masks of every shard, the loss and every gradient bit agree."""
+def test_a_sharded_pass_is_bitwise_the_same_at_one_two_and_three_threads(forced, precision, n):
+    """Dropout on: the masks of every shard, the loss and every gradient bit agree. Two shards on
+    two threads run as OpenMP lanes (_C.run_lanes), on three threads through Python's threads."""
     forced(n)
     cfg, data = config(dropout=0.2), batch()
     with num_threads(1):
         one = pass_of(cfg, data, precision, calls=2)
-    with num_threads(2):
-        two = pass_of(cfg, data, precision, calls=2)
-    assert one[0] == two[0], (one[0], two[0])
-    assert np.array_equal(one[1], two[1]), f"max difference {np.abs(one[1] - two[1]).max()}"
+    for threads in (2, 3):
+        with num_threads(threads):
+            other = pass_of(cfg, data, precision, calls=2)
+        assert one[0] == other[0], (threads, one[0], other[0])
+        assert np.array_equal(one[1], other[1]), f"{threads} threads: max difference {np.abs(one[1] - other[1]).max()}"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -192,7 +194,7 @@ def test_a_shard_without_targets_falls_back_to_one_whole_pass(forced):
 
 
 def test_shards_run_on_threads_of_their_own_when_there_are_threads(forced, monkeypatch):
-    """Two threads, two shards: the second shard runs on another Python thread, its kernels
+    """Two threads, two shards: the second shard runs on another thread (an OpenMP lane), its kernels
     capped at one thread; the cap is lifted afterwards."""
     import threading
     forced(2)
@@ -209,3 +211,23 @@ def test_shards_run_on_threads_of_their_own_when_there_are_threads(forced, monke
         assert T.get_num_threads() == 2
     assert len(seen) == 2 and seen[0][0] != seen[1][0]
     assert [n for _, n in seen] == [1, 1]
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_a_shards_error_reaches_the_caller_and_the_caps_are_lifted(forced, monkeypatch, threads):
+    """The second shard fails (on an OpenMP lane at 2 threads, a Python thread at 3): the error is
+    raised by forward_backward, and the caller's thread count is whole again."""
+    forced(2)
+    original = T.Seq2SeqTransformer._train_pass_whole
+
+    def failing(self, *args, **kwargs):
+        if self.shards is None:      # a replica: the second shard's model
+            raise MemoryError("shard 2 out of memory")
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(T.Seq2SeqTransformer, "_train_pass_whole", failing)
+    with num_threads(threads):
+        model = T.Seq2SeqTransformer(config())
+        with pytest.raises(MemoryError, match="shard 2"):
+            model.forward_backward(*batch())
+        assert T.get_num_threads() == threads
