@@ -57,10 +57,11 @@ int tf_openmp_version(void);        /* _OPENMP (yyyymm), 0 without OpenMP */
 const char *tf_compiler(void);
 int tf_probe_team(void);         /* threads a full-size parallel region really starts */
 /* lane(ctx, l) for every l in [0, lanes), each on a thread of ONE OpenMP team of min(lanes,
- * tf_get_num_threads()) threads (the caller's runs lane 0; a smaller team runs the rest in turn). The team's
- * workers are the ones every kernel's region uses, so a lane starts at once, not after a worker
- * of the caller's last region has spun down. A lane's own kernels run one thread each (no nested
- * regions, tf_set_num_threads): for lanes of one thread, as sentence shards on 2 cores run. */
+ * tf_get_num_threads()) threads (the caller's runs lane 0; a smaller team runs the rest in turn).
+ * The team's workers are the ones every kernel's region uses, so a lane starts at once, not after
+ * a worker of the caller's last region has spun down. A lane's own kernels run one thread each
+ * (no nested regions, tf_set_num_threads): for lanes of one thread, as sentence shards on 2 cores
+ * run. */
 void tf_run_lanes(int lanes, void (*lane)(void *ctx, int l), void *ctx);
 
 /* Threads to use for `work` units when each thread should get at least `grain`. */

@@ -109,7 +109,8 @@ def test_a_sharded_pass_is_bitwise_the_same_at_one_two_and_three_threads(forced,
         with num_threads(threads):
             other = pass_of(cfg, data, precision, calls=2)
         assert one[0] == other[0], (threads, one[0], other[0])
-        assert np.array_equal(one[1], other[1]), f"{threads} threads: max difference {np.abs(one[1] - other[1]).max()}"
+        assert np.array_equal(one[1], other[1]), \
+            f"{threads} threads: max difference {np.abs(one[1] - other[1]).max()}"
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
