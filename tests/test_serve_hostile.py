@@ -351,12 +351,21 @@ def test_a_one_sentence_request_during_a_4500_character_request_is_answered_firs
     long_texts = [" ".join(sentences(4, seed=40 + i)) for i in range(64)]
     assert sum(map(len, long_texts)) > 4500
     done = []
+
+    class Admitted(set):
+        """The scheduler's set of pieces in a stream, telling when the first one is admitted (a poll
+        of the set could miss the moments it is not empty, and see the long request end first)."""
+        first = threading.Event()
+
+        def add(self, piece):
+            super().add(piece)
+            self.first.set()
+
+    scheduler._decoding = Admitted()      # idle: nothing reads or writes it before the submit
     try:
         long = scheduler.submit("en-es", long_texts, options)
         long.add_done_callback(lambda _: done.append("long"))
-        deadline = time.monotonic() + 30
-        while not scheduler._decoding and time.monotonic() < deadline:
-            time.sleep(0.0005)
+        assert Admitted.first.wait(30), "the long request was never admitted"
         assert not long.done(), "the long request ended before the short one was sent: no test"
         short = scheduler.submit("en-es", ["a"], options)
         short.add_done_callback(lambda _: done.append("short"))
