@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures
 import json
 import logging
-import os
 import re
 import socket
 import subprocess
