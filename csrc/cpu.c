@@ -191,11 +191,9 @@ void tf_run_lanes(int lanes, void (*lane)(void *ctx, int l), void *ctx)
 {
 #ifdef _OPENMP
     const int threads = tf_get_num_threads() < lanes ? tf_get_num_threads() : lanes;
-    int team = 1, tid = 0;
-#pragma omp parallel num_threads(threads) if (threads > 1) private(tid, team)
+#pragma omp parallel num_threads(threads) if (threads > 1)
     {
-        tid = omp_get_thread_num();
-        team = omp_get_num_threads();
+        const int tid = omp_get_thread_num(), team = omp_get_num_threads();
         for (int l = tid; l < lanes; l += team) lane(ctx, l);
     }
 #else

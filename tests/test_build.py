@@ -10,7 +10,7 @@ import pytest
 import transformer as T
 from transformer import _C
 
-from conftest import SINGLE_THREADED, needs_threads
+from conftest import SINGLE_THREADED, needs_threads, num_threads
 
 
 def run_python(code, **env):
@@ -74,12 +74,8 @@ def lanes_seen(lanes, threads):
         with lock:
             seen.append((l, threading.get_ident(), T.get_num_threads()))
 
-    before = T.get_num_threads()
-    try:
-        T.set_num_threads(threads)
+    with num_threads(threads):
         _C.run_lanes(lanes, lane)
-    finally:
-        T.set_num_threads(before)
     return seen
 
 
@@ -107,13 +103,8 @@ def test_run_lanes_raises_a_lanes_error_after_every_lane_has_ended(threads):
             raise KeyError("lane 1 failed")
         ended.append(l)
 
-    before = T.get_num_threads()
-    try:
-        T.set_num_threads(threads)
-        with pytest.raises(KeyError, match="lane 1 failed"):
-            _C.run_lanes(3, lane)
-    finally:
-        T.set_num_threads(before)
+    with num_threads(threads), pytest.raises(KeyError, match="lane 1 failed"):
+        _C.run_lanes(3, lane)
     assert sorted(ended) == [0, 2]
     with pytest.raises(ValueError, match="lanes"):
         _C.run_lanes(0, lambda l: None)
