@@ -232,3 +232,79 @@ def test_a_shards_error_reaches_the_caller_and_the_caps_are_lifted(forced, monke
         with pytest.raises(MemoryError, match="shard 2"):
             model.forward_backward(*batch())
         assert T.get_num_threads() == threads
+
+
+# -- the step's threads ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("threads, held, lanes", [(4, 2, [2, 2]), (3, 2, [2, 1]), (2, 2, [1, 1])])
+def test_a_step_holds_lane_zeros_share_when_there_are_more_threads_than_lanes(forced, monkeypatch, threads,
+                                                                              held, lanes):
+    """Inside step_threads the calling thread's kernels keep lane 0's share of the threads (its
+    team does not shrink for the pass and grow for the optimizer every step), while each shard
+    still gets its share of the process's threads, not of the held share; with as many threads
+    as lanes nothing is held; afterwards the thread count is whole again."""
+    forced(2)
+    seen = []
+    original = T.Seq2SeqTransformer._train_pass_whole
+
+    def spy(self, *args, **kwargs):
+        seen.append(T.get_num_threads())
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(T.Seq2SeqTransformer, "_train_pass_whole", spy)
+    with num_threads(threads):
+        model = T.Seq2SeqTransformer(config())
+        with shards.step_threads(model):
+            assert T.get_num_threads() == held
+            with shards.step_threads(model):         # nested: the outer hold stands
+                assert T.get_num_threads() == held
+            model.forward_backward(*batch())
+            assert T.get_num_threads() == held
+        assert T.get_num_threads() == threads
+    assert sorted(seen, reverse=True) == lanes
+
+
+def test_a_step_of_a_model_that_never_shards_holds_nothing(forced):
+    forced(1)
+    with num_threads(4):
+        model = T.Seq2SeqTransformer(config())
+        with shards.step_threads(model):
+            assert T.get_num_threads() == 4
+
+
+def test_a_step_that_fails_gives_the_threads_back(forced):
+    forced(2)
+    with num_threads(4):
+        model = T.Seq2SeqTransformer(config())
+        with pytest.raises(RuntimeError, match="mid-step"):
+            with shards.step_threads(model):
+                raise RuntimeError("mid-step")
+        assert T.get_num_threads() == 4
+        assert shards._held.threads is None
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_held_step_is_bitwise_the_same_at_one_three_and_four_threads(forced, precision):
+    """Zeroing, the sharded pass, clipping and Adam inside step_threads, as Trainer.step runs them:
+    the same loss and weights, bit for bit."""
+    forced(2)
+    cfg, data = config(dropout=0.2), batch()
+
+    def steps(threads):
+        with num_threads(threads):
+            model = T.Seq2SeqTransformer(cfg, seed=3)
+            opt = T.Adam(model, lr=1e-3)
+            losses = []
+            for _ in range(2):
+                with shards.step_threads(model):
+                    model.zero_grad()
+                    losses.append(model.forward_backward(*data, label_smoothing=0.1, precision=precision))
+                    T.clip_grad_norm(model, 1.0)
+                    opt.step()
+            return losses, model.params.flat.copy()
+
+    one = steps(1)
+    for threads in (3, 4):
+        other = steps(threads)
+        assert one[0] == other[0], (threads, one[0], other[0])
+        assert np.array_equal(one[1], other[1]), f"{threads} threads"

@@ -14,6 +14,7 @@ gives the same bits at any thread count. Dropout: shard 0 draws the masks of the
 seed, shard s > 0 those of a seed mixed from it and s (a shard's element indices restart at 0).
 """
 import concurrent.futures
+import contextlib
 import os
 import threading
 
@@ -22,7 +23,7 @@ import numpy as np
 from . import _C
 from .layers import _splitmix64
 
-__all__ = ["shard_count", "shard_rows", "ShardedSteps"]
+__all__ = ["shard_count", "shard_rows", "ShardedSteps", "step_threads"]
 
 # A batch is cut into two shards when its model is at most this wide (tiny, medium-4-2, small) and
 # it holds at least 2 x SHARD_MIN_TOKENS target tokens. Wider models' products keep two cores busy
@@ -87,6 +88,40 @@ def _trimmed(src, tgt_in, tgt_out, pad_id):
 def _mix(seed, shard):
     """Shard s > 0's dropout seed, mixed from the pass's seed (shard 0 keeps the pass's own)."""
     return _splitmix64(seed ^ _splitmix64(_SHARD_SEED_MIX * shard & 0xFFFFFFFFFFFFFFFF))
+
+
+_held = threading.local()     # .threads: the process's threads while step_threads holds a share
+
+
+def _lane_threads(threads, lanes, lane):
+    """Lane `lane`'s share of `threads` threads over `lanes` lanes (the first ones take the rest)."""
+    return threads // lanes + (lane < threads % lanes)
+
+
+@contextlib.contextmanager
+def step_threads(model):
+    """A whole training step of `model` (zeroing, the pass, clipping, the optimizer) on the
+    calling thread: when its passes run as fewer lanes than there are threads, the thread's
+    kernels keep lane 0's share of the threads for the whole step, not only for its shard.
+
+    Otherwise the thread's OpenMP team shrinks to that share for the pass and grows back for the
+    optimizer, every step; libgomp ends the threads a smaller team leaves out and starts new
+    ones, beside the other lanes' teams, and counts them all: past the core count every team's
+    waits turn to sleeps. On a 16-core Xeon, tiny ran 39.7 ms a step at 16 threads against 28.0
+    at 8 so (notes of 2026-12-04). With as many threads as lanes (2 on 2 cores) the lanes run on
+    the team itself (run_lanes) and nothing is held."""
+    threads = _C.get_num_threads()
+    lanes = min(shard_count(model.cfg, 1 << 30, 1 << 30), threads)
+    if lanes < 2 or lanes == threads or getattr(_held, "threads", None) is not None:
+        yield
+        return
+    was = _C.set_thread_limit(_lane_threads(threads, lanes, 0))
+    _held.threads = threads
+    try:
+        yield
+    finally:
+        _held.threads = None
+        _C.set_thread_limit(was)
 
 
 _pool = None
@@ -157,11 +192,11 @@ class ShardedSteps:
                                                     prefixes.append if i == 0 else None,
                                                     seed if i == 0 else _mix(seed, i))
 
-        threads = _C.get_num_threads()
+        threads = getattr(_held, "threads", None) or _C.get_num_threads()
         lanes = min(len(bounds), threads)
 
         def lane(l):
-            was = _C.set_thread_limit(threads // lanes + (l < threads % lanes))
+            was = _C.set_thread_limit(_lane_threads(threads, lanes, l))
             try:
                 for i in range(l, len(bounds), lanes):
                     run(i)

@@ -26,6 +26,8 @@ import time
 
 import numpy as np
 
+from ..shards import step_threads
+
 # name: model sizes, and the batches: `batch_tokens` tokens a batch (padding included, as
 # --batch-tokens counts them), `batches` of them in a pass; `batch` and `length` are the uniform
 # batch of the data-parallel bench (bench/distributed.py)
@@ -134,10 +136,11 @@ class _Ours:
     def step(self):
         batch = self.batches[self.next % len(self.batches)]
         self.next += 1
-        self.model.zero_grad()
-        loss = self.model.forward_backward(*batch, label_smoothing=LABEL_SMOOTHING, **self.options)
-        self.T.clip_grad_norm(self.model, CLIP_NORM)
-        self.opt.step()
+        with step_threads(self.model):      # as Trainer.step holds the threads
+            self.model.zero_grad()
+            loss = self.model.forward_backward(*batch, label_smoothing=LABEL_SMOOTHING, **self.options)
+            self.T.clip_grad_norm(self.model, CLIP_NORM)
+            self.opt.step()
         return loss
 
 

@@ -20,6 +20,7 @@ from ..checkpoint import (BEST_DIR, CHECKPOINT_FILE, LOG_FILE, average_weights, 
 from ..data import collate, length_batches, make_example
 from ..model import Seq2SeqTransformer
 from ..optim import clip_grad_norm
+from ..shards import step_threads
 from ..translation import score_translations, translate_texts
 from . import curriculum, precision, schedule
 from .report import rounded, say
@@ -170,10 +171,11 @@ class Trainer:
             for _ in range(schedule.PROBE_STEPS + 1):     # the first pass also allocates: not timed
                 src, tgt_in, tgt_out = self.next_batch()
                 started = time.perf_counter()
-                self.model.zero_grad()
-                self.forward_backward(src, tgt_in, tgt_out)
-                if self.args.clip_norm > 0:
-                    self.clip(self.model, self.args.clip_norm)
+                with step_threads(self.model):
+                    self.model.zero_grad()
+                    self.forward_backward(src, tgt_in, tgt_out)
+                    if self.args.clip_norm > 0:
+                        self.clip(self.model, self.args.clip_norm)
                 times.append(time.perf_counter() - started)
         finally:
             self.state.epoch, self.state.batch_in_epoch = state
@@ -219,6 +221,10 @@ class Trainer:
     # -- one step -----------------------------------------------------------------------------
 
     def step(self):
+        with step_threads(self.model):
+            return self._step()
+
+    def _step(self):
         src, tgt_in, tgt_out = self.next_batch()
         self.model.zero_grad()
         loss = self.forward_backward(src, tgt_in, tgt_out)
