@@ -22,6 +22,7 @@ as a laptop or a small VM often is); each record then says so.
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -48,22 +49,22 @@ def cpu_model():
     return f"{get('Model name')} (family {get('CPU family')} model {get('Model')})"
 
 
-def one_run(directory, env, threads, precision, steps, preset, data, load=0):
+def one_run(directory, env, threads, precision, steps, preset, data, load=0, extra=()):
     out = tempfile.mkdtemp(prefix="train-run-")
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(load)]
     try:
-        return _run(directory, env, threads, precision, steps, preset, data, out)
+        return _run(directory, env, threads, precision, steps, preset, data, out, extra)
     finally:
         for hog in hogs:
             hog.kill()
             hog.wait()
 
 
-def _run(directory, env, threads, precision, steps, preset, data, out):
+def _run(directory, env, threads, precision, steps, preset, data, out, extra=()):
     code = ("import sys; from transformer.cli import main; sys.exit(main(sys.argv[1:]))")
     argv = [sys.executable, "-c", code, "train", "--data", data, "--src-col", "eng", "--tgt-col", "spa",
             "--preset", preset, "--max-steps", str(steps), "--threads", str(threads), "--precision", precision,
-            "--eval-every", "0", "--quiet", "--overwrite", "--out", out]
+            "--eval-every", "0", "--quiet", "--overwrite", "--out", out, *extra]
     done = subprocess.run(argv, capture_output=True, text=True, cwd=directory, env={**os.environ, **env},
                           timeout=1800)
     if done.returncode != 0:
@@ -83,6 +84,8 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data", default=BIBLE)
     parser.add_argument("--load", type=int, default=0, help="processes spinning on the CPU during each run")
+    parser.add_argument("--train-args", default="", help="more `transformer train` flags for every run, e.g. "
+                        "'--eval-every 100' (a later flag wins over the same flag before it)")
     parser.add_argument("--json", help="also write the records to this file")
     args = parser.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
@@ -92,7 +95,7 @@ def main(argv=None):
         for t in threads:
             for name, directory, env in variants:
                 times[(name, t)].append(one_run(directory, env, t, args.precision, args.steps, args.preset, args.data,
-                                                    args.load))
+                                                    args.load, shlex.split(args.train_args)))
                 print(f"{name} threads {t}: {times[(name, t)][-1] * 1e3:.1f} ms a step", file=sys.stderr)
     records = []
     first = variants[0][0]
@@ -101,7 +104,7 @@ def main(argv=None):
             own = times[(name, t)]
             record = {"bench": "train_run_step", "variant": name, "env": env, "threads": t,
                       "precision": args.precision, "preset": args.preset, "steps": args.steps, "cpu": cpu_model(),
-                      "spinning_processes": args.load,
+                      "spinning_processes": args.load, "train_args": args.train_args,
                       "step_s_median": statistics.median(own), "step_s_all": own,
                       "speedup_vs_" + first: statistics.median(b / a for a, b in zip(own, times[(first, t)]))}
             if 1 in threads and t != 1:
