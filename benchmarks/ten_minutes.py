@@ -25,7 +25,6 @@ time). A finished run is kept; a rerun does the rest.
   full budget's (a shorter budget's run would decay its learning rate sooner).
 """
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -37,7 +36,7 @@ sys.path.insert(0, os.path.join(HERE, ".."))
 
 from levers import Stats, compare, translate_dev  # noqa: E402
 
-from transformer.bench.quality import reached_at  # noqa: E402
+from transformer.bench.quality import reached_at, read_records, write_record  # noqa: E402
 
 
 def parse_variant(text):
@@ -84,8 +83,7 @@ def sooner(first, other):
 
 def report(args, variants, seeds):
     from transformer.bench.harness import cpu_model
-    records = {(name, s): json.loads(open(record_path(args, name, s)).read().splitlines()[-1])
-               for name, _ in variants for s in seeds}
+    records = {(name, s): read_records([record_path(args, name, s)])[-1] for name, _ in variants for s in seeds}
     # levers.compare reads the first variant as "baseline"
     first = variants[0][0]
     runs = {}
@@ -94,7 +92,6 @@ def report(args, variants, seeds):
             dev = translate_dev(args, run_dir(args, name, s))
             runs[("baseline" if name == first else name, s)] = {
                 search: Stats(dev[search], dev["refs"]) for search in ("greedy", "beam4")}
-    out = []
     for name, _ in variants[1:]:
         when = [sooner(records[(first, s)], records[(name, s)]) for s in seeds]
         ratios = [r for _, r in when if r is not None]
@@ -109,12 +106,7 @@ def report(args, variants, seeds):
         for search in ("greedy", "beam4"):
             row = {**head, **compare(runs, name, search, args.resamples)}
             row.pop("lever", None)
-            out.append(row)
-            print(json.dumps(row), flush=True)
-    if args.json:
-        with open(args.json, "a") as f:
-            for row in out:
-                f.write(json.dumps(row) + "\n")
+            write_record(row, args.json)
 
 
 def main():

@@ -90,12 +90,13 @@ def main(argv=None):
     args = parser.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
     threads = [int(t) for t in args.threads.split(",")]
+    extra = shlex.split(args.train_args)
     times = {(name, t): [] for name, _, _ in variants for t in threads}
     for _ in range(args.rounds):
         for t in threads:
             for name, directory, env in variants:
                 times[(name, t)].append(one_run(directory, env, t, args.precision, args.steps, args.preset, args.data,
-                                                    args.load, shlex.split(args.train_args)))
+                                                    args.load, extra))
                 print(f"{name} threads {t}: {times[(name, t)][-1] * 1e3:.1f} ms a step", file=sys.stderr)
     records = []
     first = variants[0][0]
