@@ -44,6 +44,16 @@ def parse_variant(text):
     return name, os.path.abspath(where or ".")
 
 
+def check_variants(variants):
+    """At least two, with distinct names (each names its runs' folders), and "baseline" only for the
+    first (levers.compare's name for the one to beat)."""
+    names = [name for name, _ in variants]
+    if len(names) < 2:
+        raise SystemExit("--variant: give at least two (the first is the one to beat)")
+    if len(set(names)) != len(names) or "baseline" in names[1:] or not all(names):
+        raise SystemExit(f"--variant: names must be distinct, non-empty, and 'baseline' only for the first; got {names}")
+
+
 def run_dir(args, name, seed):
     return os.path.join(args.out, f"{name}-s{seed}")
 
@@ -127,8 +137,7 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     variants = [parse_variant(v) for v in args.variant]
     seeds = [int(s) for s in args.seeds.split(",")]
-    if len(variants) < 2:
-        raise SystemExit("--variant: give at least two (the first is the one to beat)")
+    check_variants(variants)
     (run if args.what == "run" else report)(args, variants, seeds)
 
 

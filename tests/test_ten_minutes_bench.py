@@ -35,3 +35,13 @@ def test_a_run_that_never_reaches_it_has_no_ratio(ten_minutes):
 
 def test_a_first_run_without_a_scored_evaluation_has_no_target(ten_minutes):
     assert ten_minutes.sooner(run([(600, None)]), run([(300, 30.0)])) == (None, None)
+
+
+@pytest.mark.parametrize("names", [["base"], ["base", "base"], ["base", "baseline"], ["base", ""]])
+def test_variants_that_would_share_runs_are_refused(ten_minutes, names):
+    with pytest.raises(SystemExit, match="--variant"):
+        ten_minutes.check_variants([(n, "/tmp") for n in names])
+
+
+def test_distinct_variants_pass(ten_minutes):
+    ten_minutes.check_variants([("baseline", "/a"), ("new", "/b")])
