@@ -42,6 +42,9 @@ LEVERS = {
     "word-dropout-0.1": ["--word-dropout", "0.1"],
     "site-dropout-0.1": ["--attention-dropout", "0.1", "--activation-dropout", "0.1"],
     "curriculum-0.2": ["--curriculum", "0.2"],
+    # "Transformers without Tears" (Nguyen & Salazar 2019): ScaleNorm in every norm's place and
+    # FixNorm's unit rows for the tables (pre-LN, as a run on data has by default)
+    "scale-fix-norm": ["--norm", "scale", "--fix-norm"],
 }
 
 

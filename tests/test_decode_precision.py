@@ -26,9 +26,10 @@ import bf16_oracle  # noqa: E402
 REDUCED = ("bf16", "int8")
 
 
-def make_model(norm_first=True, seed=0):
+def make_model(norm_first=True, seed=0, **changes):
     cfg = T.ModelConfig(src_vocab_size=53, tgt_vocab_size=59, d_model=64, n_heads=4, d_ff=96,
-                        n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, norm_first=norm_first, max_len=32)
+                        n_encoder_layers=2, n_decoder_layers=2, dropout=0.0, norm_first=norm_first, max_len=32,
+                        **changes)
     return unit_embeddings(T.Seq2SeqTransformer(cfg, seed=seed))
 
 
@@ -81,11 +82,14 @@ def test_reduced_logits_stay_close_to_fp32(precision):
     assert np.abs(got - fp32).max() <= 0.05 * np.abs(fp32).max()
 
 
+@pytest.mark.parametrize("norms", [{}, {"fix_norm": True}, {"norm": "scale", "fix_norm": True}],
+                         ids=["layer", "fix_norm", "scale_fix_norm"])
 @pytest.mark.parametrize("precision", REDUCED)
-def test_greedy_decoding_follows_the_forward_logits_of_its_precision(precision):
+def test_greedy_decoding_follows_the_forward_logits_of_its_precision(precision, norms):
     """The key/value-cached step loop and the full forward pass use the same reduced linear maps:
-    each greedy token is the argmax of forward(prefix, precision) (or a near-tie of it)."""
-    model = make_model(seed=5)
+    each greedy token is the argmax of forward(prefix, precision) (or a near-tie of it). FixNorm's
+    unit tables reach both (the C step, and the Python step that ScaleNorm's models take)."""
+    model = make_model(seed=5, **norms)
     cfg = model.cfg
     src, _ = inputs(cfg, seed=6)
     hyps = model.greedy_decode(src, max_len=8, precision=precision)

@@ -94,7 +94,7 @@ def test_unset_options_are_left_out_of_the_written_config_so_older_engines_still
 
 def old_fields_only(cfg):
     return {k: v for k, v in dataclasses.asdict(cfg).items()
-            if k not in ("attention_dropout", "activation_dropout", "word_dropout")}
+            if k not in ("attention_dropout", "activation_dropout", "word_dropout", "norm", "fix_norm")}
 
 
 # -- unset, nothing changes -------------------------------------------------------------------------

@@ -7,9 +7,11 @@ __all__ = ["ModelConfig", "PRESETS"]
 ACTIVATIONS = ("relu", "gelu", "silu")
 POSITIONS = ("interleaved", "split")
 TIE_EMBEDDINGS = ("none", "target", "all")
+NORMS = ("layer", "scale")
 DROPOUT_SITES = ("residual", "attention", "activation", "word")
 OPTIONAL_RATES = ("attention_dropout", "activation_dropout")   # None: follow `dropout`
-UNSET_WHEN_DEFAULT = {"attention_dropout": None, "activation_dropout": None, "word_dropout": 0.0}
+UNSET_WHEN_DEFAULT = {"attention_dropout": None, "activation_dropout": None, "word_dropout": 0.0,
+                      "norm": "layer", "fix_norm": False}
 
 # Training on data (transformer.train) with no --dropout: a budget that sees the training pairs
 # fewer times than this trains without dropout (regularising data the model has barely seen only
@@ -74,6 +76,15 @@ class ModelConfig:
     # sqrt(d_model) scale and the positions are added) is zeroed with this probability, the kept
     # ones scaled by 1 / (1 - p); the whole row, every feature, together. Source side only.
     word_dropout: float = 0.0
+    # The normalisation (issue 57's recipe lever from "Transformers without Tears", Nguyen & Salazar
+    # 2019). norm "layer": LayerNorm (the paper's, nn.LayerNorm); "scale": ScaleNorm, g * x / ||x||
+    # (the row's L2 norm clamped below at 1e-5), one learned scalar g per norm, started at
+    # sqrt(d_model), in every place a LayerNorm would be (its placement still norm_first's).
+    # fix_norm: FixNorm (Nguyen & Chiang 2018), every embedding table and the output projection's
+    # weight read with each row at unit length (W / max(||W_row||, 1e-12), F.normalize's), so a
+    # logit is the output bias plus |h| times a cosine. Both are written to a config only when set.
+    norm: str = "layer"
+    fix_norm: bool = False
 
     def __post_init__(self):
         for name in ("src_vocab_size", "tgt_vocab_size", "d_model", "n_heads", "d_ff",
@@ -98,9 +109,11 @@ class ModelConfig:
             setattr(self, name, value)
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
-        for name in ("norm_first", "scale_embedding", "final_norm"):
+        for name in ("norm_first", "scale_embedding", "final_norm", "fix_norm"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"{name} must be a bool, got {type(getattr(self, name)).__name__}")
+        if self.norm not in NORMS:
+            raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         if self.positions not in POSITIONS:
             raise ValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}")
         if self.tie_embeddings not in TIE_EMBEDDINGS:
@@ -140,8 +153,8 @@ class ModelConfig:
         return any(self.dropout_at(site) > 0.0 for site in DROPOUT_SITES)
 
     def to_dict(self):
-        """The fields as a dict; the training-only dropout options only when set (not their
-        defaults), so a config that uses none of them is written as before they existed and
+        """The fields as a dict; the training-only dropout options and the normalisation options
+        only when set (not their defaults), so a config that uses none of them is written as before they existed and
         engines of earlier versions, which refuse fields they do not know, still load it."""
         d = asdict(self)
         for name, default in UNSET_WHEN_DEFAULT.items():

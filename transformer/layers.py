@@ -20,9 +20,10 @@ import math
 import numpy as np
 
 from . import _C
+from .norms import ScaleNorm
 
 __all__ = ["Workspace", "DropoutStream", "Linear", "LayerNorm", "Dropout", "WordDropout", "MultiHeadAttention",
-           "FeedForward", "Embedding", "EncoderLayer", "DecoderLayer"]
+           "FeedForward", "Embedding", "EncoderLayer", "DecoderLayer", "ScaleNorm"]
 
 _f32 = np.float32
 
@@ -556,7 +557,10 @@ class Embedding:
 fuse_residual_norm = True
 
 
-def _norm(params, grads, name, ws):
+def norm_layer(params, grads, name, ws, kind="layer"):
+    """The norm `name` of a config's kind (ModelConfig.norm): LayerNorm or ScaleNorm (norms.py)."""
+    if kind == "scale":
+        return ScaleNorm(params[f"{name}.weight"], grads[f"{name}.weight"], ws)
     return LayerNorm(params[f"{name}.weight"], params[f"{name}.bias"],
                      grads[f"{name}.weight"], grads[f"{name}.bias"], ws)
 
@@ -571,11 +575,12 @@ class EncoderLayer:
         self.self_attn = MultiHeadAttention(params, grads, f"{prefix}.self_attn", cfg.n_heads, attention, stream, ws)
         self.feed_forward = FeedForward(params, grads, prefix, cfg.activation, cfg.dropout_at("activation"),
                                         stream, ws)
-        self.norm1 = _norm(params, grads, f"{prefix}.norm1", ws)
-        self.norm2 = _norm(params, grads, f"{prefix}.norm2", ws)
+        self.norm1 = norm_layer(params, grads, f"{prefix}.norm1", ws, cfg.norm)
+        self.norm2 = norm_layer(params, grads, f"{prefix}.norm2", ws, cfg.norm)
         self.dropout1 = Dropout(p, stream)
         self.dropout2 = Dropout(p, stream)
         self.norm_first = cfg.norm_first
+        self.fusable = cfg.norm == "layer"      # the fused kernels are LayerNorm's
         self.ws = ws
 
     def forward(self, x, B, S, src_pad):
@@ -584,7 +589,7 @@ class EncoderLayer:
         s1 = ws.persistent(self, "s1", x.shape)
         # each sub-layer's bias, dropout, residual add and the norm after it in one pass (not with
         # int8 weights, whose products add the bias as they dequantize)
-        self.fused = fuse_residual_norm and ws.int8 is None
+        self.fused = fuse_residual_norm and ws.int8 is None and self.fusable
         if self.fused:
             attn, ffn = self.self_attn, self.feed_forward
             if self.norm_first:
@@ -648,13 +653,14 @@ class DecoderLayer:
                                              stream, ws, cross=True, cached=True)
         self.feed_forward = FeedForward(params, grads, prefix, cfg.activation, cfg.dropout_at("activation"),
                                         stream, ws)
-        self.norm1 = _norm(params, grads, f"{prefix}.norm1", ws)
-        self.norm2 = _norm(params, grads, f"{prefix}.norm2", ws)
-        self.norm3 = _norm(params, grads, f"{prefix}.norm3", ws)
+        self.norm1 = norm_layer(params, grads, f"{prefix}.norm1", ws, cfg.norm)
+        self.norm2 = norm_layer(params, grads, f"{prefix}.norm2", ws, cfg.norm)
+        self.norm3 = norm_layer(params, grads, f"{prefix}.norm3", ws, cfg.norm)
         self.dropout1 = Dropout(p, stream)
         self.dropout2 = Dropout(p, stream)
         self.dropout3 = Dropout(p, stream)
         self.norm_first = cfg.norm_first
+        self.fusable = cfg.norm == "layer"      # the fused kernels are LayerNorm's
         self.ws = ws
 
     def forward(self, y, memory, B, T, S, tgt_pad, src_pad, causal=True):
@@ -664,7 +670,7 @@ class DecoderLayer:
         s1 = ws.persistent(self, "s1", y.shape)
         s2 = ws.persistent(self, "s2", y.shape)
         s3 = ws.persistent(self, "s3", y.shape)
-        self.fused = fuse_residual_norm and ws.int8 is None     # as EncoderLayer.forward
+        self.fused = fuse_residual_norm and ws.int8 is None and self.fusable    # as EncoderLayer.forward
         if self.fused:
             sa, ca, ffn = self.self_attn, self.cross_attn, self.feed_forward
             if self.norm_first:

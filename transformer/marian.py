@@ -119,6 +119,10 @@ def config_to_marian(cfg):
         problems.append("final_norm=True (MarianMT has no final encoder/decoder LayerNorm)")
     if cfg.positions != "split":
         problems.append(f"positions={cfg.positions!r} (MarianMT's table is 'split': sines, then cosines)")
+    if cfg.norm != "layer":
+        problems.append(f"norm={cfg.norm!r} (MarianMT's norms are LayerNorms)")
+    if cfg.fix_norm:
+        problems.append("fix_norm=True (MarianMT reads its embeddings as they are)")
     if problems:
         raise ValueError("cannot export as MarianMT: " + "; ".join(problems))
     share = cfg.tie_embeddings == "all"

@@ -15,8 +15,9 @@ import numpy as np
 
 from . import _C
 from .config import ModelConfig
-from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, LayerNorm, Linear,
-                     WordDropout, Workspace, output_loss)
+from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, Linear, WordDropout, Workspace,
+                     norm_layer, output_loss)
+from .norms import FixNorm, unit_rows
 from .params import Parameters
 from .precision import check_precision
 from .prepared import PreparedWeights, dequantize, quantize
@@ -154,10 +155,44 @@ class Seq2SeqTransformer:
                                 gradient("generator.weight"), G["generator.bias"], self.ws, "generator.weight")
         # the stream's last site, so that every other site keeps the offset it had before it existed
         self.src_embed.words = WordDropout(cfg.word_dropout, self.stream)
+        self._fix_norm()
 
     def _norm(self, name):
-        P, G = self.params.data, self.params.grad
-        return LayerNorm(P[f"{name}.weight"], P[f"{name}.bias"], G[f"{name}.weight"], G[f"{name}.bias"], self.ws)
+        return norm_layer(self.params.data, self.params.grad, name, self.ws, self.cfg.norm)
+
+    def _fix_norm(self):
+        """FixNorm (cfg.fix_norm, norms.py): the source and target embeddings and the output
+        projection read unit rows of their tables, one FixNorm each (a tied table has one per
+        reader: each adds its own share of the gradient)."""
+        self.fixed = {}
+        if not self.cfg.fix_norm:
+            return
+        for name, reader in (("src_embed", self.src_embed), ("tgt_embed", self.tgt_embed),
+                             ("generator", self.generator)):
+            fixed = FixNorm(self.params.tensor(f"{name}.weight"), self.params.gradient(f"{name}.weight"))
+            if reader is self.generator:
+                reader.weight = reader.full = fixed.unit
+                reader.dweight = fixed.dunit
+            else:
+                reader.table, reader.dtable = fixed.unit, fixed.dunit
+            self.fixed[name] = fixed
+
+    def _refresh_fixed(self, training=False):
+        for fixed in self.fixed.values():
+            fixed.refresh(training)
+
+    def _fixed_backward(self, name):
+        fixed = self.fixed.get(name)
+        if fixed is not None:
+            fixed.backward()
+
+    def fixed_tables(self):
+        """{parameter name: its rows at unit length (new arrays)} for what FixNorm normalises
+        (empty without cfg.fix_norm): the tables decoding's steps read instead of the parameters."""
+        if not self.cfg.fix_norm:
+            return {}
+        return {f"{name}.weight": unit_rows(self.params.tensor(f"{name}.weight"))
+                for name in ("src_embed", "tgt_embed", "generator")}
 
     @property
     def config(self):
@@ -193,6 +228,7 @@ class Seq2SeqTransformer:
             self.ws.bf16 = precision == "bf16"
             self.ws.int8 = prepared if precision == "int8" else None
             try:
+                self._refresh_fixed()
                 table = None if prepared is None else prepared.table(precision, "src_embed.weight",
                                                                       self.src_embed.table)
                 memory = self.encoder.forward(self.src_embed.forward(src, table), B, S,
@@ -288,9 +324,10 @@ class Seq2SeqTransformer:
             self.ws.int8 = prepared
             self.ws.kv_bf16 = cache_dtype(precision) == np.uint16   # as decoding's caches hold them
             try:
+                self._refresh_fixed()
                 tables = None if prepared is None else tuple(
-                    prepared.table(precision, name, self.params.tensor(name))
-                    for name in ("src_embed.weight", "tgt_embed.weight"))
+                    prepared.table(precision, f"{name}.weight", embed.table)
+                    for name, embed in (("src_embed", self.src_embed), ("tgt_embed", self.tgt_embed)))
                 h = self._encode_decode(src, tgt_in, tables)
                 generator = int8_generator(self.cfg)
                 if prepared is not None and generator != "int8":
@@ -349,6 +386,7 @@ class Seq2SeqTransformer:
             self.ws.bf16 = self.ws.bf16_attention = bf16
             self.params.grad_is_zero = False
             try:
+                self._refresh_fixed(training=True)
                 h = self._encode_decode(src, tgt_in)
                 ws = self.ws
                 dh = ws.persistent(self, "dh", (B * T, D))
@@ -369,10 +407,13 @@ class Seq2SeqTransformer:
                 if h_kept is not h:
                     dh.fill(0.0)
                     dh[kept] = dh_kept
+                self._fixed_backward("generator")
                 ready("generator.")
                 self.tgt_embed.backward(self.decoder.backward(dh, dmemory, ready))
+                self._fixed_backward("tgt_embed")
                 ready("tgt_embed.")
                 self.src_embed.backward(self.encoder.backward(dmemory, ready))
+                self._fixed_backward("src_embed")
                 ready("src_embed.")
             finally:
                 self.stream.training = False

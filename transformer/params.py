@@ -30,7 +30,9 @@ def _feed_forward_specs(prefix, d, d_ff):
             (f"{prefix}.linear2.bias", (d,), "fan_in")]
 
 
-def _norm_specs(name, d):
+def _norm_specs(name, d, norm):
+    if norm == "scale":        # ScaleNorm: one scalar, g (config.py)
+        return [(f"{name}.weight", (1,), "scale_norm")]
     return [(f"{name}.weight", (d,), "ones"), (f"{name}.bias", (d,), "zeros")]
 
 
@@ -47,7 +49,8 @@ def tied_names(cfg):
 def parameter_specs(cfg):
     """[(name, shape, init)] in PyTorch state_dict order, tied names left out (tied_names).
     init is one of 'embedding', 'xavier', 'zeros', 'ones', 'fan_in' (U(+-1/sqrt(fan_in)),
-    fan_in = the layer's input size), 'generator_bias'."""
+    fan_in = the layer's input size), 'generator_bias', 'scale_norm' (sqrt(d_model): ScaleNorm's g,
+    as Nguyen & Salazar start it)."""
     d, d_ff = cfg.d_model, cfg.d_ff
     # Embeddings start at N(0, 1/d_model), the paper's own code's (tensor2tensor) and fairseq's
     # choice, not nn.Embedding's N(0, 1): times sqrt(d_model) they enter at unit scale, as the
@@ -61,18 +64,18 @@ def parameter_specs(cfg):
         p = f"transformer.encoder.layers.{i}"
         specs += _attention_specs(f"{p}.self_attn", d)
         specs += _feed_forward_specs(p, d, d_ff)
-        specs += _norm_specs(f"{p}.norm1", d) + _norm_specs(f"{p}.norm2", d)
+        specs += _norm_specs(f"{p}.norm1", d, cfg.norm) + _norm_specs(f"{p}.norm2", d, cfg.norm)
     if cfg.final_norm:
-        specs += _norm_specs("transformer.encoder.norm", d)
+        specs += _norm_specs("transformer.encoder.norm", d, cfg.norm)
     for i in range(cfg.n_decoder_layers):
         p = f"transformer.decoder.layers.{i}"
         specs += _attention_specs(f"{p}.self_attn", d)
         specs += _attention_specs(f"{p}.multihead_attn", d)
         specs += _feed_forward_specs(p, d, d_ff)
-        specs += (_norm_specs(f"{p}.norm1", d) + _norm_specs(f"{p}.norm2", d)
-                  + _norm_specs(f"{p}.norm3", d))
+        specs += (_norm_specs(f"{p}.norm1", d, cfg.norm) + _norm_specs(f"{p}.norm2", d, cfg.norm)
+                  + _norm_specs(f"{p}.norm3", d, cfg.norm))
     if cfg.final_norm:
-        specs += _norm_specs("transformer.decoder.norm", d)
+        specs += _norm_specs("transformer.decoder.norm", d, cfg.norm)
     specs += [("generator.weight", (cfg.tgt_vocab_size, d), "fan_in"),
               ("generator.bias", (cfg.tgt_vocab_size,), "generator_bias")]
     tied = tied_names(cfg)
@@ -186,6 +189,8 @@ class Parameters:
                 view[...] = 0.0
             elif init == "ones":
                 view[...] = 1.0
+            elif init == "scale_norm":
+                view[...] = np.float32(math.sqrt(self.d_model))
             else:  # pragma: no cover - the spec list above is closed
                 raise AssertionError(init)
 

@@ -37,6 +37,18 @@ def _reference_class():
     import torch.nn as nn
     import torch.nn.functional as F
 
+    class ScaleNorm(nn.Module):
+        """x * (g / max(||x||, 1e-5)) per row, g one parameter started at sqrt(d) (Nguyen &
+        Salazar 2019; `weight`, as our state_dict names it)."""
+
+        def __init__(self, d):
+            super().__init__()
+            self.weight = nn.Parameter(torch.full((1,), math.sqrt(d)))
+            self.eps = 1e-5
+
+        def forward(self, x):
+            return x * (self.weight / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp(min=self.eps))
+
     class TorchSeq2SeqTransformer(nn.Module):
         """DESIGN's reference: embeddings * sqrt(d) + PE, dropout, nn.Transformer, generator;
         and the config's MarianMT options (activation silu, positions split, no embedding scale,
@@ -64,6 +76,19 @@ def _reference_class():
             if not cfg.final_norm:
                 self.transformer.encoder.norm = None
                 self.transformer.decoder.norm = None
+            if cfg.norm == "scale":      # every LayerNorm a ScaleNorm (transformer/norms.py)
+                d = cfg.d_model
+                for layer in [*self.transformer.encoder.layers, *self.transformer.decoder.layers]:
+                    for name in ("norm1", "norm2", "norm3"):
+                        if hasattr(layer, name):
+                            setattr(layer, name, ScaleNorm(d))
+                    # nn.TransformerEncoderLayer's fast path (eval, no grad) runs LayerNorm's
+                    # kernel on norm1/norm2's tensors: never take it here
+                    layer.activation_relu_or_gelu = False
+                self.transformer.encoder.use_nested_tensor = False
+                for stack in (self.transformer.encoder, self.transformer.decoder):
+                    if stack.norm is not None:
+                        stack.norm = ScaleNorm(d)
             self.generator = nn.Linear(cfg.d_model, cfg.tgt_vocab_size)
             if cfg.tie_embeddings == "all":
                 self.tgt_embed.weight = self.src_embed.weight
@@ -79,7 +104,7 @@ def _reference_class():
         def forward(self, src, tgt_in):
             S, T = src.shape[1], tgt_in.shape[1]
             pad = self.cfg.pad_id
-            words = self.src_embed(src)
+            words = F.embedding(src, self._table(self.src_embed.weight), padding_idx=pad)
             if self.training and self.cfg.word_dropout > 0.0:   # a source word's whole embedding
                 p = self.cfg.word_dropout
                 keep = self.word_keep      # bool [B, S] set by a caller (tests: our engine's mask)
@@ -87,7 +112,8 @@ def _reference_class():
                     keep = torch.rand(words.shape[:-1], device=words.device) >= p
                 words = words * (keep.unsqueeze(-1).to(words.dtype) / (1.0 - p))
             x = self.dropout(words * self.scale + self.pe[:S])
-            y = self.dropout(self.tgt_embed(tgt_in) * self.scale + self.pe[:T])
+            targets = F.embedding(tgt_in, self._table(self.tgt_embed.weight), padding_idx=pad)
+            y = self.dropout(targets * self.scale + self.pe[:T])
             causal = torch.triu(torch.ones(T, T, dtype=torch.bool, device=src.device), diagonal=1)
             src_pad = src == pad
             tgt_pad = tgt_in == pad
@@ -95,7 +121,12 @@ def _reference_class():
                 tgt_pad[:, 0] = False
             h = self.transformer(x, y, tgt_mask=causal, src_key_padding_mask=src_pad,
                                  tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad)
-            return self.generator(h)
+            return F.linear(h, self._table(self.generator.weight), self.generator.bias)
+
+        def _table(self, weight):
+            """What reads an embedding table or the output weight: its rows at unit length with
+            FixNorm (cfg.fix_norm), else the table."""
+            return F.normalize(weight, dim=-1, eps=1e-12) if self.cfg.fix_norm else weight
 
         def loss(self, src, tgt_in, tgt_out, label_smoothing=0.0):
             logits = self.forward(src, tgt_in)

@@ -170,6 +170,9 @@ def write_ctranslate2_model(model, directory, approximate=False):
     hold exactly (ctranslate2_gap) is refused with ValueError; approximate=True writes it without
     what CTranslate2 lacks (the decode bench's post-LN timing: at initialisation the final norms
     of a post-LN model are near the identity, the norm of an already normalised row)."""
+    if model.cfg.norm != "layer" or model.cfg.fix_norm:   # not even approximately: every norm and table differs
+        raise ValueError("write_ctranslate2_model: CTranslate2 has no ScaleNorm or FixNorm "
+                         f"(norm={model.cfg.norm!r}, fix_norm={model.cfg.fix_norm})")
     try:
         from ctranslate2.specs import common_spec, transformer_spec
     except ImportError:

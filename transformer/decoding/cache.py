@@ -9,6 +9,7 @@ import math
 import numpy as np
 
 from .. import _C
+from ..norms import scale_norm_forward
 from ..prepared import PreparedWeights
 from .tuning import cache_dtype, int8_generator, step_groups
 
@@ -34,6 +35,7 @@ class StepWeights:
     def __init__(self, model, memory, precision, prepared, buffer):
         cfg = model.cfg
         weights = {name: model.params.tensor(name) for name in model.state_dict_names()}   # tied ones too
+        weights.update(model.fixed_tables())      # FixNorm's unit rows (cfg.fix_norm), read instead
         B, S, D = memory.shape
         H = cfg.n_heads
         dh = D // H
@@ -72,8 +74,8 @@ class StepWeights:
         # step multiplies by are kept packed as the kernels read them (x @ W^T for few rows then
         # streams W at memory speed, csrc/gemm.h: gemm_packed), converted again whenever the
         # weights changed (prepared.py), so no packed copy is ever stale.
-        def norm(name):
-            return (weights[f"{name}.weight"], weights[f"{name}.bias"])
+        def norm(name):       # (weight, bias); ScaleNorm's (g, None)
+            return (weights[f"{name}.weight"], weights.get(f"{name}.bias") if cfg.norm == "layer" else None)
 
         def linear(name, rows=None, bias=None, precision=precision):
             full = weights[name]
@@ -156,7 +158,8 @@ class DecoderCache:
         self.attention = [] if keep_attention else None
         # The step in C (csrc/decoder.h: the same kernels and bits as _step_python, which stays
         # for return_attention's probabilities and as the tests' reference).
-        self._native = None if keep_attention else _C.DecoderStep(
+        # ScaleNorm (cfg.norm "scale", a recipe lever) has no C kernel: its models step from Python.
+        self._native = None if keep_attention or cfg.norm != "layer" else _C.DecoderStep(
             [dict(w, memory_k=k, memory_v=v, self_k=sk, self_v=sv)
              for w, k, v, sk, sv in zip(self.layers, self.memory_k, self.memory_v, self.self_k, self.self_v)],
             self.generator, self.final_norm, self.embed, self.embed_scale, self.pe, self.src_pad,
@@ -166,6 +169,9 @@ class DecoderCache:
         self._groups = functools.partial(step_groups, cfg, shared.precision, _C.get_num_threads())
 
     def _layer_norm(self, weight_bias, x, out, n):
+        if weight_bias[1] is None:      # ScaleNorm
+            scale_norm_forward(x[:n], weight_bias[0], out[:n], self.rstd[:n])
+            return
         _C.layernorm_forward(x[:n], weight_bias[0], weight_bias[1], out[:n], self.mean[:n], self.rstd[:n])
 
     @staticmethod

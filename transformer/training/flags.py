@@ -12,7 +12,8 @@ from . import precision
 # model to its budget (--preset auto, training/sizing.py).
 SHAPE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers")
 SIZE_FLAGS = ("d_model", "n_heads", "d_ff", "n_encoder_layers", "n_decoder_layers", "dropout", "activation",
-              "norm_first", "tie_embeddings", "attention_dropout", "activation_dropout", "word_dropout")
+              "norm_first", "tie_embeddings", "attention_dropout", "activation_dropout", "word_dropout",
+              "norm", "fix_norm")
 # The config fields that only training reads (ModelConfig: dropout by site): a run fine-tuning
 # --init-from's model may set them, and a resumed run keeps them (TRAJECTORY_ARGS).
 DROPOUT_FLAGS = ("dropout", "attention_dropout", "activation_dropout", "word_dropout")

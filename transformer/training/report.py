@@ -17,7 +17,8 @@ def say(message, stream=None):
 def describe(model):
     cfg = model.cfg
     return (f"model: d_model {cfg.d_model}, {cfg.n_heads} heads, d_ff {cfg.d_ff}, "
-            f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers{', pre-LN' if cfg.norm_first else ''}, "
+            f"{cfg.n_encoder_layers}+{cfg.n_decoder_layers} layers{', pre-LN' if cfg.norm_first else ''}"
+            f"{', ScaleNorm' if cfg.norm == 'scale' else ''}{', FixNorm' if cfg.fix_norm else ''}, "
             f"{model.num_parameters():,} parameters; "
             f"threads {_C.get_num_threads()} ({_C.isa()})")
 

@@ -1,0 +1,202 @@
+"""ScaleNorm and FixNorm (transformer/norms.py; ModelConfig.norm, .fix_norm; issue 57 item 5).
+
+What must hold: ScaleNorm is x * g / max(||x||, 1e-5) per row with the gradient autograd gives
+(PyTorch the oracle, a clamped zero row included); FixNorm reads unit rows and its gradient through
+the normalisation is orthogonal to each row; the stored weights stay as trained; a training pass
+gives the same bits at any thread count (sentence shards, dropout on, fp32 and bf16); a model saves
+and loads with both options and gives the same logits; a config without them is written as before
+they existed; bad values are refused naming the field or flag; MarianMT export refuses them. The
+whole model against PyTorch (logits, gradients, 50 Adam steps, decoding) is tests/test_model_parity.py's
+scale/fix cases; decoding at bf16 and int8 is tests/test_decode_precision.py's.
+"""
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+import transformer as T
+from transformer import cli, norms
+from transformer.layers import Workspace
+from transformer.marian import config_to_marian
+
+from conftest import num_threads
+from test_shards import batch, forced  # noqa: F401 (forced: a fixture)
+from test_train import write_corpus
+
+BASE = dict(src_vocab_size=41, tgt_vocab_size=43, d_model=32, n_heads=4, d_ff=64, n_encoder_layers=2,
+            n_decoder_layers=2, max_len=32, norm_first=True)
+RTOL = 1e-5     # float32 against PyTorch's float64 of the same formula
+
+
+def config(**changes):
+    return T.ModelConfig(**{**BASE, "dropout": 0.0, **changes})
+
+
+def rel(a, b):
+    b = np.asarray(b, np.float64)
+    return np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30)
+
+
+# -- the layers against autograd --------------------------------------------------------------------
+
+def rows(seed=0, n=7, d=24):
+    x = np.random.default_rng(seed).standard_normal((n, d)).astype(np.float32)
+    x[3] = 0.0            # a row whose norm is clamped
+    x[5] *= 1e-7          # and one just below the clamp
+    return x
+
+
+def test_scale_norm_forward_and_backward_match_autograd():
+    torch = pytest.importorskip("torch")
+    x, g = rows(), np.array([2.5], np.float32)
+    dy = np.random.default_rng(1).standard_normal(x.shape).astype(np.float32)
+    dg = np.array([0.25], np.float32)         # backward adds into the gradient
+    layer = norms.ScaleNorm(g, dg, Workspace())
+    y = layer.forward(x)
+    dx = np.full_like(x, 1.0)
+    layer.backward(dy, dx, accumulate=True)   # adds
+
+    tx = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    tg = torch.tensor(g, dtype=torch.float64, requires_grad=True)
+    ty = tx * (tg / torch.linalg.vector_norm(tx, dim=-1, keepdim=True).clamp(min=1e-5))
+    ty.backward(torch.tensor(dy, dtype=torch.float64))
+    assert rel(y, ty.detach()) < RTOL
+    assert rel(dx - 1.0, tx.grad) < RTOL
+    assert abs(dg[0] - 0.25 - tg.grad.item()) < RTOL * abs(tg.grad.item())
+    assert np.array_equal(y[3], np.zeros(x.shape[1], np.float32))
+
+
+def test_fix_norm_reads_unit_rows_and_its_gradient_matches_autograd():
+    torch = pytest.importorskip("torch")
+    table = rows(2, n=9, d=16)
+    stored = table.copy()
+    dtable = np.full_like(table, 0.5)
+    fixed = norms.FixNorm(table, dtable)
+    fixed.refresh(training=True)
+    assert np.array_equal(table, stored)                          # the weights stay as trained
+    lengths = np.linalg.norm(fixed.unit.astype(np.float64), axis=1)
+    nonzero = np.linalg.norm(stored, axis=1) > 1e-12
+    assert np.allclose(lengths[nonzero], 1.0, atol=1e-6) and np.all(lengths[~nonzero] == 0.0)
+    dunit = np.random.default_rng(3).standard_normal(table.shape).astype(np.float32)
+    fixed.dunit[...] = dunit
+    fixed.backward()
+
+    tt = torch.tensor(stored, dtype=torch.float64, requires_grad=True)
+    unit = torch.nn.functional.normalize(tt, dim=-1, eps=1e-12)
+    unit.backward(torch.tensor(dunit, dtype=torch.float64))
+    assert rel(fixed.unit, unit.detach()) < RTOL
+    assert rel(dtable - 0.5, tt.grad) < RTOL
+    # the gradient through a normalisation is orthogonal to its row (where the row has a length)
+    grad = (dtable - 0.5).astype(np.float64)
+    dots = np.abs(np.einsum("ij,ij->i", grad, stored)) / (np.linalg.norm(grad, axis=1) * np.linalg.norm(stored, axis=1) + 1e-30)
+    assert dots[nonzero].max() < 1e-5
+
+
+def test_a_training_pass_leaves_the_stored_tables_and_gives_row_orthogonal_gradients():
+    cfg = config(norm="scale", fix_norm=True)
+    model = T.Seq2SeqTransformer(cfg, seed=4)
+    before = model.params.flat.copy()
+    _, grads = model.loss_and_grads(*batch(), label_smoothing=0.1)
+    assert np.array_equal(model.params.flat, before)
+    for name in ("src_embed.weight", "tgt_embed.weight", "generator.weight"):
+        w, g = model.params.data[name].astype(np.float64), grads[name].astype(np.float64)
+        used = np.linalg.norm(g, axis=1) > 0
+        assert used.sum() > 3, name
+        cos = np.abs(np.einsum("ij,ij->i", w, g))[used] / (np.linalg.norm(w, axis=1) * np.linalg.norm(g, axis=1))[used]
+        assert cos.max() < 1e-4, (name, cos.max())
+    assert all(grads[n].shape == (1,) for n in grads if ".norm" in n)
+
+
+# -- the guarantees of a step -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_sharded_pass_is_bitwise_the_same_at_one_two_and_three_threads(forced, precision):
+    forced(3)
+    cfg, data = config(norm="scale", fix_norm=True, dropout=0.2, tie_embeddings="target"), batch()
+
+    def run():
+        model = T.Seq2SeqTransformer(cfg, seed=3)
+        losses = [model.forward_backward(*data, label_smoothing=0.1, precision=precision) for _ in range(2)]
+        return losses, model.params.flat_grad.copy()
+    with num_threads(1):
+        one = run()
+    for threads in (2, 3):
+        with num_threads(threads):
+            other = run()
+        assert one[0] == other[0]
+        assert np.array_equal(one[1], other[1]), threads
+
+
+def test_a_sharded_pass_equals_the_whole_pass_within_rounding(forced):
+    cfg, data = config(norm="scale", fix_norm=True), batch()
+    results = []
+    for n in (1, 3):
+        forced(n)
+        model = T.Seq2SeqTransformer(cfg, seed=3)
+        results.append((model.forward_backward(*data, label_smoothing=0.1), model.params.flat_grad.copy()))
+    assert abs(results[0][0] - results[1][0]) <= 1e-5 * abs(results[0][0])
+    assert rel(results[1][1], results[0][1]) < 1e-4
+
+
+# -- the config, files and flags --------------------------------------------------------------------
+
+def test_a_config_without_them_is_written_as_before_and_one_with_them_round_trips():
+    plain = config().to_dict()
+    assert "norm" not in plain and "fix_norm" not in plain
+    assert T.ModelConfig.from_dict(plain).norm == "layer"
+    d = config(norm="scale", fix_norm=True).to_dict()
+    assert d["norm"] == "scale" and d["fix_norm"] is True
+    assert T.ModelConfig.from_dict(json.loads(json.dumps(d))) == config(norm="scale", fix_norm=True)
+    fields = {f.name for f in dataclasses.fields(T.ModelConfig)}
+    assert {"norm", "fix_norm"} <= fields
+
+
+@pytest.mark.parametrize("changes, error, match", [
+    (dict(norm="rms"), ValueError, "norm must be one of"), (dict(norm=None), ValueError, "norm must be one of"),
+    (dict(fix_norm=1), TypeError, "fix_norm must be a bool"), (dict(fix_norm="yes"), TypeError, "fix_norm")])
+def test_bad_values_are_refused_naming_the_field(changes, error, match):
+    with pytest.raises(error, match=match):
+        config(**changes)
+
+
+def test_a_model_saves_and_loads_with_both_and_gives_the_same_logits(tmp_path):
+    model = T.Seq2SeqTransformer(config(norm="scale", fix_norm=True), seed=2)
+    model.params.data["transformer.encoder.norm.weight"][0] = 3.0    # not the initial sqrt(d)
+    src, tgt_in, _ = batch(B=3)
+    want = model.forward(src, tgt_in)
+    model.save(tmp_path / "m")
+    loaded = T.Seq2SeqTransformer.load(tmp_path / "m")
+    assert loaded.cfg == model.cfg
+    assert np.array_equal(loaded.forward(src, tgt_in), want)
+    assert loaded.greedy_decode(src, max_len=6) == model.greedy_decode(src, max_len=6)
+
+
+def test_marian_export_refuses_them_naming_the_option():
+    marian = dict(positions="split", final_norm=False, norm_first=False, activation="silu")
+    for changes, name in ((dict(norm="scale"), "norm='scale'"), (dict(fix_norm=True), "fix_norm=True")):
+        with pytest.raises(ValueError, match=f"cannot export as MarianMT: {name}"):
+            config_to_marian(config(**marian, **changes))
+
+
+@pytest.mark.parametrize("changes", [dict(norm="scale"), dict(fix_norm=True)])
+def test_the_ctranslate2_writer_refuses_them_even_approximately(tmp_path, changes):
+    from transformer.bench.decode import write_ctranslate2_model
+    with pytest.raises(ValueError, match="CTranslate2 has no ScaleNorm or FixNorm"):
+        write_ctranslate2_model(T.Seq2SeqTransformer(config(**changes)), tmp_path, approximate=True)
+
+
+def test_train_takes_the_flags_and_writes_them_to_the_model(tmp_path):
+    data = write_corpus(tmp_path / "c.tsv", 60)
+    out = tmp_path / "run"
+    cli.main(["train", "--data", str(data), "--max-steps", "2", "--threads", "1", "--eval-every", "0",
+              "--d-model", "32", "--n-heads", "2", "--d-ff", "32", "--n-encoder-layers", "1",
+              "--n-decoder-layers", "1", "--norm", "scale", "--fix-norm", "--out", str(out)])
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["norm"] == "scale" and cfg["fix_norm"] is True
+
+
+def test_a_bad_norm_flag_is_refused_naming_it(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--norm", "rms", "--max-steps", "1"])
+    assert "--norm" in capsys.readouterr().err

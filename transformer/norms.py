@@ -1,0 +1,104 @@
+"""ScaleNorm and FixNorm ("Transformers without Tears", Nguyen & Salazar 2019; FixNorm from Nguyen &
+Chiang 2018): the normalisation lever of issue 57, chosen by ModelConfig.norm and .fix_norm.
+
+- ScaleNorm(x) = x * (g / max(||x||, SCALE_NORM_EPS)) per row, g one learned scalar a norm (started
+  at sqrt(d_model)): a LayerNorm without the centring and with one gain for every feature.
+- FixNorm: a table's rows read at unit length, W / max(||W_row||, FIX_NORM_EPS) (F.normalize's), for
+  every embedding table and the output projection's weight; a logit is then the output bias plus
+  |h| times a cosine. The stored weights stay as trained; what reads them reads the unit rows.
+
+Row-local float32 numpy (a row's result depends on that row alone), so a step keeps its bits at any
+thread count; the reference is transformer/torch_compat.py's ScaleNorm and F.normalize.
+"""
+import numpy as np
+
+__all__ = ["SCALE_NORM_EPS", "FIX_NORM_EPS", "ScaleNorm", "FixNorm", "scale_norm_forward", "unit_rows"]
+
+SCALE_NORM_EPS = 1e-5     # Nguyen & Salazar's clamp
+FIX_NORM_EPS = 1e-12      # F.normalize's
+
+_f32 = np.float32
+
+
+def _row_norms(x, out):
+    """out[i] = ||x[i]|| (float32)."""
+    np.sqrt(np.einsum("ij,ij->i", x, x), out=out)
+    return out
+
+
+def scale_norm_forward(x, g, out, norms):
+    """out = x * (g / max(||x_row||, eps)) for x [N, D], g [1]; norms [N] receives each row's norm,
+    clamped (backward reads it)."""
+    np.maximum(_row_norms(x, norms), _f32(SCALE_NORM_EPS), out=norms)
+    np.multiply(x, (g[0] / norms)[:, None], out=out)
+    return out
+
+
+def unit_rows(table, out=None, norms=None):
+    """table's rows at unit length (FixNorm): out [V, D] (a new array when None); norms [V] receives
+    max(||row||, eps)."""
+    out = np.empty_like(table) if out is None else out
+    norms = np.empty(len(table), _f32) if norms is None else norms
+    np.maximum(_row_norms(table, norms), _f32(FIX_NORM_EPS), out=norms)
+    np.divide(table, norms[:, None], out=out)
+    return out
+
+
+def _through_unit(x_hat, norms, eps, dy, scale):
+    """The gradient through y = x * (scale / m), m = max(||x||, eps) per row, given x_hat = x / m:
+    scale / m * (dy - x_hat (x_hat . dy)), and scale / m * dy where the norm was clamped (m does
+    not move with x there). Returns a new [N, D] array."""
+    dot = np.einsum("ij,ij->i", x_hat, dy)
+    dot[norms <= _f32(eps)] = 0.0
+    dx = dy - x_hat * dot[:, None]
+    dx *= (scale / norms)[:, None]
+    return dx
+
+
+class ScaleNorm:
+    """ScaleNorm (module docstring) with the LayerNorm interface the layers call (forward,
+    backward); the residual sum before it runs as its own kernel (never fused: csrc/residual_norm.h
+    is LayerNorm's)."""
+
+    def __init__(self, weight, dweight, ws):
+        self.weight, self.dweight, self.ws = weight, dweight, ws     # g [1] and its gradient
+
+    def forward(self, x):
+        # x [N, D] (kept, not copied: the caller must not overwrite it before backward)
+        self.norms = self.ws.persistent(self, "norms", (len(x),))
+        out = self.ws.persistent(self, "out", x.shape)
+        scale_norm_forward(x, self.weight, out, self.norms)
+        self.x = x
+        return out
+
+    def backward(self, dout, dx, accumulate=False):
+        # dout [N, D]; dx [N, D] (may be dout when not accumulate)
+        norms = self.norms
+        x_hat = self.x / norms[:, None]
+        self.dweight[0] += np.einsum("ij,ij->", dout, x_hat, dtype=_f32)
+        grad = _through_unit(x_hat, norms, SCALE_NORM_EPS, dout, self.weight[0])
+        if accumulate:
+            dx += grad
+        else:
+            dx[...] = grad
+        return dx
+
+
+class FixNorm:
+    """A table read at unit rows by one consumer (an Embedding or the output projection): `unit` is
+    what the consumer reads and `dunit` where its backward adds; refresh() before a pass (and zero
+    dunit for a training pass), backward() after the consumer's backward adds the table's gradient."""
+
+    def __init__(self, table, dtable):
+        self.table, self.dtable = table, dtable
+        self.unit = np.zeros_like(table)
+        self.dunit = np.zeros_like(table)
+        self.norms = np.empty(len(table), _f32)
+
+    def refresh(self, training):
+        unit_rows(self.table, self.unit, self.norms)
+        if training:
+            self.dunit.fill(0.0)
+
+    def backward(self):
+        self.dtable += _through_unit(self.unit, self.norms, FIX_NORM_EPS, self.dunit, _f32(1.0))
