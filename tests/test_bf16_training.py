@@ -28,7 +28,7 @@ import transformer as T
 from transformer import _C
 
 from conftest import num_threads, unit_embeddings
-from test_model_parity import BLOCKED, CASES, batch, config
+from test_model_parity import BLOCKED, CASES, batch, config, scale_invariant
 
 torch = pytest.importorskip("torch")
 import bf16_oracle  # noqa: E402
@@ -109,9 +109,12 @@ def test_gradients_point_where_fp32_gradients_point_as_closely_as_torch_autocast
     def cos(a, b):
         return float(a.ravel() @ b.ravel() / (np.linalg.norm(a) * np.linalg.norm(b)))
 
-    ours = {k: cos(g16[k], g32[k]) for k in t32}     # torch names a tied matrix once
-    theirs = {k: cos(t16[k], t32[k]) for k in t32}
-    assert np.median(list(ours.values())) >= 0.9995
+    # torch names a tied matrix once; a ScaleNorm gain with an exactly zero gradient has no direction
+    names = [k for k in t32 if k not in scale_invariant(cfg)]
+    ours = {k: cos(g16[k], g32[k]) for k in names}
+    theirs = {k: cos(t16[k], t32[k]) for k in names}
+    # FixNorm's post-LN case loses more in bf16 here and in autocast alike (0.9989, 0.9985)
+    assert np.median(list(ours.values())) >= min(0.9995, np.median(list(theirs.values())))
     for k in ours:
         floor = min(0.999, theirs[k] - 0.003)
         assert ours[k] >= floor, f"{k}: cosine {ours[k]:.5f} < {floor:.5f} (torch autocast: {theirs[k]:.5f})"

@@ -89,7 +89,8 @@ def test_fix_norm_reads_unit_rows_and_its_gradient_matches_autograd():
     assert rel(dtable - 0.5, tt.grad) < RTOL
     # the gradient through a normalisation is orthogonal to its row (where the row has a length)
     grad = (dtable - 0.5).astype(np.float64)
-    dots = np.abs(np.einsum("ij,ij->i", grad, stored)) / (np.linalg.norm(grad, axis=1) * np.linalg.norm(stored, axis=1) + 1e-30)
+    lengths_product = np.linalg.norm(grad, axis=1) * np.linalg.norm(stored, axis=1) + 1e-30
+    dots = np.abs(np.einsum("ij,ij->i", grad, stored)) / lengths_product
     assert dots[nonzero].max() < 1e-5
 
 

@@ -154,8 +154,9 @@ class ModelConfig:
 
     def to_dict(self):
         """The fields as a dict; the training-only dropout options and the normalisation options
-        only when set (not their defaults), so a config that uses none of them is written as before they existed and
-        engines of earlier versions, which refuse fields they do not know, still load it."""
+        only when set (not their defaults), so a config that uses none of them is written as before
+        they existed and engines of earlier versions, which refuse fields they do not know, still
+        load it."""
         d = asdict(self)
         for name, default in UNSET_WHEN_DEFAULT.items():
             if d[name] == default:
