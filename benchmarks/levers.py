@@ -196,7 +196,7 @@ def main():
         raise
 
     from transformer.bench.harness import cpu_model
-    runs, times = {}, {}
+    runs, times, dev_loss = {}, {}, {}
     for lever, seed in jobs:
         out = os.path.join(args.out, f"{lever}-s{seed}")
         dev = translate_dev(args, out)
@@ -204,6 +204,7 @@ def main():
         with open(os.path.join(out, "result.json")) as f:
             result = json.load(f)
         times[(lever, seed)] = result["train"]["seconds"] / max(result["train"]["step"], 1)
+        dev_loss[(lever, seed)] = result["train"].get("dev_loss")
     header = {"bench": "levers", "data": os.path.basename(args.data), "preset": args.preset, "steps": args.steps,
               "seeds": seeds, "cpu": cpu_model(), "how": "--max-steps, one thread pinned to one core, "
               "two runs at a time on two cores; held-out split of training's defaults"}
@@ -214,7 +215,10 @@ def main():
         ratio = statistics.median(times[(lever, s)] / times[("baseline", s)] for s in seeds)
         for search in ("greedy", "beam4"):
             record = {**header, **compare(runs, lever, search, args.resamples),
-                      "step_time_vs_baseline": round(ratio, 3), "flags": LEVERS[lever]}
+                      "step_time_vs_baseline": round(ratio, 3), "flags": LEVERS[lever],
+                      # training's own dev loss (label-smoothed cross-entropy on the held-out pairs)
+                      "dev_loss_per_seed": [dev_loss[(lever, s)] for s in seeds],
+                      "baseline_dev_loss_per_seed": [dev_loss[("baseline", s)] for s in seeds]}
             records.append(record)
             print(json.dumps(record), flush=True)
     if args.json:
