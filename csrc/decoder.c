@@ -51,7 +51,10 @@ static void linear(const tf_linear *l, const float *x, long n, float *out, int w
 static void norm(const tf_decoder *d, const rows_view *v, int which, const tf_decoder_layer *w,
                  const float *x, float *out, long n)
 {
-    layernorm_forward(out, v->mean, v->rstd, x, w->norm_w[which], w->norm_b[which], n, d->D, d->eps);
+    if (!w->norm_b[which])      /* ScaleNorm: its one gain, no bias */
+        scalenorm_forward(out, v->rstd, x, w->norm_w[which][0], n, d->D, d->eps);
+    else
+        layernorm_forward(out, v->mean, v->rstd, x, w->norm_w[which], w->norm_b[which], n, d->D, d->eps);
 }
 
 /* What a sublayer reads: x (post-LN) or norm(x) in h (pre-LN). */
@@ -212,7 +215,10 @@ void step_segments(const tf_decoder *d, const step_segment *seg, int n_seg)
     }
     const float *top = v.x;
     if (d->final_w) {
-        layernorm_forward(v.h, v.mean, v.rstd, v.x, d->final_w, d->final_b, n, D, d->eps);
+        if (!d->final_b)
+            scalenorm_forward(v.h, v.rstd, v.x, d->final_w[0], n, D, d->eps);
+        else
+            layernorm_forward(v.h, v.mean, v.rstd, v.x, d->final_w, d->final_b, n, D, d->eps);
         top = v.h;
     }
     linear(&d->generator, top, n, v.logits, 1);

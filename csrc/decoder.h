@@ -32,7 +32,8 @@ typedef struct {
 } tf_linear;
 
 typedef struct {
-    const float *norm_w[3], *norm_b[3];   /* norm1 (self-attention), norm2 (cross), norm3 (FF) */
+    const float *norm_w[3], *norm_b[3];   /* norm1 (self-attention), norm2 (cross), norm3 (FF);
+                                             ScaleNorm: norm_w its gain [1], norm_b NULL */
     tf_linear qkv, self_out, cross_q, cross_out, linear1, linear2;
     const void *memory_k, *memory_v;      /* [B, H, S, dh] cross-attention keys and values */
     void *self_k, *self_v;                /* [N, H, Tmax, dh] self-attention caches */
@@ -47,7 +48,7 @@ typedef struct {
     const float *embed;   /* [V, D] target embedding table (dequantized for int8) */
     const float *pe;      /* [Tmax, D] positional encodings */
     const uint8_t *src_pad;        /* [B, S], 1 = padding */
-    const float *final_w, *final_b;   /* the final norm, or NULL */
+    const float *final_w, *final_b;   /* the final norm, or NULL (ScaleNorm: final_w [1], final_b NULL) */
     tf_linear generator;
     const tf_decoder_layer *layers;
     /* step buffers, N rows each */

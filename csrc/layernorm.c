@@ -425,6 +425,22 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *x, con
     }
 }
 
+void scalenorm_forward(float *out, float *norms, const float *x, float g, long N, long D, float eps)
+{
+#pragma omp parallel for num_threads(tf_team(N * D, LAYERNORM_GRAIN)) schedule(static)
+    for (long r = 0; r < N; r++) {
+        const float *xr = x + r * D;
+        double sum = 0.0;
+        for (long j = 0; j < D; j++) sum += (double)xr[j] * (double)xr[j];
+        float norm = (float)sqrt(sum);
+        norm = norm <= eps ? eps : norm;            /* a NaN row stays NaN */
+        norms[r] = norm;
+        const float scale = g / norm;
+        float *o = out + r * D;
+        for (long j = 0; j < D; j++) o[j] = xr[j] * scale;
+    }
+}
+
 size_t layernorm_backward_scratch(long N, long D)
 {
     long chunks = (N + LAYERNORM_CHUNK - 1) / LAYERNORM_CHUNK;

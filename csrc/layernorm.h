@@ -34,6 +34,12 @@ void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch,
                         const float *x, const float *weight, const float *mean, const float *rstd,
                         long N, long D, int accumulate);
 
+/* ScaleNorm (Nguyen & Salazar 2019; transformer/norms.py): per row, norm = max(sqrt(sum x^2), eps)
+ * with the sum of squares in double, in index order (the same bits at every SIMD level and thread
+ * count), rounded to float; out = x * (g / norm), g / norm rounded to float first. out may be x.
+ * norms [N] receives each row's clamped norm (the backward pass reads it). */
+void scalenorm_forward(float *out, float *norms, const float *x, float g, long N, long D, float eps);
+
 /* Pieces of the two kernels for kernels that fuse layer norm into their own parallel loop over rows
  * (residual_norm.c). Each runs on the calling thread alone and gives the bits the whole kernel
  * gives those rows.

@@ -302,11 +302,12 @@ cdef class DecoderStep:
 
     def __init__(self, list layers, generator, final_norm, embed, float embed_scale, pe, src_pad,
                  dict buffers, long n_heads, str activation, bint norm_first, float eps=1e-5):
-        """layers: per decoder layer a dict of norm1, norm2, norm3 ((weight, bias) float32 [D]),
+        """layers: per decoder layer a dict of norm1, norm2, norm3 ((weight, bias) float32 [D], or
+        ScaleNorm's (g float32 [1], None)),
         qkv, self_out, cross_q, cross_out, linear1, linear2 ((prepared weight, bias), as
         _ds_linear takes), memory_k, memory_v (float32 [B, H, S, dh]), self_k, self_v (float32
         writeable [N, H, Tmax, dh]); or all four caches uint16 holding bf16 (attention_decode). generator: (prepared weight, bias) of [V, D]; final_norm: None
-        or (weight, bias); embed: float32 [V, D]; pe: float32 [Tmax, D]; src_pad: bool [B, S];
+        or a norm as above; embed: float32 [V, D]; pe: float32 [Tmax, D]; src_pad: bool [B, S];
         buffers: writeable float32 arrays named as in _DS_BUFFERS with N rows, disjoint."""
         if not layers:
             raise ValueError("layers must not be empty")
@@ -361,6 +362,11 @@ cdef class DecoderStep:
                 pair = layer.get(part)
                 if not isinstance(pair, tuple) or len(pair) != 2:
                     raise TypeError(f"layers[{i}][{part!r}] must be a (weight, bias) tuple")
+                if pair[1] is None:     # ScaleNorm: (g [1], None)
+                    w.norm_w[j] = _ds_f32(pair[0], f"layers[{i}][{part!r}] gain", (1,), False)
+                    w.norm_b[j] = NULL
+                    self.keep.append(pair[0])
+                    continue
                 w.norm_w[j] = _ds_f32(pair[0], f"layers[{i}][{part!r}] weight", (D,), False)
                 w.norm_b[j] = _ds_f32(pair[1], f"layers[{i}][{part!r}] bias", (D,), False)
                 self.keep += list(pair)
@@ -381,9 +387,13 @@ cdef class DecoderStep:
         if final_norm is not None:
             if not isinstance(final_norm, tuple) or len(final_norm) != 2:
                 raise TypeError("final_norm must be None or a (weight, bias) tuple")
-            d.final_w = _ds_f32(final_norm[0], "final_norm weight", (D,), False)
-            d.final_b = _ds_f32(final_norm[1], "final_norm bias", (D,), False)
-            self.keep += list(final_norm)
+            if final_norm[1] is None:     # ScaleNorm: (g [1], None)
+                d.final_w = _ds_f32(final_norm[0], "final_norm gain", (1,), False)
+                self.keep.append(final_norm[0])
+            else:
+                d.final_w = _ds_f32(final_norm[0], "final_norm weight", (D,), False)
+                d.final_b = _ds_f32(final_norm[1], "final_norm bias", (D,), False)
+                self.keep += list(final_norm)
         d.layers = self.layers
 
         # Every array written must be apart from every other array held (those read may share).

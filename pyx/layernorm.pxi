@@ -4,6 +4,8 @@ cdef extern from "layernorm.h" nogil:
     void c_layernorm_forward "layernorm_forward"(float *out, float *mean, float *rstd,
                                                  const float *x, const float *weight,
                                                  const float *bias, long N, long D, float eps)
+    void c_scalenorm_forward "scalenorm_forward"(float *out, float *norms, const float *x, float g,
+                                                 long N, long D, float eps)
     size_t c_layernorm_backward_scratch "layernorm_backward_scratch"(long N, long D)
     void c_layernorm_backward "layernorm_backward"(float *dx, float *dweight, float *dbias,
                                                    float *scratch, const float *dout,
@@ -128,3 +130,31 @@ def layernorm_backward(dout, x, weight, mean, rstd, dx, dweight, dbias, bint acc
     with nogil:
         c_layernorm_backward(dxp, dwp, dbp, scratch, dyp, xp, wp, mp, rp, N, D, accumulate)
     free(scratch)
+
+
+def scalenorm_forward(x, g, out, norms, eps=1e-5):
+    """ScaleNorm over the last axis (csrc/layernorm.h): out = x * (g / max(||x||, eps)) per row.
+    x, out: float32 C-contiguous [N, D] (out may be x); g: float32 [1]; norms [N] receives each
+    row's clamped norm. D must be >= 1; eps a finite number >= 0."""
+    cdef cnp.ndarray xa = _nn_f32(x, "x", 2)
+    cdef Py_ssize_t N = cnp.PyArray_DIMS(xa)[0], D = cnp.PyArray_DIMS(xa)[1]
+    if D < 1:
+        raise ValueError(f"x must have a non-empty last axis, got shape {x.shape}")
+    cdef cnp.ndarray ga = _nn_f32(g, "g", 1)
+    _nn_vector(ga, "g", 1, "one gain")
+    cdef cnp.ndarray oa = _nn_f32(out, "out", 2, True)
+    _nn_rows_like(oa, "out", xa, "x")
+    cdef cnp.ndarray na = _nn_f32(norms, "norms", 1, True)
+    _nn_vector(na, "norms", N, "the rows of x")
+    cdef float feps = _eps_arg(eps)
+    _nn_same_or_disjoint(oa, "out", xa, "x")
+    _nn_no_overlap(na, "norms", xa, "x")
+    _nn_no_overlap(na, "norms", oa, "out")
+    cdef float *op = <float *>cnp.PyArray_DATA(oa)
+    cdef float *np_ = <float *>cnp.PyArray_DATA(na)
+    cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+    cdef float gv = (<const float *>cnp.PyArray_DATA(ga))[0]
+    if N == 0:
+        return
+    with nogil:
+        c_scalenorm_forward(op, np_, xp, gv, N, D, feps)

@@ -28,7 +28,8 @@ def same_bits(a, b):
 
 
 @pytest.mark.parametrize("options", [dict(norm_first=False), dict(norm_first=True, activation="gelu"),
-                                     dict(activation="silu", **MARIAN)])
+                                     dict(activation="silu", **MARIAN),
+                                     dict(norm="scale", fix_norm=True), dict(norm="scale", norm_first=True)])
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
 @pytest.mark.parametrize("threads, groups", [(1, 1), (2, 1), (2, 2), (3, 3), (2, 5)])
 def test_native_step_has_the_bits_of_the_python_step(isa, options, precision, threads, groups):

@@ -201,3 +201,18 @@ def test_a_bad_norm_flag_is_refused_naming_it(capsys):
     with pytest.raises(SystemExit):
         cli.main(["train", "--norm", "rms", "--max-steps", "1"])
     assert "--norm" in capsys.readouterr().err
+
+
+def test_the_scale_norm_kernel_checks_its_arguments_and_keeps_nan_rows():
+    from transformer import _C
+    x = rows()
+    x[1, 2] = np.nan
+    out, n = np.empty_like(x), np.empty(len(x), np.float32)
+    _C.scalenorm_forward(x, np.array([2.0], np.float32), out, n)
+    assert np.isnan(out[1]).all() and np.isfinite(out[np.arange(len(x)) != 1]).all()
+    assert n[3] == np.float32(1e-5)                       # a zero row's norm clamped
+    for g, match in ((np.ones(2, np.float32), "g"), (np.ones(1, np.float64), "g")):
+        with pytest.raises((ValueError, TypeError), match=match):
+            _C.scalenorm_forward(x, g, out, n)
+    with pytest.raises(ValueError, match="norms"):
+        _C.scalenorm_forward(x, np.ones(1, np.float32), out, np.empty(3, np.float32))

@@ -7,10 +7,13 @@ Chiang 2018): the normalisation lever of issue 57, chosen by ModelConfig.norm an
   every embedding table and the output projection's weight; a logit is then the output bias plus
   |h| times a cosine. The stored weights stay as trained; what reads them reads the unit rows.
 
-Row-local float32 numpy (a row's result depends on that row alone), so a step keeps its bits at any
-thread count; the reference is transformer/torch_compat.py's ScaleNorm and F.normalize.
+ScaleNorm's forward is a C kernel (csrc/layernorm.h: the decoder's step runs it too); the rest is
+float32 numpy. Everything is row-local (a row's result depends on that row alone), so a step keeps
+its bits at any thread count; the reference is transformer/torch_compat.py's ScaleNorm and F.normalize.
 """
 import numpy as np
+
+from . import _C
 
 __all__ = ["SCALE_NORM_EPS", "FIX_NORM_EPS", "ScaleNorm", "FixNorm", "scale_norm_forward", "unit_rows"]
 
@@ -28,9 +31,8 @@ def _row_norms(x, out):
 
 def scale_norm_forward(x, g, out, norms):
     """out = x * (g / max(||x_row||, eps)) for x [N, D], g [1]; norms [N] receives each row's norm,
-    clamped (backward reads it)."""
-    np.maximum(_row_norms(x, norms), _f32(SCALE_NORM_EPS), out=norms)
-    np.multiply(x, (g[0] / norms)[:, None], out=out)
+    clamped (backward reads it). The C kernel (csrc/layernorm.h), which decoding's C step runs too."""
+    _C.scalenorm_forward(x, g, out, norms, SCALE_NORM_EPS)
     return out
 
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 
 from .. import _C
-from ..norms import scale_norm_forward
+from ..norms import SCALE_NORM_EPS
 from ..prepared import PreparedWeights
 from .tuning import cache_dtype, int8_generator, step_groups
 
@@ -158,8 +158,7 @@ class DecoderCache:
         self.attention = [] if keep_attention else None
         # The step in C (csrc/decoder.h: the same kernels and bits as _step_python, which stays
         # for return_attention's probabilities and as the tests' reference).
-        # ScaleNorm (cfg.norm "scale", a recipe lever) has no C kernel: its models step from Python.
-        self._native = None if keep_attention or cfg.norm != "layer" else _C.DecoderStep(
+        self._native = None if keep_attention else _C.DecoderStep(
             [dict(w, memory_k=k, memory_v=v, self_k=sk, self_v=sv)
              for w, k, v, sk, sv in zip(self.layers, self.memory_k, self.memory_v, self.self_k, self.self_v)],
             self.generator, self.final_norm, self.embed, self.embed_scale, self.pe, self.src_pad,
@@ -169,8 +168,8 @@ class DecoderCache:
         self._groups = functools.partial(step_groups, cfg, shared.precision, _C.get_num_threads())
 
     def _layer_norm(self, weight_bias, x, out, n):
-        if weight_bias[1] is None:      # ScaleNorm
-            scale_norm_forward(x[:n], weight_bias[0], out[:n], self.rstd[:n])
+        if weight_bias[1] is None:      # ScaleNorm (the C step's kernel)
+            _C.scalenorm_forward(x[:n], weight_bias[0], out[:n], self.rstd[:n], SCALE_NORM_EPS)
             return
         _C.layernorm_forward(x[:n], weight_bias[0], weight_bias[1], out[:n], self.mean[:n], self.rstd[:n])
 
