@@ -41,6 +41,9 @@ LEVERS = {
     "bpe-dropout-0.1": ["--bpe-dropout", "0.1"],
     "word-dropout-0.1": ["--word-dropout", "0.1"],
     "site-dropout-0.1": ["--attention-dropout", "0.1", "--activation-dropout", "0.1"],
+    # where the rule's residual dropout is 0.1 (the Bible's ten minutes), the line above is the
+    # defaults themselves (the sites follow --dropout): there the question is the sites without it
+    "site-dropout-0": ["--attention-dropout", "0", "--activation-dropout", "0"],
     "curriculum-0.2": ["--curriculum", "0.2"],
     # "Transformers without Tears" (Nguyen & Salazar 2019): ScaleNorm in every norm's place and
     # FixNorm's unit rows for the tables (pre-LN, as a run on data has by default)

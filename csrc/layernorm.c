@@ -425,20 +425,56 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *x, con
     }
 }
 
+/* sum over j of a[j] * b[j] in double: eight running sums, lane j % 8, then added pairwise in a
+ * fixed order (independent chains: the loop vectorises; the same bits at every SIMD level). b NULL:
+ * a[j] * a[j]; inv != 1: b[j] * inv rounded to float first, as the caller computes it. */
+static inline double dot8(const float *a, const float *b, float inv, long D)
+{
+    double s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    long j = 0;
+    for (; j + 8 <= D; j += 8)
+        for (int l = 0; l < 8; l++) {
+            const float bj = b ? b[j + l] * inv : a[j + l];
+            s[l] += (double)a[j + l] * (double)bj;
+        }
+    for (int l = 0; j < D; j++, l++) {
+        const float bj = b ? b[j] * inv : a[j];
+        s[l] += (double)a[j] * (double)bj;
+    }
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
 void scalenorm_forward(float *out, float *norms, const float *x, float g, long N, long D, float eps)
 {
 #pragma omp parallel for num_threads(tf_team(N * D, LAYERNORM_GRAIN)) schedule(static)
     for (long r = 0; r < N; r++) {
         const float *xr = x + r * D;
-        double sum = 0.0;
-        for (long j = 0; j < D; j++) sum += (double)xr[j] * (double)xr[j];
-        float norm = (float)sqrt(sum);
+        float norm = (float)sqrt(dot8(xr, NULL, 1.0f, D));
         norm = norm <= eps ? eps : norm;            /* a NaN row stays NaN */
         norms[r] = norm;
         const float scale = g / norm;
         float *o = out + r * D;
         for (long j = 0; j < D; j++) o[j] = xr[j] * scale;
     }
+}
+
+void scalenorm_backward(float *dx, float *dg, const float *dout, const float *x, const float *norms, float g,
+                        long N, long D, float eps, int accumulate)
+{
+    double dg_sum = 0.0;
+    for (long r = 0; r < N; r++) {      /* one pass a row: ~1 ns an element, not worth a team */
+        const float *xr = x + r * D, *dy = dout + r * D;
+        const float m = norms[r], inv = 1.0f / m;
+        const double dot = dot8(dy, xr, inv, D);
+        dg_sum += dot;
+        const float d = m <= eps ? 0.0f : (float)dot, scale = g / m;
+        float *o = dx + r * D;
+        for (long j = 0; j < D; j++) {
+            const float v = scale * (dy[j] - (xr[j] * inv) * d);
+            o[j] = accumulate ? o[j] + v : v;
+        }
+    }
+    if (dg) *dg += (float)dg_sum;
 }
 
 size_t layernorm_backward_scratch(long N, long D)

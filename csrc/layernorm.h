@@ -35,10 +35,18 @@ void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch,
                         long N, long D, int accumulate);
 
 /* ScaleNorm (Nguyen & Salazar 2019; transformer/norms.py): per row, norm = max(sqrt(sum x^2), eps)
- * with the sum of squares in double, in index order (the same bits at every SIMD level and thread
- * count), rounded to float; out = x * (g / norm), g / norm rounded to float first. out may be x.
+ * with the sum of squares in double (eight running sums by index mod 8, added pairwise in a fixed
+ * order: the same bits at every SIMD level and thread count), rounded to float; out = x * (g / norm), g / norm rounded to float first. out may be x.
  * norms [N] receives each row's clamped norm (the backward pass reads it). */
 void scalenorm_forward(float *out, float *norms, const float *x, float g, long N, long D, float eps);
+
+/* Its backward, given the forward's clamped norms: x_hat = x * (1 / norm), dot = sum(dout * x_hat)
+ * (double, summed as the forward's; 0 where the norm was clamped, norm <= eps, as it does not move with x there),
+ * dx (+)= (g / norm) * (dout - x_hat * dot) (accumulate: added); *dg (when not NULL) += the sum over
+ * rows, in row order, of each row's sum(dout * x_hat). dx may be dout when not accumulating.
+ * FixNorm's backward is this kernel with g = 1 (its unit rows are x_hat). */
+void scalenorm_backward(float *dx, float *dg, const float *dout, const float *x, const float *norms, float g,
+                        long N, long D, float eps, int accumulate);
 
 /* Pieces of the two kernels for kernels that fuse layer norm into their own parallel loop over rows
  * (residual_norm.c). Each runs on the calling thread alone and gives the bits the whole kernel

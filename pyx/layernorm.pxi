@@ -6,6 +6,9 @@ cdef extern from "layernorm.h" nogil:
                                                  const float *bias, long N, long D, float eps)
     void c_scalenorm_forward "scalenorm_forward"(float *out, float *norms, const float *x, float g,
                                                  long N, long D, float eps)
+    void c_scalenorm_backward "scalenorm_backward"(float *dx, float *dg, const float *dout, const float *x,
+                                                   const float *norms, float g, long N, long D, float eps,
+                                                   int accumulate)
     size_t c_layernorm_backward_scratch "layernorm_backward_scratch"(long N, long D)
     void c_layernorm_backward "layernorm_backward"(float *dx, float *dweight, float *dbias,
                                                    float *scratch, const float *dout,
@@ -158,3 +161,42 @@ def scalenorm_forward(x, g, out, norms, eps=1e-5):
         return
     with nogil:
         c_scalenorm_forward(op, np_, xp, gv, N, D, feps)
+
+
+def scalenorm_backward(dout, x, norms, g, dx, dg=None, eps=1e-5, bint accumulate=False):
+    """The backward of scalenorm_forward (csrc/layernorm.h): dx (+)= the input gradient [N, D];
+    dg (float32 [1], or None) += the gain's gradient. dout, x [N, D]; norms [N] from the forward;
+    g float32 [1]. dx may be dout when not accumulate."""
+    cdef cnp.ndarray ya = _nn_f32(dout, "dout", 2)
+    cdef Py_ssize_t N = cnp.PyArray_DIMS(ya)[0], D = cnp.PyArray_DIMS(ya)[1]
+    cdef cnp.ndarray xa = _nn_f32(x, "x", 2)
+    _nn_rows_like(xa, "x", ya, "dout")
+    cdef cnp.ndarray na = _nn_f32(norms, "norms", 1)
+    _nn_vector(na, "norms", N, "the rows of x")
+    cdef cnp.ndarray ga = _nn_f32(g, "g", 1)
+    _nn_vector(ga, "g", 1, "one gain")
+    cdef cnp.ndarray da = _nn_f32(dx, "dx", 2, True)
+    _nn_rows_like(da, "dx", ya, "dout")
+    cdef cnp.ndarray dga = None
+    cdef float *dgp = NULL
+    if dg is not None:
+        dga = _nn_f32(dg, "dg", 1, True)
+        _nn_vector(dga, "dg", 1, "one gain")
+        dgp = <float *>cnp.PyArray_DATA(dga)
+        _nn_no_overlap(dga, "dg", da, "dx")
+    cdef float feps = _eps_arg(eps)
+    if accumulate:
+        _nn_no_overlap(da, "dx", ya, "dout")
+    else:
+        _nn_same_or_disjoint(da, "dx", ya, "dout")
+    _nn_no_overlap(da, "dx", xa, "x")
+    _nn_no_overlap(da, "dx", na, "norms")
+    cdef float *dp = <float *>cnp.PyArray_DATA(da)
+    cdef const float *yp = <const float *>cnp.PyArray_DATA(ya)
+    cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+    cdef const float *npp = <const float *>cnp.PyArray_DATA(na)
+    cdef float gv = (<const float *>cnp.PyArray_DATA(ga))[0]
+    if N == 0:
+        return
+    with nogil:
+        c_scalenorm_backward(dp, dgp, yp, xp, npp, gv, N, D, feps, accumulate)

@@ -7,8 +7,8 @@ Chiang 2018): the normalisation lever of issue 57, chosen by ModelConfig.norm an
   every embedding table and the output projection's weight; a logit is then the output bias plus
   |h| times a cosine. The stored weights stay as trained; what reads them reads the unit rows.
 
-ScaleNorm's forward is a C kernel (csrc/layernorm.h: the decoder's step runs it too); the rest is
-float32 numpy. Everything is row-local (a row's result depends on that row alone), so a step keeps
+Both run on ScaleNorm's two C kernels (csrc/layernorm.h; the decoder's step runs the forward too;
+FixNorm is the kernels with g = 1). Everything is row-local (a row's result depends on that row alone), so a step keeps
 its bits at any thread count; the reference is transformer/torch_compat.py's ScaleNorm and F.normalize.
 """
 import numpy as np
@@ -23,12 +23,6 @@ FIX_NORM_EPS = 1e-12      # F.normalize's
 _f32 = np.float32
 
 
-def _row_norms(x, out):
-    """out[i] = ||x[i]|| (float32)."""
-    np.sqrt(np.einsum("ij,ij->i", x, x), out=out)
-    return out
-
-
 def scale_norm_forward(x, g, out, norms):
     """out = x * (g / max(||x_row||, eps)) for x [N, D], g [1]; norms [N] receives each row's norm,
     clamped (backward reads it). The C kernel (csrc/layernorm.h), which decoding's C step runs too."""
@@ -36,25 +30,16 @@ def scale_norm_forward(x, g, out, norms):
     return out
 
 
+_ONE = np.ones(1, _f32)
+
+
 def unit_rows(table, out=None, norms=None):
     """table's rows at unit length (FixNorm): out [V, D] (a new array when None); norms [V] receives
-    max(||row||, eps)."""
+    max(||row||, eps). ScaleNorm's kernel with g = 1."""
     out = np.empty_like(table) if out is None else out
     norms = np.empty(len(table), _f32) if norms is None else norms
-    np.maximum(_row_norms(table, norms), _f32(FIX_NORM_EPS), out=norms)
-    np.divide(table, norms[:, None], out=out)
+    _C.scalenorm_forward(np.ascontiguousarray(table), _ONE, out, norms, FIX_NORM_EPS)
     return out
-
-
-def _through_unit(x_hat, norms, eps, dy, scale):
-    """The gradient through y = x * (scale / m), m = max(||x||, eps) per row, given x_hat = x / m:
-    scale / m * (dy - x_hat (x_hat . dy)), and scale / m * dy where the norm was clamped (m does
-    not move with x there). Returns a new [N, D] array."""
-    dot = np.einsum("ij,ij->i", x_hat, dy)
-    dot[norms <= _f32(eps)] = 0.0
-    dx = dy - x_hat * dot[:, None]
-    dx *= (scale / norms)[:, None]
-    return dx
 
 
 class ScaleNorm:
@@ -75,14 +60,7 @@ class ScaleNorm:
 
     def backward(self, dout, dx, accumulate=False):
         # dout [N, D]; dx [N, D] (may be dout when not accumulate)
-        norms = self.norms
-        x_hat = self.x / norms[:, None]
-        self.dweight[0] += np.einsum("ij,ij->", dout, x_hat, dtype=_f32)
-        grad = _through_unit(x_hat, norms, SCALE_NORM_EPS, dout, self.weight[0])
-        if accumulate:
-            dx += grad
-        else:
-            dx[...] = grad
+        _C.scalenorm_backward(dout, self.x, self.norms, self.weight, dx, self.dweight, SCALE_NORM_EPS, accumulate)
         return dx
 
 
@@ -103,4 +81,4 @@ class FixNorm:
             self.dunit.fill(0.0)
 
     def backward(self):
-        self.dtable += _through_unit(self.unit, self.norms, FIX_NORM_EPS, self.dunit, _f32(1.0))
+        _C.scalenorm_backward(self.dunit, self.table, self.norms, _ONE, self.dtable, None, FIX_NORM_EPS, True)
