@@ -8,8 +8,9 @@ Chiang 2018): the normalisation lever of issue 57, chosen by ModelConfig.norm an
   |h| times a cosine. The stored weights stay as trained; what reads them reads the unit rows.
 
 Both run on ScaleNorm's two C kernels (csrc/layernorm.h; the decoder's step runs the forward too;
-FixNorm is the kernels with g = 1). Everything is row-local (a row's result depends on that row alone), so a step keeps
-its bits at any thread count; the reference is transformer/torch_compat.py's ScaleNorm and F.normalize.
+FixNorm is the kernels with g = 1). Everything is row-local (a row's result depends on that row
+alone) and every sum runs in a fixed order, so a step keeps its bits at any thread count; the
+reference is transformer/torch_compat.py's ScaleNorm and F.normalize.
 """
 import numpy as np
 
