@@ -36,7 +36,8 @@ void layernorm_backward(float *dx, float *dweight, float *dbias, float *scratch,
 
 /* ScaleNorm (Nguyen & Salazar 2019; transformer/norms.py): per row, norm = max(sqrt(sum x^2), eps)
  * with the sum of squares in double (eight running sums by index mod 8, added pairwise in a fixed
- * order: the same bits at every SIMD level and thread count), rounded to float; out = x * (g / norm), g / norm rounded to float first. out may be x.
+ * order: the same bits at every SIMD level and thread count), rounded to float;
+ * out = x * (g / norm), g / norm rounded to float first. out may be x.
  * norms [N] receives each row's clamped norm (the backward pass reads it). */
 void scalenorm_forward(float *out, float *norms, const float *x, float g, long N, long D, float eps);
 
