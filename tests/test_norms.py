@@ -216,3 +216,22 @@ def test_the_scale_norm_kernel_checks_its_arguments_and_keeps_nan_rows():
             _C.scalenorm_forward(x, g, out, n)
     with pytest.raises(ValueError, match="norms"):
         _C.scalenorm_forward(x, np.ones(1, np.float32), out, np.empty(3, np.float32))
+
+
+def test_an_int8_file_of_a_fix_norm_model_translates_as_the_model_it_was_saved_from(tmp_path):
+    """FixNorm's tables stay float32 in an int8 file (decoding quantizes their unit rows): the loaded
+    model's int8 decoding equals the saved model's; every other matrix is stored as int8."""
+    model = T.Seq2SeqTransformer(config(norm="scale", fix_norm=True), seed=3)
+    src = batch(B=4)[0]
+    model.save(tmp_path / "m8", precision="int8")
+    loaded = T.Seq2SeqTransformer.load(tmp_path / "m8")
+    assert loaded.stored_precision == "int8"
+    for name in ("src_embed.weight", "tgt_embed.weight", "generator.weight"):
+        assert np.array_equal(loaded.params.data[name], model.params.data[name]), name
+    assert set(loaded._int8_seed) == set(model.int8_matrices()) and "transformer.encoder.layers.0.linear1.weight" \
+        in loaded._int8_seed
+    for search in ("greedy", "beam"):
+        kw = dict(max_len=8, precision="int8")
+        run = (lambda m: m.greedy_decode(src, **kw)) if search == "greedy" else \
+            (lambda m: m.beam_search(src, beam_size=3, **kw))
+        assert run(loaded) == run(model), search

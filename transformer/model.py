@@ -519,9 +519,14 @@ class Seq2SeqTransformer:
 
     def int8_matrices(self):
         """Names of the matrices an int8 model stores quantized: every linear map's weight and the
-        embedding tables (the output projection too unless decoding.int8_generator keeps it wider)."""
+        embedding tables (the output projection too unless decoding.int8_generator keeps it wider).
+        With FixNorm the tables it normalises stay float32: decoding quantizes their unit rows, which
+        quantized stored tables would give only approximately (the file would translate otherwise
+        than the model it was saved from)."""
         from .decoding import int8_generator
         names = [k for k, v in self.params.data.items() if v.ndim == 2]
+        if self.cfg.fix_norm:
+            names = [k for k in names if k not in ("src_embed.weight", "tgt_embed.weight", "generator.weight")]
         generator = self.params.tied.get("generator.weight", "generator.weight")
         return [k for k in names if k != generator or int8_generator(self.cfg) == "int8"]
 
