@@ -235,3 +235,17 @@ def test_an_int8_file_of_a_fix_norm_model_translates_as_the_model_it_was_saved_f
         run = (lambda m: m.greedy_decode(src, **kw)) if search == "greedy" else \
             (lambda m: m.beam_search(src, beam_size=3, **kw))
         assert run(loaded) == run(model), search
+
+
+@pytest.mark.parametrize("tie, tables", [("none", 3), ("target", 2), ("all", 1)])
+def test_a_tied_table_is_normalised_once_for_all_its_readers(tie, tables):
+    """One FixNorm a stored table: tied readers read the same unit rows (the gradient they add
+    together is checked against PyTorch by test_model_parity's tied FixNorm cases)."""
+    cfg = config(fix_norm=True, tie_embeddings=tie, src_vocab_size=43)
+    model = T.Seq2SeqTransformer(cfg, seed=1)
+    assert len(model.fixed) == tables
+    readers = [model.src_embed.table, model.tgt_embed.table, model.generator.weight]
+    assert len({id(r) for r in readers}) == tables
+    units = model.fixed_tables()
+    assert set(units) == {"tgt_embed.weight", "generator.weight"}
+    assert (units["tgt_embed.weight"] is units["generator.weight"]) == (tie != "none")

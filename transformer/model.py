@@ -160,39 +160,52 @@ class Seq2SeqTransformer:
     def _norm(self, name):
         return norm_layer(self.params.data, self.params.grad, name, self.ws, self.cfg.norm)
 
+    # FixNorm's readers in the order the backward pass finishes with them
+    _FIXED_READERS = ("generator", "tgt_embed", "src_embed")
+
     def _fix_norm(self):
         """FixNorm (cfg.fix_norm, norms.py): the source and target embeddings and the output
-        projection read unit rows of their tables, one FixNorm each (a tied table has one per
-        reader: each adds its own share of the gradient)."""
-        self.fixed = {}
+        projection read unit rows of their tables, one FixNorm a stored table (tied readers share
+        its unit rows and the gradient buffer they add into)."""
+        self.fixed, self._fixed_last = {}, {}       # stored name -> FixNorm, -> its last reader
         if not self.cfg.fix_norm:
             return
-        for name, reader in (("src_embed", self.src_embed), ("tgt_embed", self.tgt_embed),
-                             ("generator", self.generator)):
-            fixed = FixNorm(self.params.tensor(f"{name}.weight"), self.params.gradient(f"{name}.weight"))
-            if reader is self.generator:
-                reader.weight = reader.full = fixed.unit
-                reader.dweight = fixed.dunit
+        for reader in self._FIXED_READERS:
+            name = self.params.tied.get(f"{reader}.weight", f"{reader}.weight")
+            fixed = self.fixed.get(name)
+            if fixed is None:
+                fixed = self.fixed[name] = FixNorm(self.params.data[name], self.params.grad[name])
+            layer = getattr(self, reader)
+            if reader == "generator":
+                layer.weight = layer.full = fixed.unit
+                layer.dweight = fixed.dunit
             else:
-                reader.table, reader.dtable = fixed.unit, fixed.dunit
-            self.fixed[name] = fixed
+                layer.table, layer.dtable = fixed.unit, fixed.dunit
+            self._fixed_last[name] = reader
 
     def _refresh_fixed(self, training=False):
         for fixed in self.fixed.values():
             fixed.refresh(training)
 
-    def _fixed_backward(self, name):
-        fixed = self.fixed.get(name)
-        if fixed is not None:
-            fixed.backward()
+    def _fixed_backward(self, reader):
+        """After `reader`'s backward: the table's gradient through the normalisation, once every
+        reader of that table has added into its buffer."""
+        name = self.params.tied.get(f"{reader}.weight", f"{reader}.weight")
+        if self._fixed_last.get(name) == reader:
+            self.fixed[name].backward()
 
     def fixed_tables(self):
-        """{parameter name: its rows at unit length (new arrays)} for what FixNorm normalises
-        (empty without cfg.fix_norm): the tables decoding's steps read instead of the parameters."""
+        """{parameter name: its rows at unit length (new arrays)} for the tables decoding's steps
+        read (the target embedding, the output projection) when FixNorm normalises them; {} without
+        cfg.fix_norm. A tied table is normalised once."""
         if not self.cfg.fix_norm:
             return {}
-        return {f"{name}.weight": unit_rows(self.params.tensor(f"{name}.weight"))
-                for name in ("src_embed", "tgt_embed", "generator")}
+        by_stored = {}
+        for name in ("tgt_embed.weight", "generator.weight"):
+            stored = self.params.tied.get(name, name)
+            if stored not in by_stored:
+                by_stored[stored] = unit_rows(self.params.data[stored])
+        return {name: by_stored[self.params.tied.get(name, name)] for name in ("tgt_embed.weight", "generator.weight")}
 
     @property
     def config(self):

@@ -16,19 +16,12 @@ import numpy as np
 
 from . import _C
 
-__all__ = ["SCALE_NORM_EPS", "FIX_NORM_EPS", "ScaleNorm", "FixNorm", "scale_norm_forward", "unit_rows"]
+__all__ = ["SCALE_NORM_EPS", "FIX_NORM_EPS", "ScaleNorm", "FixNorm", "unit_rows"]
 
 SCALE_NORM_EPS = 1e-5     # Nguyen & Salazar's clamp
 FIX_NORM_EPS = 1e-12      # F.normalize's
 
 _f32 = np.float32
-
-
-def scale_norm_forward(x, g, out, norms):
-    """out = x * (g / max(||x_row||, eps)) for x [N, D], g [1]; norms [N] receives each row's norm,
-    clamped (backward reads it). The C kernel (csrc/layernorm.h), which decoding's C step runs too."""
-    _C.scalenorm_forward(x, g, out, norms, SCALE_NORM_EPS)
-    return out
 
 
 _ONE = np.ones(1, _f32)
@@ -55,7 +48,7 @@ class ScaleNorm:
         # x [N, D] (kept, not copied: the caller must not overwrite it before backward)
         self.norms = self.ws.persistent(self, "norms", (len(x),))
         out = self.ws.persistent(self, "out", x.shape)
-        scale_norm_forward(x, self.weight, out, self.norms)
+        _C.scalenorm_forward(x, self.weight, out, self.norms, SCALE_NORM_EPS)
         self.x = x
         return out
 
@@ -66,9 +59,10 @@ class ScaleNorm:
 
 
 class FixNorm:
-    """A table read at unit rows by one consumer (an Embedding or the output projection): `unit` is
-    what the consumer reads and `dunit` where its backward adds; refresh() before a pass (and zero
-    dunit for a training pass), backward() after the consumer's backward adds the table's gradient."""
+    """A table read at unit rows by its readers (the embeddings, the output projection): `unit` is
+    what they read and `dunit` where their backward passes add; refresh() before a pass (and zero
+    dunit for a training pass), backward() after the last reader's backward adds the table's
+    gradient."""
 
     def __init__(self, table, dtable):
         self.table, self.dtable = table, dtable

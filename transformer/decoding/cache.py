@@ -75,7 +75,7 @@ class StepWeights:
         # streams W at memory speed, csrc/gemm.h: gemm_packed), converted again whenever the
         # weights changed (prepared.py), so no packed copy is ever stale.
         def norm(name):       # (weight, bias); ScaleNorm's (g, None)
-            return (weights[f"{name}.weight"], weights.get(f"{name}.bias") if cfg.norm == "layer" else None)
+            return (weights[f"{name}.weight"], weights[f"{name}.bias"] if cfg.norm == "layer" else None)
 
         def linear(name, rows=None, bias=None, precision=precision):
             full = weights[name]
