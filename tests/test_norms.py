@@ -249,3 +249,90 @@ def test_a_tied_table_is_normalised_once_for_all_its_readers(tie, tables):
     units = model.fixed_tables()
     assert set(units) == {"tgt_embed.weight", "generator.weight"}
     assert (units["tgt_embed.weight"] is units["generator.weight"]) == (tie != "none")
+
+
+def _defaults(argv):
+    from transformer import train
+
+    args = cli.build_parser().parse_args(["train", *argv])
+    train.load_resume(args)
+    train.apply_defaults(args)
+    return args
+
+
+def test_a_new_run_on_data_defaults_to_scale_norm_with_fix_norm(tmp_path):
+    """The defaults of a new run on data (training/flags.py); each can be turned off, and the
+    built-in task keeps the paper's LayerNorm."""
+    data = str(write_corpus(tmp_path / "c.tsv", 60))
+    args = _defaults(["--data", data, "--max-steps", "2"])
+    assert (args.norm, args.fix_norm) == ("scale", True)
+    args = _defaults(["--data", data, "--max-steps", "2", "--norm", "layer", "--no-fix-norm"])
+    assert (args.norm, args.fix_norm) == ("layer", False)
+    args = _defaults(["--data", data, "--max-steps", "2", "--no-fix-norm"])
+    assert (args.norm, args.fix_norm) == ("scale", False)
+    args = _defaults(["--max-steps", "2"])
+    assert args.norm is None and args.fix_norm is None       # the preset's: LayerNorm, no FixNorm
+    assert T.ModelConfig(src_vocab_size=5, tgt_vocab_size=5).norm == "layer"
+
+
+def test_a_layer_norm_model_stays_one_when_fine_tuned_or_resumed(tmp_path):
+    """--init-from and --resume train the model they are given: a LayerNorm model is not turned into
+    a ScaleNorm one by the new defaults (its config.json has neither field)."""
+    data = str(write_corpus(tmp_path / "c.tsv", 60))
+    small = ["--d-model", "32", "--n-heads", "2", "--d-ff", "32", "--n-encoder-layers", "1",
+             "--n-decoder-layers", "1", "--threads", "1", "--eval-every", "0", "--quiet"]
+    out = tmp_path / "run"
+    cli.main(["train", "--data", data, "--max-steps", "2", *small, "--norm", "layer", "--no-fix-norm",
+              "--out", str(out)])
+    written = json.loads((out / "config.json").read_text())
+    assert "norm" not in written and "fix_norm" not in written
+    cli.main(["train", "--data", data, "--max-steps", "3", "--threads", "1", "--quiet", "--resume", str(out)])
+    assert json.loads((out / "config.json").read_text()) == written
+    tuned = tmp_path / "tuned"
+    cli.main(["train", "--data", data, "--max-steps", "1", "--threads", "1", "--eval-every", "0", "--quiet",
+              "--init-from", str(out), "--out", str(tuned)])
+    assert json.loads((tuned / "config.json").read_text()) == written
+
+
+def test_frozen_weights_are_normalised_once_and_unfreezing_sees_new_weights():
+    """While the weights are frozen (Parameters.freeze: translate, evaluate, serve), FixNorm's unit
+    rows are made once, not on every call; once unfrozen, a change to the weights is seen."""
+    cfg = config(fix_norm=True, norm="scale")
+    model = T.Seq2SeqTransformer(cfg, seed=3)
+    src = np.random.default_rng(0).integers(3, 41, (2, 6))
+    calls = []
+    real = norms.unit_rows
+
+    def counted(*a, **kw):
+        calls.append(1)
+        return real(*a, **kw)
+
+    before = model.greedy_decode(src, max_len=8)
+    logits = model.forward(src, src[:, :5])
+    model.params.freeze()
+    try:
+        norms_unit_rows, norms.unit_rows = norms.unit_rows, counted
+        import transformer.model as M
+        model_unit_rows, M.unit_rows = M.unit_rows, counted
+        try:
+            tables = model.fixed_tables()
+            for _ in range(3):
+                assert model.greedy_decode(src, max_len=8) == before
+                assert np.array_equal(model.forward(src, src[:, :5]), logits)
+            again = model.fixed_tables()
+        finally:
+            norms.unit_rows, M.unit_rows = norms_unit_rows, model_unit_rows
+        assert all(again[name] is tables[name] and not tables[name].flags.writeable for name in tables)
+        made = len(calls)
+        assert made == 3 + 2      # the three FixNorm tables once, decoding's two once
+    finally:
+        model.params.unfreeze()
+    model.params.data["generator.weight"][:] *= -1.0      # unit rows point the other way
+    flipped = T.Seq2SeqTransformer(cfg, seed=3)
+    flipped.load_state_dict({k: v.copy() for k, v in model.state_dict().items()})
+    assert np.array_equal(model.forward(src, src[:, :5]), flipped.forward(src, src[:, :5]))
+    assert model.greedy_decode(src, max_len=8) == flipped.greedy_decode(src, max_len=8)
+    model.params.freeze()
+    assert np.array_equal(model.forward(src, src[:, :5]), flipped.forward(src, src[:, :5]))
+    assert model.greedy_decode(src, max_len=8) == flipped.greedy_decode(src, max_len=8)
+    assert np.array_equal(model.fixed_tables()["generator.weight"], flipped.fixed_tables()["generator.weight"])

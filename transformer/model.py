@@ -168,6 +168,9 @@ class Seq2SeqTransformer:
         projection read unit rows of their tables, one FixNorm a stored table (tied readers share
         its unit rows and the gradient buffer they add into)."""
         self.fixed, self._fixed_last = {}, {}       # stored name -> FixNorm, -> its last reader
+        # the frozen token (Parameters.freeze) the unit rows were last made under, and decoding's
+        # tables made under it: frozen weights are normalised once, not on every call
+        self._fixed_under, self._fixed_tables = None, (None, {})
         if not self.cfg.fix_norm:
             return
         for reader in self._FIXED_READERS:
@@ -184,8 +187,14 @@ class Seq2SeqTransformer:
             self._fixed_last[name] = reader
 
     def _refresh_fixed(self, training=False):
+        """The unit rows from the tables as they are now (the caller holds self._lock); for a pass
+        that does not train, kept while the weights stay frozen under the token they were made under."""
+        frozen = self.params.frozen
+        if not training and frozen is not None and self._fixed_under is frozen:
+            return
         for fixed in self.fixed.values():
             fixed.refresh(training)
+        self._fixed_under = None if training else frozen
 
     def _fixed_backward(self, reader):
         """After `reader`'s backward: the table's gradient through the normalisation, once every
@@ -195,17 +204,27 @@ class Seq2SeqTransformer:
             self.fixed[name].backward()
 
     def fixed_tables(self):
-        """{parameter name: its rows at unit length (new arrays)} for the tables decoding's steps
-        read (the target embedding, the output projection) when FixNorm normalises them; {} without
-        cfg.fix_norm. A tied table is normalised once."""
+        """{parameter name: its rows at unit length} for the tables decoding's steps read (the
+        target embedding, the output projection) when FixNorm normalises them; {} without
+        cfg.fix_norm. A tied table is normalised once. New arrays, except while the weights are
+        frozen (Parameters.freeze): then every call gets the same read-only ones, made once."""
         if not self.cfg.fix_norm:
             return {}
+        frozen = self.params.frozen
+        under, tables = self._fixed_tables
+        if frozen is not None and under is frozen:     # frozen weights: the tables made under their token
+            return dict(tables)
         by_stored = {}
         for name in ("tgt_embed.weight", "generator.weight"):
             stored = self.params.tied.get(name, name)
             if stored not in by_stored:
                 by_stored[stored] = unit_rows(self.params.data[stored])
-        return {name: by_stored[self.params.tied.get(name, name)] for name in ("tgt_embed.weight", "generator.weight")}
+        tables = {name: by_stored[self.params.tied.get(name, name)] for name in ("tgt_embed.weight", "generator.weight")}
+        if frozen is not None:
+            for table in by_stored.values():
+                table.flags.writeable = False   # shared by every call under the token: read-only as the weights
+            self._fixed_tables = (frozen, tables)
+        return dict(tables)
 
     @property
     def config(self):
