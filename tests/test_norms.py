@@ -294,12 +294,16 @@ def test_a_layer_norm_model_stays_one_when_fine_tuned_or_resumed(tmp_path):
     assert json.loads((tuned / "config.json").read_text()) == written
 
 
-def test_frozen_weights_are_normalised_once_and_unfreezing_sees_new_weights():
+def test_frozen_weights_are_normalised_once_and_unfreezing_sees_new_weights(monkeypatch):
     """While the weights are frozen (Parameters.freeze: translate, evaluate, serve), FixNorm's unit
     rows are made once, not on every call; once unfrozen, a change to the weights is seen."""
+    import transformer.model as M
+
     cfg = config(fix_norm=True, norm="scale")
     model = T.Seq2SeqTransformer(cfg, seed=3)
     src = np.random.default_rng(0).integers(3, 41, (2, 6))
+    before = model.greedy_decode(src, max_len=8)
+    logits = model.forward(src, src[:, :5])
     calls = []
     real = norms.unit_rows
 
@@ -307,32 +311,26 @@ def test_frozen_weights_are_normalised_once_and_unfreezing_sees_new_weights():
         calls.append(1)
         return real(*a, **kw)
 
-    before = model.greedy_decode(src, max_len=8)
-    logits = model.forward(src, src[:, :5])
     model.params.freeze()
-    try:
-        norms_unit_rows, norms.unit_rows = norms.unit_rows, counted
-        import transformer.model as M
-        model_unit_rows, M.unit_rows = M.unit_rows, counted
-        try:
-            tables = model.fixed_tables()
-            for _ in range(3):
-                assert model.greedy_decode(src, max_len=8) == before
-                assert np.array_equal(model.forward(src, src[:, :5]), logits)
-            again = model.fixed_tables()
-        finally:
-            norms.unit_rows, M.unit_rows = norms_unit_rows, model_unit_rows
-        assert all(again[name] is tables[name] and not tables[name].flags.writeable for name in tables)
-        made = len(calls)
-        assert made == 3 + 2      # the three FixNorm tables once, decoding's two once
-    finally:
-        model.params.unfreeze()
+    with monkeypatch.context() as patch:
+        patch.setattr(norms, "unit_rows", counted)     # FixNorm.refresh's
+        patch.setattr(M, "unit_rows", counted)         # fixed_tables'
+        tables = model.fixed_tables()
+        for _ in range(3):
+            assert model.greedy_decode(src, max_len=8) == before
+            assert np.array_equal(model.forward(src, src[:, :5]), logits)
+        again = model.fixed_tables()
+    assert all(again[name] is tables[name] and not tables[name].flags.writeable for name in tables)
+    assert len(calls) == 3 + 2      # the three FixNorm tables once, decoding's two once
+    model.params.unfreeze()
     model.params.data["generator.weight"][:] *= -1.0      # unit rows point the other way
     flipped = T.Seq2SeqTransformer(cfg, seed=3)
     flipped.load_state_dict({k: v.copy() for k, v in model.state_dict().items()})
-    assert np.array_equal(model.forward(src, src[:, :5]), flipped.forward(src, src[:, :5]))
-    assert model.greedy_decode(src, max_len=8) == flipped.greedy_decode(src, max_len=8)
-    model.params.freeze()
-    assert np.array_equal(model.forward(src, src[:, :5]), flipped.forward(src, src[:, :5]))
-    assert model.greedy_decode(src, max_len=8) == flipped.greedy_decode(src, max_len=8)
-    assert np.array_equal(model.fixed_tables()["generator.weight"], flipped.fixed_tables()["generator.weight"])
+    for frozen in (True, False):     # frozen again at once (a new token), then writable
+        if frozen:
+            model.params.freeze()
+        else:
+            model.params.unfreeze()
+        assert np.array_equal(model.forward(src, src[:, :5]), flipped.forward(src, src[:, :5]))
+        assert model.greedy_decode(src, max_len=8) == flipped.greedy_decode(src, max_len=8)
+        assert np.array_equal(model.fixed_tables()["generator.weight"], flipped.fixed_tables()["generator.weight"])
