@@ -266,8 +266,10 @@ def test_a_new_run_on_data_defaults_to_scale_norm_with_fix_norm(tmp_path):
     data = str(write_corpus(tmp_path / "c.tsv", 60))
     args = _defaults(["--data", data, "--max-steps", "2"])
     assert (args.norm, args.fix_norm) == ("scale", True)
-    args = _defaults(["--data", data, "--max-steps", "2", "--norm", "layer", "--no-fix-norm"])
+    args = _defaults(["--data", data, "--max-steps", "2", "--norm", "layer"])    # FixNorm comes with ScaleNorm
     assert (args.norm, args.fix_norm) == ("layer", False)
+    args = _defaults(["--data", data, "--max-steps", "2", "--norm", "layer", "--fix-norm"])
+    assert (args.norm, args.fix_norm) == ("layer", True)
     args = _defaults(["--data", data, "--max-steps", "2", "--no-fix-norm"])
     assert (args.norm, args.fix_norm) == ("scale", False)
     args = _defaults(["--max-steps", "2"])
@@ -282,8 +284,7 @@ def test_a_layer_norm_model_stays_one_when_fine_tuned_or_resumed(tmp_path):
     small = ["--d-model", "32", "--n-heads", "2", "--d-ff", "32", "--n-encoder-layers", "1",
              "--n-decoder-layers", "1", "--threads", "1", "--eval-every", "0", "--quiet"]
     out = tmp_path / "run"
-    cli.main(["train", "--data", data, "--max-steps", "2", *small, "--norm", "layer", "--no-fix-norm",
-              "--out", str(out)])
+    cli.main(["train", "--data", data, "--max-steps", "2", *small, "--norm", "layer", "--out", str(out)])
     written = json.loads((out / "config.json").read_text())
     assert "norm" not in written and "fix_norm" not in written
     cli.main(["train", "--data", data, "--max-steps", "3", "--threads", "1", "--quiet", "--resume", str(out)])

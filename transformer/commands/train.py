@@ -134,11 +134,12 @@ def register(sub):
                             "(--no-norm-first: the paper's post-LN; the default for the built-in task)")
     train.add_argument("--norm", choices=["layer", "scale"],
                        help="scale: ScaleNorm (Nguyen & Salazar, 2019) wherever a layer norm would be: x * g / "
-                            "||x||, one learned g per norm, started at sqrt(d_model) (default: scale with --data, for a new run; layer for the built-in task)")
+                            "||x||, one learned g per norm, started at sqrt(d_model) (default: scale for a new run "
+                            "on --data; layer for the built-in task)")
     train.add_argument("--fix-norm", dest="fix_norm", action=argparse.BooleanOptionalAction, default=None,
                        help="FixNorm (Nguyen & Chiang, 2018): the embedding tables and the output projection read "
                             "with every row at unit length, as 'Transformers without Tears' pairs it with "
-                            "--norm scale (default: on with --data, for a new run; off for the built-in task)")
+                            "--norm scale (default: on with --norm scale in a new run on --data, else off)")
     train.add_argument("--max-steps", type=_positive_int)
     train.add_argument("--minutes", type=_positive_float, help="wall-clock budget (default 10 with --data; the built-in task "
                        "trains until it reverses 99%% of fresh words, within 10; periodic evaluation is not counted; with --resume: what the interrupted run had left)")

@@ -126,11 +126,13 @@ def apply_defaults(args):
         # ScaleNorm with FixNorm ("Transformers without Tears"), as a run on data trains pre-LN: on
         # the Bible, tiny, 6,600 steps, 5 seeds, +1.86 BLEU greedy [+1.46, +2.32] and +1.49 beam 4
         # at equal steps, each step 1.01-1.02x; on Tatoeba level in BLEU, dev loss 3.64-3.73
-        # against 4.23-4.36 (benchmarks/notes/2026-12-04-scalenorm-fixnorm-levers-bible.md).
+        # against 4.23-4.36 (benchmarks/notes/2026-12-04-scalenorm-fixnorm-levers-bible.md); ten
+        # minutes, +2.05 BLEU over 572e4d1's defaults (notes/2026-12-05-scalenorm-defaults-ten-minutes.md).
+        # FixNorm comes with ScaleNorm, as the paper pairs them: --norm layer alone is the LayerNorm model.
         if args.norm is None:
             args.norm = "scale"
         if args.fix_norm is None:
-            args.fix_norm = True
+            args.fix_norm = args.norm == "scale"
     if args.precision == "int8":
         raise FlagError("--precision int8 is for decoding (translate, evaluate); train takes auto, fp32 or bf16 "
                         "(bf16: every GEMM's operands in bfloat16, weights and optimizer in float32)")
