@@ -327,11 +327,13 @@ def test_frozen_weights_are_normalised_once_and_unfreezing_sees_new_weights(monk
     model.params.data["generator.weight"][:] *= -1.0      # unit rows point the other way
     flipped = T.Seq2SeqTransformer(cfg, seed=3)
     flipped.load_state_dict({k: v.copy() for k, v in model.state_dict().items()})
-    for frozen in (True, False):     # frozen again at once (a new token), then writable
+    for frozen in (True, False):     # frozen again at once (a new token), then writable and written
         if frozen:
             model.params.freeze()
         else:
             model.params.unfreeze()
+            for m in (model, flipped):
+                m.params.data["tgt_embed.weight"][:20] *= -1.0
         assert np.array_equal(model.forward(src, src[:, :5]), flipped.forward(src, src[:, :5]))
         assert model.greedy_decode(src, max_len=8) == flipped.greedy_decode(src, max_len=8)
         assert np.array_equal(model.fixed_tables()["generator.weight"], flipped.fixed_tables()["generator.weight"])
