@@ -17,7 +17,7 @@ from . import _C
 from .config import ModelConfig
 from .layers import (DecoderLayer, DropoutStream, Embedding, EncoderLayer, Linear, WordDropout, Workspace,
                      norm_layer, output_loss)
-from .norms import FixNorm, unit_rows
+from .norms import FixNorm
 from .params import Parameters
 from .precision import check_precision
 from .prepared import PreparedWeights, dequantize, quantize
@@ -168,9 +168,9 @@ class Seq2SeqTransformer:
         projection read unit rows of their tables, one FixNorm a stored table (tied readers share
         its unit rows and the gradient buffer they add into)."""
         self.fixed, self._fixed_last = {}, {}       # stored name -> FixNorm, -> its last reader
-        # the frozen token (Parameters.freeze) the unit rows were last made under, and decoding's
-        # tables made under it: frozen weights are normalised once, not on every call
-        self._fixed_under, self._fixed_tables = None, (None, {})
+        # the frozen token (Parameters.freeze) the unit rows were last made under: frozen weights
+        # are normalised once, not on every call
+        self._fixed_under = None
         if not self.cfg.fix_norm:
             return
         for reader in self._FIXED_READERS:
@@ -206,25 +206,13 @@ class Seq2SeqTransformer:
     def fixed_tables(self):
         """{parameter name: its rows at unit length} for the tables decoding's steps read (the
         target embedding, the output projection) when FixNorm normalises them; {} without
-        cfg.fix_norm. A tied table is normalised once. New arrays, except while the weights are
-        frozen (Parameters.freeze): then every call gets the same read-only ones, made once."""
+        cfg.fix_norm. They are FixNorm's own buffers, made from the weights as they are now (kept
+        while the weights are frozen), which the next pass of this model makes again."""
         if not self.cfg.fix_norm:
             return {}
-        frozen = self.params.frozen
-        under, tables = self._fixed_tables
-        if frozen is not None and under is frozen:     # frozen weights: the tables made under their token
-            return dict(tables)
-        by_stored = {}
-        for name in ("tgt_embed.weight", "generator.weight"):
-            stored = self.params.tied.get(name, name)
-            if stored not in by_stored:
-                by_stored[stored] = unit_rows(self.params.data[stored])
-        tables = {name: by_stored[self.params.tied.get(name, name)] for name in ("tgt_embed.weight", "generator.weight")}
-        if frozen is not None:
-            for table in by_stored.values():
-                table.flags.writeable = False   # shared by every call under the token: read-only as the weights
-            self._fixed_tables = (frozen, tables)
-        return dict(tables)
+        with self._lock:
+            self._refresh_fixed()
+        return {name: self.fixed[self.params.tied.get(name, name)].unit for name in ("tgt_embed.weight", "generator.weight")}
 
     @property
     def config(self):
@@ -557,8 +545,7 @@ class Seq2SeqTransformer:
         than the model it was saved from)."""
         from .decoding import int8_generator
         names = [k for k, v in self.params.data.items() if v.ndim == 2]
-        if self.cfg.fix_norm:
-            names = [k for k in names if k not in ("src_embed.weight", "tgt_embed.weight", "generator.weight")]
+        names = [k for k in names if k not in self.fixed]
         generator = self.params.tied.get("generator.weight", "generator.weight")
         return [k for k in names if k != generator or int8_generator(self.cfg) == "int8"]
 
