@@ -302,6 +302,7 @@ def main(argv=None):
               "precision": args.precision, "size": report["record"].get("size"), "cpu": cpu_model(),
               "threads": args.threads, "minutes": args.minutes, "schedule": trainer.state.schedule,
               "batch_tokens": args.batch_tokens, "vocab": args.vocab_size, "dropout": trainer.model.cfg.dropout,
+              "norm": trainer.model.cfg.norm, "fix_norm": trainer.model.cfg.fix_norm,
               "steps": trainer.state.step, "tokens": trainer.state.tokens, "seconds": trainer.state.seconds,
               "dev_loss": report["record"].get("dev_loss"), "dev_pairs": len(trainer.dev),
               "greedy": {k: final.get(k) for k in ("bleu", "chrf")},

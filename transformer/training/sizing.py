@@ -2,7 +2,8 @@
 candidate shape costs on this CPU, at this precision and thread count, in the first seconds of its
 budget, and trains the one whose learning curve is highest at the steps the rest of the budget buys.
 
-The curves are measured (benchmarks/notes/2026-12-01-time-to-quality.md): dev BLEU (greedy) against
+The curves are measured (benchmarks/notes/2026-12-05-sizing-curves-scalenorm.md for the default
+model, ScaleNorm + FixNorm; 2026-12-01-time-to-quality.md for LayerNorm's): dev BLEU (greedy) against
 optimizer steps of the budget schedule on the Bible corpus, 2048-token batches, for each
 candidate; a run's quality at a given step does not depend on the CPU or the thread count (the
 kernels are deterministic in both), so the curves travel and only the clock is measured here.
@@ -34,30 +35,60 @@ CANDIDATES = {
     "small": PRESETS["small"],
 }
 
-# bleu(steps) = A - B * steps ** -ALPHA per candidate: dev BLEU (greedy, the periodic evaluations on
-# 200 held-out sentences from step 500 on, and each run's final on all 500), least squares with one
-# ALPHA for all (`python benchmarks/size_curves.py RECORDS...`; the records and the fit's residuals
-# are in the notes of 2026-12-01, 2026-12-02 and 2026-12-03). tiny: 9 runs of 1500 to 17,300 steps,
-# 236 points (RMS residual 1.1 BLEU); medium-4-2: runs of 3460 and 10,400 steps, 34 points (0.8);
-# small: two runs of 1018 and 2037 steps (1.0). A and B are not asymptotes: beyond the runs
-# measured the curves are extrapolations.
-ALPHA = 0.34
+# bleu(steps) = A - B * steps ** -ALPHA per candidate, for the default model (pre-LN, ScaleNorm +
+# FixNorm, the default since 2026-12-05): dev BLEU (greedy, the periodic evaluations on 200 held-out
+# sentences from step 500 on, and each run's final on all 500), least squares with one ALPHA for
+# all (`python benchmarks/size_curves.py RECORDS...`; the records and the fit's residuals are in
+# benchmarks/notes/2026-12-05-sizing-curves-scalenorm.md). A and B are not asymptotes: beyond the
+# runs measured the curves are extrapolations.
+ALPHA = 0.42
 CURVES = {
-    "tiny": (44.54, 305.0),
-    "medium-4-2": (49.10, 348.6),
-    "small": (53.42, 390.3),
+    "tiny": (44.44, 542.2),
+    "medium-4-2": (48.80, 625.3),
+    "small": (49.33, 565.4),
 }
 # The passes over the training pairs each curve was measured to: the longest run fitted, with the
-# dropout the run's rule gives (schedule.dropout_for), on the Bible (468 steps a pass). tiny: 17,300
-# steps (thirty minutes of an AMX Xeon, dropout 0.1); medium-4-2: 10,400 (the same thirty minutes,
-# dropout 0.1: 33.32 / 34.73 BLEU greedy / beam 4 against tiny's 32.46 / 34.61, dev loss 1.91
-# against 1.96; an earlier 10,400-step run with the 0.3 the rule then gave at 22 passes is not
-# fitted); small: 2,037.
+# dropout the run's rule gives (schedule.dropout_for), on the Bible (468 steps a pass). tiny: three
+# ten-minute runs (7,456-7,513 steps) and one of 17,300 (thirty minutes of an AMX Xeon, dropout 0.1),
+# 283 points (RMS residual 1.0 BLEU); medium-4-2: 10,400 steps (the same thirty minutes, dropout
+# 0.1: 34.67 / 36.20 BLEU greedy / beam 4 against tiny's 33.65 / 35.27), 41 points (1.05); small:
+# 2,037 steps, 17 points (1.2).
 MEASURED_PASSES = {
     "tiny": 37.0,
     "medium-4-2": 22.2,
     "small": 4.4,
 }
+
+# The same for LayerNorm (--norm layer: the paper's model, the default until 2026-12-05), from the
+# notes of 2026-12-01, 2026-12-02 and 2026-12-03. tiny: 9 runs of 1500 to 17,300 steps, 236 points
+# (RMS residual 1.1 BLEU); medium-4-2: runs of 3460 and 10,400 steps, 34 points (0.8); small: two
+# runs of 1018 and 2037 steps (1.0). Passes: tiny 17,300 steps (thirty minutes of an AMX Xeon,
+# dropout 0.1); medium-4-2 10,400 (the same thirty minutes, dropout 0.1: 33.32 / 34.73 BLEU greedy /
+# beam 4 against tiny's 32.46 / 34.61, dev loss 1.91 against 1.96; an earlier 10,400-step run with
+# the 0.3 the rule then gave at 22 passes is not fitted); small 2,037.
+LAYER_ALPHA = 0.34
+LAYER_CURVES = {
+    "tiny": (44.54, 305.0),
+    "medium-4-2": (49.10, 348.6),
+    "small": (53.42, 390.3),
+}
+LAYER_MEASURED_PASSES = {
+    "tiny": 37.0,
+    "medium-4-2": 22.2,
+    "small": 4.4,
+}
+CURVE_NOTES = {"scale": "2026-12-05-sizing-curves-scalenorm.md", "layer": "2026-12-01-time-to-quality.md"}
+
+
+def fitted(norm):
+    """(ALPHA, CURVES, MEASURED_PASSES) of the model a run trains: LayerNorm's for norm "layer",
+    else the default's (a ScaleNorm model without FixNorm was not measured; the default's are the
+    nearer)."""
+    if norm == "layer":
+        return LAYER_ALPHA, LAYER_CURVES, LAYER_MEASURED_PASSES
+    return ALPHA, CURVES, MEASURED_PASSES
+
+
 MIN_STEPS = 300         # a candidate the budget gives fewer steps is not worth its probe
 TIE = 0.5               # predicted dev BLEU within this of the best: the cheaper candidate wins
 PROBE_PASSES = 2        # timed forward/backward passes a candidate (after one untimed, which allocates)
@@ -71,9 +102,11 @@ class Choice:
     rows: list = field(default_factory=list)   # (name, step seconds, steps, predicted BLEU) per candidate
     probe_seconds: float = 0.0
     why: str = None                             # a note on the pick (its prediction capped by the passes)
+    curves: str = "scale"                       # whose learning curves judged: fitted()'s "scale" or "layer"
 
     def record(self):
-        return {"picked": self.name, "why": self.why, "probe_seconds": round(self.probe_seconds, 2),
+        return {"picked": self.name, "why": self.why, "curves": self.curves,
+                "probe_seconds": round(self.probe_seconds, 2),
                 "candidates": [{"name": name, "step_seconds": round(seconds, 4), "steps": steps,
                                 "predicted_bleu": round(bleu, 2)} for name, seconds, steps, bleu in self.rows]}
 
@@ -87,8 +120,9 @@ class Choice:
             lines.append(f"  {name:<12}{seconds:>10.3f}{steps:>8}{bleu:>20.1f}{mark}")
         if self.why:
             lines.append(f"  {self.name}: {self.why}")
-        lines.append("  (learning curves measured on the Bible corpus, benchmarks/notes/2026-12-01-time-to-quality.md; "
-                     "--preset or a size flag to choose)")
+        model = "LayerNorm" if self.curves == "layer" else "ScaleNorm + FixNorm"
+        lines.append(f"  (learning curves of the {model} model measured on the Bible corpus, "
+                     f"benchmarks/notes/{CURVE_NOTES[self.curves]}; --preset or a size flag to choose)")
         return "\n".join(lines)
 
 
@@ -97,14 +131,15 @@ def describe_sizes(sizes):
             f"{sizes['n_encoder_layers']}+{sizes['n_decoder_layers']} layers")
 
 
-def predicted_bleu(name, steps, steps_per_pass=None):
+def predicted_bleu(name, steps, steps_per_pass=None, norm=None):
     """The candidate's dev BLEU after `steps` steps of a budget schedule planned for them, from its
-    fitted curve; steps past the passes over the training pairs its curve was measured to
-    (MEASURED_PASSES) count as those passes."""
-    a, b = CURVES[name]
+    fitted curve (the default model's, or LayerNorm's for norm "layer"); steps past the passes over
+    the training pairs its curve was measured to (MEASURED_PASSES) count as those passes."""
+    alpha, curves, measured = fitted(norm)
+    a, b = curves[name]
     if steps_per_pass:
-        steps = min(steps, MEASURED_PASSES[name] * steps_per_pass)
-    return max(a - b * max(steps, 1) ** -ALPHA, 0.0)
+        steps = min(steps, measured[name] * steps_per_pass)
+    return max(a - b * max(steps, 1) ** -alpha, 0.0)
 
 
 def pick(rows):
@@ -114,9 +149,12 @@ def pick(rows):
     return next(row for row in rows if row[3] >= best - TIE)
 
 
-def choose(budget_seconds, step_seconds_of, steps_per_pass=None, max_steps=None, clock=time.monotonic):
+def choose(budget_seconds, step_seconds_of, steps_per_pass=None, max_steps=None, clock=time.monotonic,
+           norm=None):
     """The Choice for a budget: step_seconds_of(name, sizes) measures a candidate's step; the
-    candidates are tried cheapest first, and none after one the budget gives fewer than MIN_STEPS."""
+    candidates are tried cheapest first, and none after one the budget gives fewer than MIN_STEPS.
+    norm: the run's normalisation, whose curves judge the candidates (fitted)."""
+    _, _, measured = fitted(norm)
     started = clock()
     rows = []
     for name, sizes in CANDIDATES.items():
@@ -127,13 +165,14 @@ def choose(budget_seconds, step_seconds_of, steps_per_pass=None, max_steps=None,
             steps = min(steps, max_steps)
         if rows and steps < MIN_STEPS:
             break
-        rows.append((name, seconds, steps, predicted_bleu(name, steps, steps_per_pass)))
+        rows.append((name, seconds, steps, predicted_bleu(name, steps, steps_per_pass, norm)))
     name, seconds, steps, _ = pick(rows)
     why = None
-    if steps_per_pass and steps > MEASURED_PASSES[name] * steps_per_pass:
+    if steps_per_pass and steps > measured[name] * steps_per_pass:
         why = (f"the budget would show it the training pairs {steps / steps_per_pass:.1f} times; its curve is "
-               f"measured to {MEASURED_PASSES[name]:g}, and its prediction counts {MEASURED_PASSES[name]:g}")
-    return Choice(name, dict(CANDIDATES[name]), seconds, rows, clock() - started, why)
+               f"measured to {measured[name]:g}, and its prediction counts {measured[name]:g}")
+    return Choice(name, dict(CANDIDATES[name]), seconds, rows, clock() - started, why,
+                  "layer" if norm == "layer" else "scale")
 
 
 def step_timer(data, make, precision, label_smoothing, clip_norm):
@@ -182,7 +221,8 @@ def size_run(args, data, src_vocab, tgt_vocab, max_len, engine=None, stream=None
 
     budget = 60.0 * args.minutes
     timer = step_timer(data, make, args.precision, args.label_smoothing, args.clip_norm)
-    choice = choose(budget, timer, steps_per_pass=len(data.batches(0)), max_steps=args.max_steps)
+    choice = choose(budget, timer, steps_per_pass=len(data.batches(0)), max_steps=args.max_steps,
+                    norm=getattr(args, "norm", None))
     args.preset = choice.name
     args.minutes = max(args.minutes - choice.probe_seconds / 60.0, 0.0)
     say(choice.describe(budget - choice.probe_seconds), stream)
