@@ -212,7 +212,8 @@ def test_a_candidate_is_judged_at_the_passes_it_was_measured_to(monkeypatch):
 
 
 def test_layernorms_measured_ranges_decide_ten_and_thirty_minutes_of_this_cpu_as_measured():
-    # the LayerNorm model's curves (--norm layer; the default until 2026-12-05). 2 Xeon (family 6 model 207, AMX) threads, bf16, on the Bible (468 steps a pass). Thirty minutes:
+    # the LayerNorm model's curves (--norm layer; the default until 2026-12-05). 2 Xeon (family 6
+    # model 207, AMX) threads, bf16, on the Bible (468 steps a pass). Thirty minutes:
     # medium-4-2 (10,400 steps, 22 passes, dropout 0.1) gave greedy BLEU 33.32 against tiny's 32.46
     # (17,300 steps), and it is picked; ten minutes: tiny (28.7), medium-4-2's 3,460 steps are below
     costs = {"tiny": 0.104, "medium-4-2": 0.173, "small": 0.26}
