@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from transformer import cli, train
+from transformer import _C, cli, train
 from transformer.bpe_dropout import BPEDropout, dropout_rng
 from transformer.checkpoint import load_checkpoint
 from transformer.corpus import PreparedCorpus, TrainingSet, make_inputs, prepare
@@ -118,6 +118,77 @@ def test_only_bpe_vocabularies_take_dropout():
         SubwordTokenizer.train(["a b"], vocab_size=10).encode_with_dropout("a", 1.0, dropout_rng(0, 0, 0, 0))
 
 
+# -- the C segmenter: the Python replay above, id for id, on every core --------------------------
+
+def ragged(lists, dtype):
+    offsets = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum([len(ids) for ids in lists], out=offsets[1:])
+    return np.asarray([i for ids in lists for i in ids], dtype=dtype), offsets
+
+
+@pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9])
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_segment_many_is_the_python_replay_id_for_id(tokenizer, p, dtype, restore_threads):
+    """Sentences of every length (none too), rows in any order, at 1 and 2 threads: each equals
+    resegment with dropout_rng's stream, and the lengths alone are its lengths."""
+    segmenter = tokenizer.dropout()
+    texts = sentences(400, seed=6) + ["", "€ #x ka"]
+    plain = [tokenizer.encode(t) for t in texts]
+    rows = np.random.default_rng(1).permutation(5000)[:len(texts)]
+    want = [segmenter.resegment(ids, p, dropout_rng(11, 2, "tgt", r)) for ids, r in zip(plain, rows)]
+    ids, offsets = ragged(plain, dtype)
+    for threads in (1, 2):
+        _C.set_num_threads(threads)
+        got, at = segmenter.segment_many(ids, offsets, p, 11, 2, "tgt", rows)
+        assert got.dtype == np.int32 and at.tolist()[0] == 0
+        assert [got[at[k]:at[k + 1]].tolist() for k in range(len(texts))] == want
+        lens = segmenter.segment_many(ids, offsets, p, 11, 2, "tgt", rows, lengths_only=True)
+        assert lens.tolist() == [len(w) for w in want]
+    if p:
+        assert want != plain
+
+
+def test_segment_many_reads_ids_where_its_offsets_say(tokenizer):
+    """Offsets into the middle of a corpus's ids (a chunk of a memory-mapped array) and ids beyond
+    the vocabulary, which stay whole and begin no word, as the replay keeps them."""
+    segmenter = tokenizer.dropout()
+    plain = [tokenizer.encode(t) for t in sentences(50, seed=7)]
+    plain[3] = plain[3][:2] + [tokenizer.vocab_size + 5] + plain[3][2:]
+    ids, offsets = ragged(plain, np.int32)
+    rows = np.arange(10, 50)
+    got, at = segmenter.segment_many(ids, offsets[10:], 0.3, 2, 0, "src", rows)
+    want = [segmenter.resegment(plain[r], 0.3, dropout_rng(2, 0, "src", r)) for r in rows]
+    assert [got[at[k]:at[k + 1]].tolist() for k in range(len(rows))] == want
+
+
+def test_a_seed_of_fewer_words_is_the_int_random_random_reads(tokenizer):
+    """random.Random(n) reads only n's significant 32-bit words: keys with keylen 1-4 give its stream."""
+    import random
+    segmenter = tokenizer.dropout()
+    plain = [tokenizer.encode(t) for t in sentences(40, seed=8)]
+    ids, offsets = ragged(plain, np.int32)
+    seeds = [5 + k + (k % 4 > 0) * 2**32 * (k + 1) + (k % 4 > 1) * 2**64 * 3 + (k % 4 > 2) * 2**96 for k in range(40)]
+    keys = np.array([[(n >> (32 * w)) & 0xFFFFFFFF for w in range(4)] for n in seeds], dtype=np.uint32)
+    keylen = np.array([k % 4 + 1 for k in range(40)], dtype=np.int32)
+    got, at = segmenter.tables().segment(ids, offsets, keys, keylen, 0.4)
+    want = [segmenter.resegment(ids_, 0.4, random.Random(n)) for ids_, n in zip(plain, seeds)]
+    assert [got[at[k]:at[k + 1]].tolist() for k in range(40)] == want
+
+
+def test_segment_many_refuses_what_it_cannot_read(tokenizer):
+    tables = tokenizer.dropout().tables()
+    ids, offsets = ragged([[5, 6], [7]], np.int32)
+    keys, keylen = np.zeros((2, 4), np.uint32), np.ones(2, np.int32)
+    with pytest.raises(TypeError, match="ids"):
+        tables.segment(ids.astype(np.int64), offsets, keys, keylen, 0.1)
+    with pytest.raises(ValueError, match="offsets"):
+        tables.segment(ids, np.array([0, 2, 9]), keys, keylen, 0.1)
+    with pytest.raises(ValueError, match="keylen"):
+        tables.segment(ids, offsets, keys, np.array([1, 5], np.int32), 0.1)
+    with pytest.raises(ValueError, match="p must be"):
+        tables.segment(ids, offsets, keys, keylen, 1.0)
+
+
 # -- the training set: redrawn per pass, off unless asked for -----------------------------------
 
 @pytest.fixture(scope="module")
@@ -165,10 +236,18 @@ def test_each_pass_draws_its_own_segmentations_whatever_the_batching(corpus):
     assert first != second
     for row, ids in first.items():
         assert tok.decode(ids) == tok.decode(corpus.sentence("src", row))
-    # the batches themselves (which pairs, in which order) are the plain run's: lengths are the stored ones
+    # each pass's batches are packed by its own segmentations: every pair once, and a batch holds at
+    # most batch_tokens (300) drawn ids counted as rows x its longest pair, as a plain run's hold plain ones
     off = sets(corpus, 0.0)
     for epoch in range(2):
-        assert [b.tolist() for b in data.batches(epoch)] == [b.tolist() for b in off.batches(epoch)]
+        batches = data.batches(epoch)
+        assert sorted(np.concatenate([batches[i] for i in range(len(batches))]).tolist()) == everything.tolist()
+        drawn = data.drawn_lengths(epoch)
+        for i in range(len(batches)):
+            src, tgt_in, _ = data.collate(batches[i], epoch=epoch)
+            np.testing.assert_array_equal(drawn[batches[i]], np.maximum((src != 0).sum(1), (tgt_in != 0).sum(1)))
+            assert len(batches[i]) == 1 or len(batches[i]) * max(src.shape[1], tgt_in.shape[1]) <= 300
+        assert (drawn > off.lengths).any() and [b.tolist() for b in batches] != [b.tolist() for b in off.batches(epoch)]
 
 
 def test_a_drawn_segmentation_too_long_for_the_model_gives_way_to_the_plain_one(corpus):

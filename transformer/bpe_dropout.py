@@ -14,19 +14,41 @@ The random draws come from an explicit stream, dropout_rng(seed, pass, side, ind
 of the sentence and the pass over the data only, so a segmentation does not depend on the
 order sentences are segmented in, on threads, on ranks, or on where a run was resumed.
 `tokenizers`' own BPE dropout draws from a thread's unseeded generator, hence this replay.
+
+Training segments many sentences at a time in C (segment_many: csrc/bpe.c, every core, the same
+draws through CPython's Mersenne Twister), id for id what resegment gives here; this Python
+replay is the reference that C is tested against.
 """
 import hashlib
 import json
 import random
 
+import numpy as np
+
 WORD_START = "\u2581"   # Metaspace's word-start mark, "▁"
+
+
+def _seed_digest(seed, pass_index, side, index):
+    key = f"bpe-dropout:{int(seed)}:{int(pass_index)}:{side}:{int(index)}".encode("ascii")
+    return hashlib.blake2b(key, digest_size=16).digest()
 
 
 def dropout_rng(seed, pass_index, side, index):
     """The random stream of one sentence's segmentation in one pass: random.Random, whose
     random() sequence for a given int seed Python keeps the same from version to version."""
-    key = f"bpe-dropout:{int(seed)}:{int(pass_index)}:{side}:{int(index)}".encode("ascii")
-    return random.Random(int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "little"))
+    return random.Random(int.from_bytes(_seed_digest(seed, pass_index, side, index), "little"))
+
+
+def dropout_keys(seed, pass_index, side, rows):
+    """The seeds of dropout_rng for sentences `rows` as random.Random reads an int seed: its
+    little-endian 32-bit words (keys, uint32 [n, 4]) and how many it has (keylen, the highest
+    non-zero word's place + 1, at least 1)."""
+    rows = np.asarray(rows).reshape(-1)
+    keys = np.frombuffer(b"".join(_seed_digest(seed, pass_index, side, r) for r in rows.tolist()),
+                         dtype="<u4").reshape(rows.size, 4).astype(np.uint32)
+    nonzero = keys != 0
+    keylen = np.where(nonzero.any(axis=1), 4 - np.argmax(nonzero[:, ::-1], axis=1), 1).astype(np.int32)
+    return keys, keylen
 
 
 def check_rate(p, name="p"):
@@ -118,6 +140,28 @@ class BPEDropout:
         if word:
             out.extend(self._merge_word(word, p, rng, stats))
         return out
+
+    def tables(self):
+        """The merges and characters for the C segmenter (_C.BPETables), made once."""
+        if getattr(self, "_tables", None) is None:
+            from . import _C
+
+            size = max(self._pieces) + 1 if self._pieces else 0
+            pairs = sorted((rank, left, right, merged) for (left, right), (rank, merged) in self._merges.items())
+            chars = [self._characters(token_id) for token_id in range(size)]
+            chars_off = np.zeros(size + 1, dtype=np.int64)
+            np.cumsum([len(c) for c in chars], out=chars_off[1:])
+            self._tables = _C.BPETables([q[1] for q in pairs], [q[2] for q in pairs], [q[3] for q in pairs],
+                                        chars_off, [c for word in chars for c in word],
+                                        [self._begins_word(token_id) for token_id in range(size)])
+        return self._tables
+
+    def segment_many(self, ids, offsets, p, seed, pass_index, side, rows, lengths_only=False):
+        """resegment for many sentences at once, in C on every core: sentence s, ids[offsets[s]:
+        offsets[s + 1]], drawn from dropout_rng(seed, pass_index, side, rows[s]). Returns
+        (ids int32, offsets int64 [n + 1]), or the lengths (int64 [n]) when lengths_only."""
+        keys, keylen = dropout_keys(seed, pass_index, side, rows)
+        return self.tables().segment(ids, offsets, keys, keylen, check_rate(p), lengths_only)
 
     def encode(self, text, p, rng, stats=None):
         """The ids of `text` with BPE-dropout p, drawn from rng (p = 0: tokenizer.encode(text))."""
