@@ -14,7 +14,9 @@ the rounds (paired: each round's runs ran within a minute or two of each other).
 
 A variant is NAME=DIR[:VAR=VALUE,...]: the checkout whose `transformer` package (with its compiled
 module) is imported (the process runs in DIR, so DIR's package comes first on the path), and
-environment variables for its runs.
+environment variables for its runs. --variant-args NAME=FLAGS adds `transformer train` flags to
+one variant's runs (after --train-args), e.g. `--variant-args bpe='--bpe-dropout 0.1'` beside a
+variant of the same checkout without them.
 
 --load K: K other processes spin on the CPU during every run (a machine shared with other work,
 as a laptop or a small VM often is); each record then says so.
@@ -86,9 +88,14 @@ def main(argv=None):
     parser.add_argument("--load", type=int, default=0, help="processes spinning on the CPU during each run")
     parser.add_argument("--train-args", default="", help="more `transformer train` flags for every run, e.g. "
                         "'--eval-every 100' (a later flag wins over the same flag before it)")
+    parser.add_argument("--variant-args", action="append", default=[], help="NAME=FLAGS: more flags for one variant")
     parser.add_argument("--json", help="also write the records to this file")
     args = parser.parse_args(argv)
     variants = [parse_variant(v) for v in args.variant]
+    own_flags = {name: shlex.split(flags) for name, _, flags in (v.partition("=") for v in args.variant_args)}
+    unknown = set(own_flags) - {name for name, _, _ in variants}
+    if unknown:
+        parser.error(f"--variant-args names no --variant: {sorted(unknown)}")
     threads = [int(t) for t in args.threads.split(",")]
     extra = shlex.split(args.train_args)
     times = {(name, t): [] for name, _, _ in variants for t in threads}
@@ -96,7 +103,7 @@ def main(argv=None):
         for t in threads:
             for name, directory, env in variants:
                 times[(name, t)].append(one_run(directory, env, t, args.precision, args.steps, args.preset, args.data,
-                                                    args.load, extra))
+                                                    args.load, extra + own_flags.get(name, [])))
                 print(f"{name} threads {t}: {times[(name, t)][-1] * 1e3:.1f} ms a step", file=sys.stderr)
     records = []
     first = variants[0][0]
@@ -106,6 +113,7 @@ def main(argv=None):
             record = {"bench": "train_run_step", "variant": name, "env": env, "threads": t,
                       "precision": args.precision, "preset": args.preset, "steps": args.steps, "cpu": cpu_model(),
                       "spinning_processes": args.load, "train_args": args.train_args,
+                      "variant_args": " ".join(own_flags.get(name, [])),
                       "step_s_median": statistics.median(own), "step_s_all": own,
                       "speedup_vs_" + first: statistics.median(b / a for a, b in zip(own, times[(first, t)]))}
             if 1 in threads and t != 1:
