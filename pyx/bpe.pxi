@@ -49,12 +49,12 @@ cdef class BPETables:
             c_bpe_merges_insert(&kv[0], &rv[0], &mv[0], self.mask, lv[i], gv[i], <int32_t>i, ov[i])
 
     def segment(self, ids, offsets, keys, keylen, double p, bint lengths_only=False):
-        """The segmentations of sentences ids[offsets[s]:offsets[s + 1]] (ids uint16 or int32,
+        """The segmentations of sentences ids[offsets[s]:offsets[s + 1]] (ids uint16, int32 or uint32,
         offsets int64 [n + 1]), sentence s drawn from random.Random whose seed's little-endian
         32-bit words are keys[s, :keylen[s]] (keys uint32 [n, 4], keylen int32 [n] in 1..4).
         Returns lens (int64 [n]) when lengths_only, else (ids int32, offsets int64 [n + 1])."""
-        if not isinstance(ids, np.ndarray) or ids.dtype not in (np.uint16, np.int32) or ids.ndim != 1:
-            raise TypeError("ids must be a 1-D numpy array of uint16 or int32")
+        if not isinstance(ids, np.ndarray) or ids.dtype not in (np.uint16, np.int32, np.uint32) or ids.ndim != 1:
+            raise TypeError("ids must be a 1-D numpy array of uint16, int32 or uint32 (ids below 2**31)")
         ids = np.ascontiguousarray(ids)
         offsets = np.ascontiguousarray(offsets, dtype=np.int64)
         keys = np.ascontiguousarray(keys, dtype=np.uint32)

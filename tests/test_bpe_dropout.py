@@ -127,7 +127,7 @@ def ragged(lists, dtype):
 
 
 @pytest.mark.parametrize("p", [0.0, 0.1, 0.5, 0.9])
-@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32, np.uint32])   # a prepared corpus stores uint16 or uint32
 def test_segment_many_is_the_python_replay_id_for_id(tokenizer, p, dtype, restore_threads):
     """Sentences of every length (none too), rows in any order, at 1 and 2 threads: each equals
     resegment with dropout_rng's stream, and the lengths alone are its lengths."""
