@@ -17,10 +17,10 @@ void bpe_merges_insert(uint64_t *keys, int32_t *ranks, int32_t *merged, uint64_t
 /* Segment sentences [0, n): sentence s is ids[offsets[s]:offsets[s + 1]] (ids_bytes 2: uint16,
  * 4: int32, or uint32 below 2**31). An id < vocab_n goes back to
  * chars[chars_off[id]:chars_off[id + 1]] and begins a word where starts[id]; any other id stays
- * whole and does not. keys[4 s .. 4 s + keylen[s]) are
- * the little-endian 32-bit words of the sentence's random.Random seed. lens[s] gets the length of
- * the segmentation, and out (NULL: lengths only) the ids from out[out_at[s]], where the caller
- * leaves room for the sentence's characters (a segmentation is never longer).
+ * whole and does not. keys[4 s .. 4 s + keylen[s]) are the little-endian 32-bit words of the
+ * sentence's random.Random seed. lens[s] gets the length of the segmentation, and out the ids
+ * from out[out_at[s]], where the caller leaves room for the sentence's characters (a
+ * segmentation is never longer); out NULL: lengths only (out_at unread, may be NULL).
  * Returns 0, or -1 if scratch memory could not be allocated. */
 int bpe_dropout_segment(const void *ids, int ids_bytes, const int64_t *offsets, long n,
                         const int32_t *chars_off, const int32_t *chars, const uint8_t *starts,

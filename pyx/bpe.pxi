@@ -71,34 +71,36 @@ cdef class BPETables:
         lens = np.zeros(n, dtype=np.int64)
         if n == 0:
             return lens if lengths_only else (np.zeros(0, np.int32), np.zeros(1, np.int64))
-        span = ids[offsets[0]:offsets[n]].astype(np.int64)
-        inside = (span >= 0) & (span < self.vocab_n)
-        per_id = np.where(inside, self.char_len[np.where(inside, span, 0)], 1)
-        run = np.zeros(span.size + 1, dtype=np.int64)
-        np.cumsum(per_id, out=run[1:])
-        bound = run[offsets[1:] - offsets[0]] - run[offsets[:n] - offsets[0]]   # characters a sentence
-        out_at = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(bound, out=out_at[1:])
-        out = None if lengths_only else np.empty(max(int(out_at[n]), 1), dtype=np.int32)
+        cdef const int64_t[::1] atv
+        cdef int32_t[::1] ov
+        cdef int32_t *op = NULL
+        cdef const int64_t *atp = NULL
+        if not lengths_only:      # room for each sentence's characters (a segmentation is never longer)
+            span = ids[offsets[0]:offsets[n]]
+            per_id = np.ones(span.size, dtype=np.int64)
+            inside = (span >= 0) & (span < self.vocab_n)
+            per_id[inside] = self.char_len[span[inside]]
+            run = np.zeros(span.size + 1, dtype=np.int64)
+            np.cumsum(per_id, out=run[1:])
+            out_at = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(run[offsets[1:] - offsets[0]] - run[offsets[:n] - offsets[0]], out=out_at[1:])
+            out = np.empty(max(int(out_at[n]), 1), dtype=np.int32)
+            atv, ov = out_at, out
+            atp, op = &atv[0], &ov[0]
         cdef const unsigned char[::1] idv = ids.view(np.uint8)
-        cdef const int64_t[::1] offv = offsets, atv = out_at
+        cdef const int64_t[::1] offv = offsets
         cdef const int32_t[::1] cov = self.chars_off, chv = self.chars, rv = self.ranks, mv = self.merged
         cdef const int32_t[::1] klv = keylen
         cdef const uint8_t[::1] stv = self.starts
         cdef const uint64_t[::1] kv = self.keys
         cdef const uint32_t[:, ::1] keyv = keys
         cdef int64_t[::1] lv = lens
-        cdef int32_t[::1] ov
-        cdef int32_t *op = NULL
-        if out is not None:
-            ov = out
-            op = &ov[0]
         cdef int nbytes = ids.itemsize, rc
         cdef const void *ip = <const void *>&idv[0] if idv.shape[0] else NULL
         with nogil:
             rc = c_bpe_dropout_segment(ip, nbytes, &offv[0], n, &cov[0], &chv[0], &stv[0], self.vocab_n,
                                        &kv[0], &rv[0], &mv[0], self.mask, &keyv[0, 0], &klv[0], p, op,
-                                       &atv[0], &lv[0])
+                                       atp, &lv[0])
         if rc:
             raise MemoryError("BPE-dropout: no memory for a sentence's scratch")
         if lengths_only:

@@ -87,6 +87,7 @@ class BPEDropout:
             self._merges.setdefault((vocab[left], vocab[right]), (rank, vocab[left + right]))
         self._chars = {}       # id -> the ids of its characters (bounded by the vocabulary)
         self._starts = {}      # id -> whether its piece begins a word
+        self._tables = None    # the C segmenter's (tables), made when first asked for
 
     def _characters(self, token_id):
         chars = self._chars.get(token_id)
@@ -143,7 +144,7 @@ class BPEDropout:
 
     def tables(self):
         """The merges and characters for the C segmenter (_C.BPETables), made once."""
-        if getattr(self, "_tables", None) is None:
+        if self._tables is None:
             from . import _C
 
             size = max(self._pieces) + 1 if self._pieces else 0
