@@ -387,6 +387,136 @@ TF_TARGET_AVX2 static void layernorm_backward_chunk_avx2(float *dx, float *dwp, 
         layernorm_backward_rows_avx2(dx + r * D, dwp, dbp, dy + r * D, x + r * D, w, mean + r,
                                      rstd + r, D, acc, 1);
 }
+/* ------------------------------------------------------------------------- */
+/* ScaleNorm's rows at AVX-512 and AVX2: dot8's eight double lanes (lane j % 8) in registers, each
+ * lane's products (exact in double: float times float) added in dot8's order, then dot8's pairwise
+ * sum; a short row's missing lanes add +0.0, which leaves a sum that is never -0.0 as it is. The
+ * element-wise parts round each product on its own as the plain C does (TF_ROUNDED: GCC would fuse
+ * a product into the next add under these targets' FMA), so every level gives the plain C's bits. */
+
+static inline double sn_pairwise(const double *l)
+{
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+TF_TARGET_AVX512 static inline __mmask8 sn_mask8(long count)
+{
+    return count >= 8 ? (__mmask8)0xff : (__mmask8)((1u << count) - 1u);
+}
+
+/* dot8(a, b, inv, D) (b NULL: a . a) */
+TF_TARGET_AVX512 static inline double sn_dot_avx512(const float *a, const float *b, float inv, long D)
+{
+    __m512d s = _mm512_setzero_pd();
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (long j = 0; j < D; j += 8) {
+        const __mmask8 k = sn_mask8(D - j);
+        const __m256 va = _mm256_maskz_loadu_ps(k, a + j);
+        const __m256 vb = b ? _mm256_mul_ps(_mm256_maskz_loadu_ps(k, b + j), vinv) : va;
+        s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_cvtps_pd(va), _mm512_cvtps_pd(vb)));
+    }
+    double l[8];
+    _mm512_storeu_pd(l, s);
+    return sn_pairwise(l);
+}
+
+TF_TARGET_AVX512 static void scalenorm_forward_rows_avx512(float *out, float *norms, const float *x,
+                                                           float g, long r0, long r1, long D, float eps)
+{
+    for (long r = r0; r < r1; r++) {
+        const float *xr = x + r * D;
+        float norm = (float)sqrt(sn_dot_avx512(xr, NULL, 1.0f, D));
+        norm = norm <= eps ? eps : norm;
+        norms[r] = norm;
+        const __m512 scale = _mm512_set1_ps(g / norm);
+        float *o = out + r * D;
+        for (long j = 0; j < D; j += 16) {
+            const __mmask16 k = D - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - j)) - 1u);
+            _mm512_mask_storeu_ps(o + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, xr + j), scale));
+        }
+    }
+}
+
+TF_TARGET_AVX512 static void scalenorm_backward_rows_avx512(float *dx, double *dots, const float *dout,
+                                                            const float *x, const float *norms, float g,
+                                                            long r0, long r1, long D, float eps, int acc)
+{
+    for (long r = r0; r < r1; r++) {
+        const float *xr = x + r * D, *dy = dout + r * D;
+        const float m = norms[r], inv = 1.0f / m;
+        const double dot = sn_dot_avx512(dy, xr, inv, D);
+        dots[r] = dot;
+        const __m512 d = _mm512_set1_ps(m <= eps ? 0.0f : (float)dot), scale = _mm512_set1_ps(g / m),
+                     vinv = _mm512_set1_ps(inv);
+        float *o = dx + r * D;
+        for (long j = 0; j < D; j += 16) {
+            const __mmask16 k = D - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - j)) - 1u);
+            const __m512 xh = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, xr + j), vinv);
+            __m512 p = _mm512_mul_ps(xh, d);
+            TF_ROUNDED(p);
+            __m512 v = _mm512_mul_ps(scale, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dy + j), p));
+            TF_ROUNDED(v);
+            if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, o + j), v);
+            _mm512_mask_storeu_ps(o + j, k, v);
+        }
+    }
+}
+
+TF_TARGET_AVX2 static inline double sn_dot_avx2(const float *a, const float *b, float inv, long D)
+{
+    __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+    const __m256 vinv = _mm256_set1_ps(inv);
+    for (long j = 0; j < D; j += 8) {
+        const __m256 va = ln_load8(a + j, D - j);
+        const __m256 vb = b ? _mm256_mul_ps(ln_load8(b + j, D - j), vinv) : va;
+        lo = _mm256_add_pd(lo, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(va)),
+                                             _mm256_cvtps_pd(_mm256_castps256_ps128(vb))));
+        hi = _mm256_add_pd(hi, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(va, 1)),
+                                             _mm256_cvtps_pd(_mm256_extractf128_ps(vb, 1))));
+    }
+    double l[8];
+    _mm256_storeu_pd(l, lo);
+    _mm256_storeu_pd(l + 4, hi);
+    return sn_pairwise(l);
+}
+
+TF_TARGET_AVX2 static void scalenorm_forward_rows_avx2(float *out, float *norms, const float *x,
+                                                       float g, long r0, long r1, long D, float eps)
+{
+    for (long r = r0; r < r1; r++) {
+        const float *xr = x + r * D;
+        float norm = (float)sqrt(sn_dot_avx2(xr, NULL, 1.0f, D));
+        norm = norm <= eps ? eps : norm;
+        norms[r] = norm;
+        const __m256 scale = _mm256_set1_ps(g / norm);
+        float *o = out + r * D;
+        for (long j = 0; j < D; j += 8) ln_store8(o + j, D - j, _mm256_mul_ps(ln_load8(xr + j, D - j), scale));
+    }
+}
+
+TF_TARGET_AVX2 static void scalenorm_backward_rows_avx2(float *dx, double *dots, const float *dout,
+                                                        const float *x, const float *norms, float g,
+                                                        long r0, long r1, long D, float eps, int acc)
+{
+    for (long r = r0; r < r1; r++) {
+        const float *xr = x + r * D, *dy = dout + r * D;
+        const float m = norms[r], inv = 1.0f / m;
+        const double dot = sn_dot_avx2(dy, xr, inv, D);
+        dots[r] = dot;
+        const __m256 d = _mm256_set1_ps(m <= eps ? 0.0f : (float)dot), scale = _mm256_set1_ps(g / m),
+                     vinv = _mm256_set1_ps(inv);
+        float *o = dx + r * D;
+        for (long j = 0; j < D; j += 8) {
+            const __m256 xh = _mm256_mul_ps(ln_load8(xr + j, D - j), vinv);
+            __m256 p = _mm256_mul_ps(xh, d);
+            TF_ROUNDED(p);
+            __m256 v = _mm256_mul_ps(scale, _mm256_sub_ps(ln_load8(dy + j, D - j), p));
+            TF_ROUNDED(v);
+            if (acc) v = _mm256_add_ps(ln_load8(o + j, D - j), v);
+            ln_store8(o + j, D - j, v);
+        }
+    }
+}
 #endif /* TF_HAVE_X86 */
 
 /* ------------------------------------------------------------------------- */
@@ -409,18 +539,26 @@ void layernorm_forward_rows(float *out, float *mean, float *rstd, const float *x
         layernorm_row_generic(out + r * D, mean + r, rstd + r, x + r * D, weight, bias, D, eps);
 }
 
+/* The calling thread's share [*r0, *r1) of N rows, split evenly over its team (all N outside one). */
+static inline void team_rows(long N, long *r0, long *r1)
+{
+    *r0 = 0;
+    *r1 = N;
+#ifdef _OPENMP
+    const int team = omp_get_num_threads(), t = omp_get_thread_num();
+    *r0 = N / team * t + (t < N % team ? t : N % team);
+    *r1 = *r0 + N / team + (t < N % team ? 1 : 0);
+#endif
+}
+
 void layernorm_forward(float *out, float *mean, float *rstd, const float *x, const float *weight,
                        const float *bias, long N, long D, float eps)
 {
     if (N == 0 || D == 0) return;
 #pragma omp parallel num_threads(tf_team(N * D, LAYERNORM_GRAIN))
     {
-        long r0 = 0, r1 = N;
-#ifdef _OPENMP
-        int team = omp_get_num_threads(), t = omp_get_thread_num();
-        r0 = N / team * t + (t < N % team ? t : N % team);
-        r1 = r0 + N / team + (t < N % team ? 1 : 0);
-#endif
+        long r0, r1;
+        team_rows(N, &r0, &r1);
         layernorm_forward_rows(out, mean, rstd, x, weight, bias, r0, r1, D, eps);
     }
 }
@@ -444,10 +582,21 @@ static inline double dot8(const float *a, const float *b, float inv, long D)
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-void scalenorm_forward(float *out, float *norms, const float *x, float g, long N, long D, float eps)
+static void scalenorm_forward_rows(float *out, float *norms, const float *x, float g, long r0, long r1,
+                                   long D, float eps)
 {
-#pragma omp parallel for num_threads(tf_team(N * D, LAYERNORM_GRAIN)) schedule(static)
-    for (long r = 0; r < N; r++) {
+#if TF_HAVE_X86
+    const int isa = tf_isa();
+    if (isa >= TF_ISA_AVX512) {
+        scalenorm_forward_rows_avx512(out, norms, x, g, r0, r1, D, eps);
+        return;
+    }
+    if (isa >= TF_ISA_AVX2) {
+        scalenorm_forward_rows_avx2(out, norms, x, g, r0, r1, D, eps);
+        return;
+    }
+#endif
+    for (long r = r0; r < r1; r++) {
         const float *xr = x + r * D;
         float norm = (float)sqrt(dot8(xr, NULL, 1.0f, D));
         norm = norm <= eps ? eps : norm;            /* a NaN row stays NaN */
@@ -458,21 +607,66 @@ void scalenorm_forward(float *out, float *norms, const float *x, float g, long N
     }
 }
 
-void scalenorm_backward(float *dx, float *dg, const float *dout, const float *x, const float *norms, float g,
-                        long N, long D, float eps, int accumulate)
+/* Rows [r0, r1) of scalenorm_backward, each row's sum(dout * x_hat) to dots[r]. */
+static void scalenorm_backward_rows(float *dx, double *dots, const float *dout, const float *x,
+                                    const float *norms, float g, long r0, long r1, long D, float eps,
+                                    int accumulate)
 {
-    double dg_sum = 0.0;
-    for (long r = 0; r < N; r++) {      /* one pass a row: ~1 ns an element, not worth a team */
+#if TF_HAVE_X86
+    const int isa = tf_isa();
+    if (isa >= TF_ISA_AVX512) {
+        scalenorm_backward_rows_avx512(dx, dots, dout, x, norms, g, r0, r1, D, eps, accumulate);
+        return;
+    }
+    if (isa >= TF_ISA_AVX2) {
+        scalenorm_backward_rows_avx2(dx, dots, dout, x, norms, g, r0, r1, D, eps, accumulate);
+        return;
+    }
+#endif
+    for (long r = r0; r < r1; r++) {
         const float *xr = x + r * D, *dy = dout + r * D;
         const float m = norms[r], inv = 1.0f / m;
         const double dot = dot8(dy, xr, inv, D);
-        dg_sum += dot;
+        dots[r] = dot;
         const float d = m <= eps ? 0.0f : (float)dot, scale = g / m;
         float *o = dx + r * D;
         for (long j = 0; j < D; j++) {
             const float v = scale * (dy[j] - (xr[j] * inv) * d);
             o[j] = accumulate ? o[j] + v : v;
         }
+    }
+}
+
+void scalenorm_forward(float *out, float *norms, const float *x, float g, long N, long D, float eps)
+{
+    if (N == 0) return;
+#pragma omp parallel num_threads(tf_team(N * D, LAYERNORM_GRAIN))
+    {
+        long r0, r1;
+        team_rows(N, &r0, &r1);
+        scalenorm_forward_rows(out, norms, x, g, r0, r1, D, eps);
+    }
+}
+
+/* Rows a block: each block's row sums wait on the stack (16 KB) until the block's team is done,
+ * then join dg in row order, as one thread alone would add them. */
+#define SN_BLOCK 2048L
+
+void scalenorm_backward(float *dx, float *dg, const float *dout, const float *x, const float *norms, float g,
+                        long N, long D, float eps, int accumulate)
+{
+    double dg_sum = 0.0, dots[SN_BLOCK];
+    for (long b0 = 0; b0 < N; b0 += SN_BLOCK) {
+        const long n = N - b0 < SN_BLOCK ? N - b0 : SN_BLOCK;
+        float *dxb = dx + b0 * D;
+        const float *dyb = dout + b0 * D, *xb = x + b0 * D, *nb = norms + b0;
+#pragma omp parallel num_threads(tf_team(n * D, LAYERNORM_GRAIN))
+        {
+            long r0, r1;
+            team_rows(n, &r0, &r1);
+            scalenorm_backward_rows(dxb, dots, dyb, xb, nb, g, r0, r1, D, eps, accumulate);
+        }
+        for (long r = 0; r < n; r++) dg_sum += dots[r];
     }
     if (dg) *dg += (float)dg_sum;
 }

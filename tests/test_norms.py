@@ -20,7 +20,7 @@ from transformer import cli, norms
 from transformer.layers import Workspace
 from transformer.marian import config_to_marian
 
-from conftest import num_threads
+from conftest import isa, needs_threads, num_threads  # noqa: F401 (isa: a fixture)
 from test_shards import batch, forced  # noqa: F401 (forced: a fixture)
 from test_train import write_corpus
 
@@ -216,6 +216,56 @@ def test_the_scale_norm_kernel_checks_its_arguments_and_keeps_nan_rows():
             _C.scalenorm_forward(x, g, out, n)
     with pytest.raises(ValueError, match="norms"):
         _C.scalenorm_forward(x, np.ones(1, np.float32), out, np.empty(3, np.float32))
+
+
+# -- the kernel's bits against numpy, at every SIMD level and thread count ----------------------------
+
+def lane_dot(a, b):
+    """The kernel's documented sum per row (csrc/layernorm.h): products in double, eight running
+    sums by column mod 8, each in column order, then added pairwise."""
+    s = np.zeros((len(a), 8))
+    for j in range(a.shape[1]):
+        s[:, j % 8] += a[:, j].astype(np.float64) * b[:, j].astype(np.float64)
+    return ((s[:, 0] + s[:, 1]) + (s[:, 2] + s[:, 3])) + ((s[:, 4] + s[:, 5]) + (s[:, 6] + s[:, 7]))
+
+
+def scale_norm_oracle(x, dy, dx0, g, eps=np.float32(1e-5)):
+    """Forward and backward in numpy's float32 (each operation rounded as the C rounds it)."""
+    norm = np.sqrt(lane_dot(x, x)).astype(np.float32)
+    norm = np.where(norm <= eps, eps, norm)
+    out = x * (g / norm)[:, None]
+    inv = np.float32(1) / norm
+    xh = x * inv[:, None]
+    dots = lane_dot(dy, xh)
+    d = np.where(norm <= eps, np.float32(0), dots.astype(np.float32))
+    dx = dx0 + (g / norm)[:, None] * (dy - xh * d[:, None])
+    return out, norm, dx, np.float32(dots.sum())     # numpy's sum of 2,100 doubles: pairwise
+
+
+@pytest.mark.parametrize("D", [1, 7, 13, 24, 130])
+def test_the_scale_norm_kernel_gives_the_formulas_bits_at_every_level_and_thread_count(isa, D):
+    """2,100 rows cross the backward's 2,048-row block; widths below, at and past one vector."""
+    from transformer import _C
+    rng = np.random.default_rng(D)
+    x = rng.standard_normal((2100, D)).astype(np.float32) * rng.uniform(0.1, 10, (2100, 1)).astype(np.float32)
+    x[7] = 0.0                                   # clamped
+    dy = rng.standard_normal(x.shape).astype(np.float32)
+    dx0 = rng.standard_normal(x.shape).astype(np.float32)
+    g = np.float32(1.75)
+    out_want, norm_want, dx_want, dg_sum = scale_norm_oracle(x, dy, dx0, g)
+    for threads in (1, 2, 3):
+        with num_threads(threads):
+            out, norm = np.empty_like(x), np.empty(len(x), np.float32)
+            _C.scalenorm_forward(x, np.array([g]), out, norm)
+            dx, dg = dx0.copy(), np.zeros(1, np.float32)
+            _C.scalenorm_backward(dy, x, norm, np.array([g]), dx, dg, accumulate=True)
+        assert np.array_equal(norm, norm_want) and np.array_equal(out, out_want), (isa, threads)
+        assert np.array_equal(dx, dx_want), (isa, threads)
+        # the row sums join dg in row order: within a double's rounding of numpy's pairwise sum
+        assert abs(dg[0] - dg_sum) <= 1e-6 * max(1.0, abs(dg_sum)), (isa, threads)
+        if threads == 1:
+            dg_first = dg[0]
+        assert dg[0] == dg_first, (isa, threads)   # the same bits at any thread count
 
 
 def test_an_int8_file_of_a_fix_norm_model_translates_as_the_model_it_was_saved_from(tmp_path):
