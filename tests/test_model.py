@@ -219,6 +219,27 @@ def test_output_loss_in_blocks_is_the_one_block_pass_but_for_sums_over_rows(monk
         np.testing.assert_allclose(blocked[name], g, rtol=1e-5, atol=1e-6 * np.abs(g).max(), err_msg=name)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_blocks_read_the_output_weight_packed_once_with_gemms_bits_at_any_thread_count(monkeypatch, precision):
+    """The blocked pass packs the generator's weight once (Linear.pack_weight) and each block reads
+    it: the bits each block's own gemm gives (every block here has 16 rows or more), at 1, 2 and 3
+    threads. A packed panel misread, or the wrong orientation, changes the logits or dh."""
+    c = cfg(dropout=0.1, d_model=16, n_heads=2, d_ff=32)
+    src, tgt_in, tgt_out = batch(c, B=7, S=6, Tt=11)                # 56 targets: blocks of 32 and 24
+    monkeypatch.setattr(layers, "OUTPUT_BLOCK_BYTES", 4 * c.tgt_vocab_size * 2 * c.d_model)
+    real_pack = layers.Linear.pack_weight
+    monkeypatch.setattr(layers.Linear, "pack_weight", lambda self: None)     # each block packs its own
+    want_loss, want = T.Seq2SeqTransformer(c, seed=0).loss_and_grads(src, tgt_in, tgt_out, 0.1, precision)
+    packs = []
+    monkeypatch.setattr(layers.Linear, "pack_weight", lambda self: packs.append(1) or real_pack(self))
+    for n in (1, 2, 3):
+        with threads(n):
+            loss, grads = T.Seq2SeqTransformer(c, seed=0).loss_and_grads(src, tgt_in, tgt_out, 0.1, precision)
+        assert len(packs) == n and loss == want_loss, n
+        for name, g in want.items():
+            assert np.array_equal(grads[name], g), (n, name)
+
+
 def test_batch_shapes_can_change_between_calls():
     c = cfg(dropout=0.0)
     m = T.Seq2SeqTransformer(c, seed=0)

@@ -187,6 +187,7 @@ class Linear:
         # weight is parameter `name` (`full`), or its rows `rows` (a slice): int8 calls look the
         # quantized matrix up by these
         self.name, self.full, self.rows = name, weight if full is None else full, rows
+        self._packed = (None, None)      # pack_weight's buffers, packed again in place each call
 
     def matmul(self, x, out, bias=False):
         """out = x Wᵀ (+ b when bias), at the precision of the call in progress."""
@@ -200,20 +201,41 @@ class Linear:
                 _C.add_bias(out, self.bias)
         return out
 
-    def forward(self, x, out, bias=True):
-        # x [N, in], out [N, out]; bias=False: the caller adds the bias (residual_layernorm_forward)
-        return self.matmul(x, out, bias=bias)
+    def forward(self, x, out, bias=True, packed=None):
+        # x [N, in], out [N, out]; bias=False: the caller adds the bias (residual_layernorm_forward);
+        # packed: pack_weight()'s pair, for a caller that multiplies many blocks of rows by it
+        if packed is None:
+            return self.matmul(x, out, bias=bias)
+        _C.gemm_packed(x, packed[0], out)
+        if bias:
+            _C.add_bias(out, self.bias)
+        return out
 
-    def backward(self, dout, x, dx=None, accumulate=False, bias=True):
+    def backward(self, dout, x, dx=None, accumulate=False, bias=True, packed=None):
         # dout [N, out], x [N, in] (the forward input), dx [N, in] or None; bias=False: the caller
-        # has added the bias's gradient (residual_layernorm_backward)
+        # has added the bias's gradient (residual_layernorm_backward); packed: as forward's
         bf16 = self.ws.bf16
         _C.gemm(dout, x, self.dweight, True, False, 1.0, True, bf16)     # dW += doutᵀ x
         if bias:
             _C.bias_grad(dout, self.dbias)                         # db += colsum(dout)
-        if dx is not None:
-            _C.gemm(dout, self.weight, dx, False, False, 1.0, accumulate, bf16)   # dx (+)= dout W
+        if dx is not None:                                         # dx (+)= dout W
+            if packed is None:
+                _C.gemm(dout, self.weight, dx, False, False, 1.0, accumulate, bf16)
+            else:
+                _C.gemm_packed(dout, packed[1], dx, 1.0, accumulate)
         return dx
+
+    def pack_weight(self):
+        """Wᵀ and W packed for the micro-kernels (at the precision of the call in progress), for
+        forward's x Wᵀ and backward's dout W over many blocks of rows: each block's product then
+        reads the packed panels instead of packing the weight again (the blocked output pass packed
+        a 4,000 x 128 weight twice a block). The same bits as gemm's for blocks of 16 rows or more
+        (its dot path for fewer rows sums in another order; neither depends on the thread count).
+        Its buffers are packed again in place on every call."""
+        bf16 = self.ws.bf16
+        self._packed = (_C.gemm_pack_b(self.weight, trans_b=True, reuse=self._packed[0], bf16=bf16),
+                        _C.gemm_pack_b(self.weight, trans_b=False, reuse=self._packed[1], bf16=bf16))
+        return self._packed
 
 
 # The training pass's output projection and loss run over blocks of rows whose logits take about
@@ -249,10 +271,11 @@ def output_loss(generator, h, targets, pad_id, label_smoothing, grad_scale, dh, 
     count = int(np.count_nonzero(targets != pad_id))
     rows = output_rows_per_block(n, h.shape[1], vocab) if count else n
     total = 0.0
+    packed = generator.pack_weight() if rows < n else None     # once for every block
     for r0 in range(0, n, rows):
         r1 = min(n, r0 + rows)
         logits = ws.scratch("output.logits", (r1 - r0, vocab))
-        generator.forward(h[r0:r1], logits)
+        generator.forward(h[r0:r1], logits, packed=packed)
         # the gradient of the mean loss (of this block's share of it) overwrites the logits
         if rows == n:
             total, _ = _C.cross_entropy(logits, targets, logits, pad_id, label_smoothing, grad_scale)
@@ -261,7 +284,7 @@ def output_loss(generator, h, targets, pad_id, label_smoothing, grad_scale, dh, 
             loss, _ = _C.cross_entropy(logits, targets[r0:r1], logits, pad_id, label_smoothing,
                                        grad_scale * share / count)
             total += loss * share / count
-        generator.backward(logits, h[r0:r1], dh[r0:r1])
+        generator.backward(logits, h[r0:r1], dh[r0:r1], packed=packed)
     return total
 
 
