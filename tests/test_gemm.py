@@ -650,7 +650,8 @@ def test_packed_has_the_bits_of_the_narrow_schedule(isa):
 
 def test_packed_bits_do_not_depend_on_thread_count(isa, threads):
     r = rng(22)
-    for m, n, k in [(8, 2048, 512), (32, 700, 300), (3, 4000, 64)]:   # large enough for a team
+    # large enough for a team; the last: op(A)'s row panels (uneven, over K blocks) packed by the team
+    for m, n, k in [(8, 2048, 512), (32, 700, 300), (3, 4000, 64), (301, 260, 700)]:
         a, b = operand(r, m, k, False), operand(r, k, n, True)
         packed = _C.gemm_pack_b(b, trans_b=True)
         results = []
