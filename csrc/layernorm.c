@@ -399,9 +399,16 @@ static inline double sn_pairwise(const double *l)
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-TF_TARGET_AVX512 static inline __mmask8 sn_mask8(long count)
+/* The first min(count, 8) lanes (a 16-lane mask: SIMDe has no 8-lane mask type). */
+TF_TARGET_AVX512 static inline __mmask16 sn_mask8(long count)
 {
-    return count >= 8 ? (__mmask8)0xff : (__mmask8)((1u << count) - 1u);
+    return count >= 8 ? (__mmask16)0xff : (__mmask16)((1u << count) - 1u);
+}
+
+/* The first min(count, 8) floats at src, zeros past them. */
+TF_TARGET_AVX512 static inline __m256 sn_load8(const float *src, __mmask16 k)
+{
+    return _mm512_castps512_ps256(_mm512_maskz_loadu_ps(k, src));
 }
 
 /* dot8(a, b, inv, D) (b NULL: a . a) */
@@ -410,9 +417,9 @@ TF_TARGET_AVX512 static inline double sn_dot_avx512(const float *a, const float 
     __m512d s = _mm512_setzero_pd();
     const __m256 vinv = _mm256_set1_ps(inv);
     for (long j = 0; j < D; j += 8) {
-        const __mmask8 k = sn_mask8(D - j);
-        const __m256 va = _mm256_maskz_loadu_ps(k, a + j);
-        const __m256 vb = b ? _mm256_mul_ps(_mm256_maskz_loadu_ps(k, b + j), vinv) : va;
+        const __mmask16 k = sn_mask8(D - j);
+        const __m256 va = sn_load8(a + j, k);
+        const __m256 vb = b ? _mm256_mul_ps(sn_load8(b + j, k), vinv) : va;
         s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_cvtps_pd(va), _mm512_cvtps_pd(vb)));
     }
     double l[8];
