@@ -387,6 +387,7 @@ TF_TARGET_AVX2 static void layernorm_backward_chunk_avx2(float *dx, float *dwp, 
         layernorm_backward_rows_avx2(dx + r * D, dwp, dbp, dy + r * D, x + r * D, w, mean + r,
                                      rstd + r, D, acc, 1);
 }
+
 /* ------------------------------------------------------------------------- */
 /* ScaleNorm's rows at AVX-512 and AVX2: dot8's eight double lanes (lane j % 8) in registers, each
  * lane's products (exact in double: float times float) added in dot8's order, then dot8's pairwise
@@ -399,16 +400,11 @@ static inline double sn_pairwise(const double *l)
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-/* The first min(count, 8) lanes (a 16-lane mask: SIMDe has no 8-lane mask type). */
-TF_TARGET_AVX512 static inline __mmask16 sn_mask8(long count)
+/* The first min(count, 8) floats at src, zeros past them (through a 16-lane mask: SIMDe, the
+ * ARM64 build's, has no 8-lane mask type). */
+TF_TARGET_AVX512 static inline __m256 sn_load8(const float *src, long count)
 {
-    return count >= 8 ? (__mmask16)0xff : (__mmask16)((1u << count) - 1u);
-}
-
-/* The first min(count, 8) floats at src, zeros past them. */
-TF_TARGET_AVX512 static inline __m256 sn_load8(const float *src, __mmask16 k)
-{
-    return _mm512_castps512_ps256(_mm512_maskz_loadu_ps(k, src));
+    return _mm512_castps512_ps256(_mm512_maskz_loadu_ps(tf_lanes16(count < 8 ? count : 8), src));
 }
 
 /* dot8(a, b, inv, D) (b NULL: a . a) */
@@ -417,9 +413,8 @@ TF_TARGET_AVX512 static inline double sn_dot_avx512(const float *a, const float 
     __m512d s = _mm512_setzero_pd();
     const __m256 vinv = _mm256_set1_ps(inv);
     for (long j = 0; j < D; j += 8) {
-        const __mmask16 k = sn_mask8(D - j);
-        const __m256 va = sn_load8(a + j, k);
-        const __m256 vb = b ? _mm256_mul_ps(sn_load8(b + j, k), vinv) : va;
+        const __m256 va = sn_load8(a + j, D - j);
+        const __m256 vb = b ? _mm256_mul_ps(sn_load8(b + j, D - j), vinv) : va;
         s = _mm512_add_pd(s, _mm512_mul_pd(_mm512_cvtps_pd(va), _mm512_cvtps_pd(vb)));
     }
     double l[8];
@@ -427,45 +422,29 @@ TF_TARGET_AVX512 static inline double sn_dot_avx512(const float *a, const float 
     return sn_pairwise(l);
 }
 
-TF_TARGET_AVX512 static void scalenorm_forward_rows_avx512(float *out, float *norms, const float *x,
-                                                           float g, long r0, long r1, long D, float eps)
+/* o = x * scale over one row */
+TF_TARGET_AVX512 static void sn_scale_avx512(float *o, const float *x, float scale, long D)
 {
-    for (long r = r0; r < r1; r++) {
-        const float *xr = x + r * D;
-        float norm = (float)sqrt(sn_dot_avx512(xr, NULL, 1.0f, D));
-        norm = norm <= eps ? eps : norm;
-        norms[r] = norm;
-        const __m512 scale = _mm512_set1_ps(g / norm);
-        float *o = out + r * D;
-        for (long j = 0; j < D; j += 16) {
-            const __mmask16 k = D - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - j)) - 1u);
-            _mm512_mask_storeu_ps(o + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, xr + j), scale));
-        }
+    const __m512 vs = _mm512_set1_ps(scale);
+    for (long j = 0; j < D; j += 16) {
+        const __mmask16 k = tf_lanes16(D - j);
+        _mm512_mask_storeu_ps(o + j, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), vs));
     }
 }
 
-TF_TARGET_AVX512 static void scalenorm_backward_rows_avx512(float *dx, double *dots, const float *dout,
-                                                            const float *x, const float *norms, float g,
-                                                            long r0, long r1, long D, float eps, int acc)
+/* o (+)= scale * (dy - (x * inv) * d) over one row */
+TF_TARGET_AVX512 static void sn_grad_avx512(float *o, const float *x, const float *dy, float inv, float d,
+                                            float scale, long D, int acc)
 {
-    for (long r = r0; r < r1; r++) {
-        const float *xr = x + r * D, *dy = dout + r * D;
-        const float m = norms[r], inv = 1.0f / m;
-        const double dot = sn_dot_avx512(dy, xr, inv, D);
-        dots[r] = dot;
-        const __m512 d = _mm512_set1_ps(m <= eps ? 0.0f : (float)dot), scale = _mm512_set1_ps(g / m),
-                     vinv = _mm512_set1_ps(inv);
-        float *o = dx + r * D;
-        for (long j = 0; j < D; j += 16) {
-            const __mmask16 k = D - j >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (D - j)) - 1u);
-            const __m512 xh = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, xr + j), vinv);
-            __m512 p = _mm512_mul_ps(xh, d);
-            TF_ROUNDED(p);
-            __m512 v = _mm512_mul_ps(scale, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dy + j), p));
-            TF_ROUNDED(v);
-            if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, o + j), v);
-            _mm512_mask_storeu_ps(o + j, k, v);
-        }
+    const __m512 vd = _mm512_set1_ps(d), vs = _mm512_set1_ps(scale), vinv = _mm512_set1_ps(inv);
+    for (long j = 0; j < D; j += 16) {
+        const __mmask16 k = tf_lanes16(D - j);
+        __m512 p = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + j), vinv), vd);
+        TF_ROUNDED(p);
+        __m512 v = _mm512_mul_ps(vs, _mm512_sub_ps(_mm512_maskz_loadu_ps(k, dy + j), p));
+        TF_ROUNDED(v);
+        if (acc) v = _mm512_add_ps(_mm512_maskz_loadu_ps(k, o + j), v);
+        _mm512_mask_storeu_ps(o + j, k, v);
     }
 }
 
@@ -487,41 +466,23 @@ TF_TARGET_AVX2 static inline double sn_dot_avx2(const float *a, const float *b, 
     return sn_pairwise(l);
 }
 
-TF_TARGET_AVX2 static void scalenorm_forward_rows_avx2(float *out, float *norms, const float *x,
-                                                       float g, long r0, long r1, long D, float eps)
+TF_TARGET_AVX2 static void sn_scale_avx2(float *o, const float *x, float scale, long D)
 {
-    for (long r = r0; r < r1; r++) {
-        const float *xr = x + r * D;
-        float norm = (float)sqrt(sn_dot_avx2(xr, NULL, 1.0f, D));
-        norm = norm <= eps ? eps : norm;
-        norms[r] = norm;
-        const __m256 scale = _mm256_set1_ps(g / norm);
-        float *o = out + r * D;
-        for (long j = 0; j < D; j += 8) ln_store8(o + j, D - j, _mm256_mul_ps(ln_load8(xr + j, D - j), scale));
-    }
+    const __m256 vs = _mm256_set1_ps(scale);
+    for (long j = 0; j < D; j += 8) ln_store8(o + j, D - j, _mm256_mul_ps(ln_load8(x + j, D - j), vs));
 }
 
-TF_TARGET_AVX2 static void scalenorm_backward_rows_avx2(float *dx, double *dots, const float *dout,
-                                                        const float *x, const float *norms, float g,
-                                                        long r0, long r1, long D, float eps, int acc)
+TF_TARGET_AVX2 static void sn_grad_avx2(float *o, const float *x, const float *dy, float inv, float d,
+                                        float scale, long D, int acc)
 {
-    for (long r = r0; r < r1; r++) {
-        const float *xr = x + r * D, *dy = dout + r * D;
-        const float m = norms[r], inv = 1.0f / m;
-        const double dot = sn_dot_avx2(dy, xr, inv, D);
-        dots[r] = dot;
-        const __m256 d = _mm256_set1_ps(m <= eps ? 0.0f : (float)dot), scale = _mm256_set1_ps(g / m),
-                     vinv = _mm256_set1_ps(inv);
-        float *o = dx + r * D;
-        for (long j = 0; j < D; j += 8) {
-            const __m256 xh = _mm256_mul_ps(ln_load8(xr + j, D - j), vinv);
-            __m256 p = _mm256_mul_ps(xh, d);
-            TF_ROUNDED(p);
-            __m256 v = _mm256_mul_ps(scale, _mm256_sub_ps(ln_load8(dy + j, D - j), p));
-            TF_ROUNDED(v);
-            if (acc) v = _mm256_add_ps(ln_load8(o + j, D - j), v);
-            ln_store8(o + j, D - j, v);
-        }
+    const __m256 vd = _mm256_set1_ps(d), vs = _mm256_set1_ps(scale), vinv = _mm256_set1_ps(inv);
+    for (long j = 0; j < D; j += 8) {
+        __m256 p = _mm256_mul_ps(_mm256_mul_ps(ln_load8(x + j, D - j), vinv), vd);
+        TF_ROUNDED(p);
+        __m256 v = _mm256_mul_ps(vs, _mm256_sub_ps(ln_load8(dy + j, D - j), p));
+        TF_ROUNDED(v);
+        if (acc) v = _mm256_add_ps(ln_load8(o + j, D - j), v);
+        ln_store8(o + j, D - j, v);
     }
 }
 #endif /* TF_HAVE_X86 */
@@ -589,28 +550,48 @@ static inline double dot8(const float *a, const float *b, float inv, long D)
     return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
 }
 
-static void scalenorm_forward_rows(float *out, float *norms, const float *x, float g, long r0, long r1,
-                                   long D, float eps)
+static void sn_scale_generic(float *o, const float *x, float scale, long D)
+{
+    for (long j = 0; j < D; j++) o[j] = x[j] * scale;
+}
+
+static void sn_grad_generic(float *o, const float *x, const float *dy, float inv, float d, float scale,
+                            long D, int acc)
+{
+    for (long j = 0; j < D; j++) {
+        const float v = scale * (dy[j] - (x[j] * inv) * d);
+        o[j] = acc ? o[j] + v : v;
+    }
+}
+
+/* One level's pieces of a ScaleNorm row (the same bits at every level): dot8, the forward's
+ * scaled copy, the backward's row. */
+typedef struct {
+    double (*dot)(const float *a, const float *b, float inv, long D);
+    void (*scale)(float *o, const float *x, float scale, long D);
+    void (*grad)(float *o, const float *x, const float *dy, float inv, float d, float scale, long D, int acc);
+} sn_row_kernels;
+
+static sn_row_kernels sn_pick(void)
 {
 #if TF_HAVE_X86
     const int isa = tf_isa();
-    if (isa >= TF_ISA_AVX512) {
-        scalenorm_forward_rows_avx512(out, norms, x, g, r0, r1, D, eps);
-        return;
-    }
-    if (isa >= TF_ISA_AVX2) {
-        scalenorm_forward_rows_avx2(out, norms, x, g, r0, r1, D, eps);
-        return;
-    }
+    if (isa >= TF_ISA_AVX512) return (sn_row_kernels){sn_dot_avx512, sn_scale_avx512, sn_grad_avx512};
+    if (isa >= TF_ISA_AVX2) return (sn_row_kernels){sn_dot_avx2, sn_scale_avx2, sn_grad_avx2};
 #endif
+    return (sn_row_kernels){dot8, sn_scale_generic, sn_grad_generic};
+}
+
+static void scalenorm_forward_rows(float *out, float *norms, const float *x, float g, long r0, long r1,
+                                   long D, float eps)
+{
+    const sn_row_kernels k = sn_pick();
     for (long r = r0; r < r1; r++) {
         const float *xr = x + r * D;
-        float norm = (float)sqrt(dot8(xr, NULL, 1.0f, D));
+        float norm = (float)sqrt(k.dot(xr, NULL, 1.0f, D));
         norm = norm <= eps ? eps : norm;            /* a NaN row stays NaN */
         norms[r] = norm;
-        const float scale = g / norm;
-        float *o = out + r * D;
-        for (long j = 0; j < D; j++) o[j] = xr[j] * scale;
+        k.scale(out + r * D, xr, g / norm, D);
     }
 }
 
@@ -619,28 +600,13 @@ static void scalenorm_backward_rows(float *dx, double *dots, const float *dout, 
                                     const float *norms, float g, long r0, long r1, long D, float eps,
                                     int accumulate)
 {
-#if TF_HAVE_X86
-    const int isa = tf_isa();
-    if (isa >= TF_ISA_AVX512) {
-        scalenorm_backward_rows_avx512(dx, dots, dout, x, norms, g, r0, r1, D, eps, accumulate);
-        return;
-    }
-    if (isa >= TF_ISA_AVX2) {
-        scalenorm_backward_rows_avx2(dx, dots, dout, x, norms, g, r0, r1, D, eps, accumulate);
-        return;
-    }
-#endif
+    const sn_row_kernels k = sn_pick();
     for (long r = r0; r < r1; r++) {
         const float *xr = x + r * D, *dy = dout + r * D;
         const float m = norms[r], inv = 1.0f / m;
-        const double dot = dot8(dy, xr, inv, D);
+        const double dot = k.dot(dy, xr, inv, D);
         dots[r] = dot;
-        const float d = m <= eps ? 0.0f : (float)dot, scale = g / m;
-        float *o = dx + r * D;
-        for (long j = 0; j < D; j++) {
-            const float v = scale * (dy[j] - (xr[j] * inv) * d);
-            o[j] = accumulate ? o[j] + v : v;
-        }
+        k.grad(dx + r * D, xr, dy, inv, m <= eps ? 0.0f : (float)dot, g / m, D, accumulate);
     }
 }
 

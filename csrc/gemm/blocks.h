@@ -66,15 +66,22 @@ static inline void run_kernels(const gemm_problem *g, long mc, long kc, const fl
 /* Ap <- rows [i0, i0 + mc) x K block [pc, pc + kc) of op(A) as ceil(mc / MR) micro-panels of
  * balanced heights (M = 16 is two panels of 8 rows, not 14 + 2: a kernel needs about 4 rows
  * or more to hide the FMA latency), panel p at Ap + p * MR * kc. run_kernels cuts the same way. */
-static inline void pack_a_block(const gemm_problem *g, long i0, long mc, long pc, long kc, float *Ap)
+/* Panels [p0, p1) of pack_a_block's (the rows [i0, i0 + mc) balanced into ceil(mc / MR) panels),
+ * for a team that packs one block together; no counter is added to. */
+static inline void pack_a_panels(const gemm_problem *g, long i0, long mc, long pc, long kc, float *Ap,
+                                 long p0, long p1)
 {
     const gemm_isa *s = g->isa;
     const long panels = ceil_div(mc, s->mr), base = mc / panels, extra = mc % panels;
-    for (long p = 0, i = i0; p < panels; p++) {
-        long mr = base + (p < extra);
+    for (long p = p0; p < p1; p++) {
+        const long i = i0 + p * base + (p < extra ? p : extra), mr = base + (p < extra);
         s->pack_a(g->trans_a, a_at(g, i, pc), g->lda, mr, kc, Ap + p * s->mr * kc);
-        i += mr;
     }
+}
+
+static inline void pack_a_block(const gemm_problem *g, long i0, long mc, long pc, long kc, float *Ap)
+{
+    pack_a_panels(g, i0, mc, pc, kc, Ap, 0, ceil_div(mc, g->isa->mr));
     g->packed[0] += mc * kc;
 }
 

@@ -59,18 +59,6 @@ static void gemm_packed_slow(const gemm_isa *s, long M, long N, long K, float al
         }
 }
 
-/* Panels [p0, p1) of pack_a_block(g, 0, mc, pc, kc, Ap): the same panels, the same bits, for a
- * team that packs them together. */
-static void pack_a_panels(const gemm_problem *g, long mc, long pc, long kc, float *Ap, long p0, long p1)
-{
-    const gemm_isa *s = g->isa;
-    const long panels = ceil_div(mc, s->mr), base = mc / panels, extra = mc % panels;
-    for (long p = p0; p < p1; p++) {
-        const long i = p * base + (p < extra ? p : extra), mr = base + (p < extra);
-        s->pack_a(g->trans_a, a_at(g, i, pc), g->lda, mr, kc, Ap + p * s->mr * kc);
-    }
-}
-
 void gemm_packed(int isa, int prec, long M, long N, long K, float alpha, const float *A, long lda,
                  const float *Bp, int accumulate, float *C, long ldc)
 {
@@ -106,7 +94,7 @@ void gemm_packed(int isa, int prec, long M, long N, long K, float alpha, const f
              * training block's 256 x 4,000 logits' gradient took one thread ~0.4 ms a block) */
             const long apanels = ceil_div(mc, s->mr);
             for (long pc = 0; pc < K; pc += kcb)
-                pack_a_panels(&g, mc, pc, min_l(kcb, K - pc), Ap + pc * mpad, apanels * t / team,
+                pack_a_panels(&g, 0, mc, pc, min_l(kcb, K - pc), Ap + pc * mpad, apanels * t / team,
                               apanels * (t + 1) / team);
 #pragma omp barrier
             const long per = team == 1 ? np : ceil_div(np, 8L * team);
