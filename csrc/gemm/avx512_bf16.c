@@ -12,35 +12,102 @@
 
 /* bf16_high, the operands' rounding, is in avx512.h (amx.c rounds with it too). */
 
-/* `panels` micro-panels [kc][W] of floats, panel q at p + q * W * kc, into pairs in place: pair
- * (t, w) is written at t * W + w, below every float not read yet (2t * W + w and on). */
-static TARGET_AVX512 void pair_panels(float *p, long panels, long kc, int W)
+/* Packing straight into pairs, one pass over op(X): the floats are rounded (bf16_high) as they
+ * are read, and no panel of floats is written first. */
+/* The odd 16-bit words of 64: the high halves of two vectors' 32 floats, in order. */
+static const short odd_words[32] __attribute__((aligned(64))) = {
+    1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31,
+    33, 35, 37, 39, 41, 43, 45, 47, 49, 51, 53, 55, 57, 59, 61, 63};
+
+/* 16 lanes of pairs: bf16(lo[w]) in the low half of lane w, bf16(hi[w]) in the high half. */
+static inline __attribute__((always_inline)) TARGET_AVX512 __m512i pair_lanes(__m512 lo, __m512 hi)
 {
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
-    for (long q = 0; q < panels; q++) {
-        float *x = p + q * W * kc;
-        for (long t = 0; t < (kc + 1) / 2; t++)
-            for (int w = 0; w < W; w += 16) {
-                const __mmask16 m = tf_lanes16(W - w);
-                __m512i lo = bf16_high(_mm512_maskz_loadu_ps(m, x + 2 * t * W + w));
-                __m512i hi = 2 * t + 1 < kc ? bf16_high(_mm512_maskz_loadu_ps(m, x + (2 * t + 1) * W + w))
-                                            : _mm512_setzero_si512();
-                _mm512_mask_storeu_epi32(x + t * W + w, m,
-                                         _mm512_or_si512(_mm512_srli_epi32(lo, 16), _mm512_and_si512(hi, high)));
+    return _mm512_or_si512(_mm512_srli_epi32(bf16_high(lo), 16),
+                           _mm512_and_si512(bf16_high(hi), _mm512_set1_epi32((int)0xffff0000u)));
+}
+
+/* 32 consecutive floats of a row (x0: the first 16, x1: the next) as its 16 pairs: pair p is
+ * bf16(x[2p]) | bf16(x[2p + 1]) << 16, the odd 16-bit words of the rounded floats. */
+static inline __attribute__((always_inline)) TARGET_AVX512 __m512i pair_row(__m512 x0, __m512 x1)
+{
+    return _mm512_permutex2var_epi16(bf16_high(x0), _mm512_load_si512((const void *)odd_words), bf16_high(x1));
+}
+
+/* Rows r[0..rows) of a row-major op(X), each from x + i * ldx, k values [k0, k0 + 32) (zero past
+ * kc), as pairs transposed: r[t] lane i is pair (k0 / 2 + t) of row i. */
+static inline __attribute__((always_inline)) TARGET_AVX512 void
+pairs_across(const float *x, long ldx, int rows, long k0, long kc, __m512 r[16])
+{
+    const __mmask16 m0 = tf_lanes16(kc - k0), m1 = tf_lanes16(kc - k0 - 16);
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        r[i] = i < rows ? _mm512_castsi512_ps(pair_row(_mm512_maskz_loadu_ps(m0, x + i * ldx + k0),
+                                                       _mm512_maskz_loadu_ps(m1, x + i * ldx + k0 + 16)))
+                        : _mm512_setzero_ps();
+    transpose16(r);
+}
+
+/* op(A) [m][kc] into MR-row panels of pairs [ceil(kc/2)][MR], panel q at dst + q * MR * kc (the
+ * floats' footprint, as the kernels' strides expect). */
+static TARGET_AVX512 void pack_a_dpbf16(int trans_a, const float *A, long lda, long m, long kc, float *dst)
+{
+    const int MR = AVX512_MR;
+    const long pairs = (kc + 1) / 2;
+    for (long ip = 0; ip < m; ip += MR) {
+        const int mr = m - ip < MR ? (int)(m - ip) : MR;
+        float *panel = dst + ip * kc;
+        if (trans_a) {          /* op(A)[i][k] = A[k][i]: row k holds the panel's k-th values */
+            const __mmask16 mm = tf_lanes16(mr);
+            for (long t = 0; t < pairs; t++) {
+                const __m512 lo = _mm512_maskz_loadu_ps(mm, A + 2 * t * lda + ip);
+                const __m512 hi = 2 * t + 1 < kc ? _mm512_maskz_loadu_ps(mm, A + (2 * t + 1) * lda + ip)
+                                                 : _mm512_setzero_ps();
+                _mm512_mask_storeu_epi32(panel + t * MR, 0x3FFF, pair_lanes(lo, hi));
             }
+            continue;
+        }
+        for (long k0 = 0; k0 < kc; k0 += 32) {
+            __m512 r[16];
+            pairs_across(A + ip * lda, lda, mr, k0, kc, r);
+            const long pn = pairs - k0 / 2 < 16 ? pairs - k0 / 2 : 16;
+            for (long t = 0; t < pn; t++)
+                _mm512_mask_storeu_ps(panel + (k0 / 2 + t) * MR, 0x3FFF, r[t]);
+        }
     }
 }
 
-static void pack_a_dpbf16(int t, const float *X, long ldx, long n, long kc, float *dst)
+/* op(B) [kc][n] into NR-column panels of pairs [ceil(kc/2)][NR], panel q at dst + q * NR * kc. */
+TARGET_AVX512 void pack_b_dpbf16(int trans_b, const float *B, long ldb, long n, long kc, float *dst)
 {
-    pack_a_avx512(t, X, ldx, n, kc, dst);
-    pair_panels(dst, ceil_div(n, AVX512_MR), kc, AVX512_MR);
-}
-
-void pack_b_dpbf16(int t, const float *X, long ldx, long n, long kc, float *dst)
-{
-    pack_b_avx512(t, X, ldx, n, kc, dst);
-    pair_panels(dst, ceil_div(n, AVX512_NR), kc, AVX512_NR);
+    const int NR = AVX512_NR;
+    const long pairs = (kc + 1) / 2;
+    for (long jp = 0; jp < n; jp += NR) {
+        const int nr = n - jp < NR ? (int)(n - jp) : NR;
+        float *panel = dst + jp * kc;
+        if (!trans_b) {         /* op(B)[k][j] = B[k][j]: rows 2t and 2t + 1 make pair row t */
+            const __mmask16 m0 = tf_lanes16(nr), m1 = tf_lanes16(nr - 16);
+            const float *src = B + jp;
+            for (long t = 0; t < pairs; t++) {
+                const float *x = src + 2 * t * ldb, *y = x + ldb;
+                const int odd = 2 * t + 1 < kc;
+                __m512 lo0 = _mm512_maskz_loadu_ps(m0, x), lo1 = _mm512_maskz_loadu_ps(m1, x + 16);
+                __m512 hi0 = odd ? _mm512_maskz_loadu_ps(m0, y) : _mm512_setzero_ps();
+                __m512 hi1 = odd ? _mm512_maskz_loadu_ps(m1, y + 16) : _mm512_setzero_ps();
+                _mm512_store_si512(panel + t * NR, pair_lanes(lo0, hi0));
+                _mm512_store_si512(panel + t * NR + 16, pair_lanes(lo1, hi1));
+            }
+            continue;
+        }
+        for (int h = 0; h < 2; h++) {   /* op(B)[k][j] = B[j][k]: columns j0 .. j0 + 16 of the panel */
+            const int j0 = 16 * h, jn = nr - j0;
+            for (long k0 = 0; k0 < kc; k0 += 32) {
+                __m512 r[16];
+                pairs_across(B + (jp + j0) * ldb, ldb, jn, k0, kc, r);
+                const long pn = pairs - k0 / 2 < 16 ? pairs - k0 / 2 : 16;
+                for (long t = 0; t < pn; t++) _mm512_store_ps(panel + (k0 / 2 + t) * NR + j0, r[t]);
+            }
+        }
+    }
 }
 
 /* kernel_avx512 over pairs: Ap [ceil(kc/2)][MR] and Bp rows of NR pairs, row t at Bp + t * bs. */
