@@ -98,6 +98,35 @@ def test_a_product_with_the_identity_is_the_rounded_operand(isa):
     assert_same_bits(ops.matmul(eye_m, np.ascontiguousarray(x.T), trans_b=True, precision="bf16"), want, "I @ b^T")
 
 
+def test_the_subnormals_next_to_the_smallest_normal_round_up_through_every_packer(isa):
+    """The subnormals within 2^-133 of 2^-126 (bits 0x007F8000-0x007FFFFF, either sign) round up
+    to the smallest normal; vcvtne2ps2bf16, which avx512_bf16's packing uses, would make them zero
+    (csrc/gemm/avx512_bf16.c). Among ordinary floats and in groups of their own, in each operand
+    position and in a pre-packed B."""
+    r = rng(11)
+    x = (r.standard_normal((37, 70)) * 10.0 ** r.integers(-3, 3, (37, 70))).astype(np.float32)
+    bits = r.integers(0x007F8000, 0x00800000, size=x.size, dtype=np.uint32) | (r.integers(0, 2, x.size, dtype=np.uint32) << 31)
+    edge = bits.astype(np.uint32).view(np.float32).reshape(x.shape)
+    where = r.random(x.shape) < 0.05
+    where[3] = True                                           # a row of them
+    where[:, 5] = True                                        # a column of them
+    x = np.where(where, edge, x).astype(np.float32)
+    x[4, :3] = np.array([0x007F7FFF, 0x807F7FFF, 0x00400000], np.uint32).view(np.float32)   # these flush
+    where[4, :3] = False
+    want = bf16(x) + np.float32(0)
+    assert (np.abs(want[where]) == np.float32(2.0 ** -126)).all()
+    eye_n, eye_m = np.eye(x.shape[1], dtype=np.float32), np.eye(x.shape[0], dtype=np.float32)
+    xt = np.ascontiguousarray(x.T)
+    assert_same_bits(ops.matmul(x, eye_n, precision="bf16"), want, "a @ I")
+    assert_same_bits(ops.matmul(xt, eye_n, trans_a=True, precision="bf16"), want, "a^T @ I")
+    assert_same_bits(ops.matmul(eye_m, x, precision="bf16"), want, "I @ b")
+    assert_same_bits(ops.matmul(eye_m, xt, trans_b=True, precision="bf16"), want, "I @ b^T")
+    for b, trans_b in ((x, False), (xt, True)):
+        got = np.empty(x.shape, np.float32)
+        _C.gemm_packed(eye_m, _C.gemm_pack_b(b, trans_b=trans_b, bf16=True), got)
+        assert_same_bits(got, want, f"I @ packed b (trans_b={trans_b})")
+
+
 def test_infinity_and_nan_pass_through_rounding(isa):
     """... and the largest floats round up to infinity, as a bf16 conversion does."""
     a = np.array([[np.inf], [-np.inf], [np.nan], [2.0], [3.4e38]], np.float32)
