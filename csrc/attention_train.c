@@ -21,6 +21,7 @@
 #include "cpu.h"
 #include "dropout.h"
 #include "gemm/avx512.h"   /* round_bf16 (gemm's bf16 rounding) and transpose16 */
+#include "gemm/pairs.h"    /* floats to bf16 pairs */
 #include "simd_math.h"
 #include "softmax.h"
 
@@ -215,20 +216,10 @@ TF_TARGET_AVX512 static void matmul_avx512(float *C, long ldc, const float *A, l
     }
 }
 
-/* round_bf16 of 16 lanes (the same bits). */
+/* round_bf16 of 16 lanes (the same bits): gemm's rounding, the low halves cleared. */
 TF_TARGET_AVX512 static inline __m512 round16_bf16(__m512 x)
 {
-    const __m512i u = _mm512_castps_si512(x);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb));
-    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-    r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
-    /* exponent 0 */
-    const __mmask16 tiny = _mm512_cmpeq_epi32_mask(_mm512_and_si512(r, _mm512_set1_epi32(0x7f800000)),
-                                                 _mm512_setzero_si512());
-    r = _mm512_and_si512(r, _mm512_mask_blend_epi32(tiny, _mm512_set1_epi32((int)0xffff0000u),
-                                                    _mm512_set1_epi32((int)0x80000000u)));
-    return _mm512_castsi512_ps(r);
+    return _mm512_castsi512_ps(_mm512_and_si512(bf16_high(x), _mm512_set1_epi32((int)0xffff0000u)));
 }
 
 TF_TARGET_AVX512 static void gather_avx512(float *dst, const float *src, long lds, long rows,
@@ -412,37 +403,27 @@ TF_TARGET_AVX2 static void round_avx2(float *x, long n)
  * round_bf16 does; the words are then read like the floats of the fp32 tiles. */
 
 /* dst [rows, ceil(K / 2)] words = the pairs of each row of src [rows, lds] (K floats a row). */
-TF_TARGET_AVX512 static void pack_rows_bf16(float *dst, const float *src, long lds, long rows, long K)
+TF_TARGET_AVX512_BF16 static void pack_rows_bf16(float *dst, const float *src, long lds, long rows, long K)
 {
     const long Kp = (K + 1) / 2;
-    __m512i odd = _mm512_set_epi16(63, 61, 59, 57, 55, 53, 51, 49, 47, 45, 43, 41, 39, 37, 35, 33,
-                                   31, 29, 27, 25, 23, 21, 19, 17, 15, 13, 11, 9, 7, 5, 3, 1);
     for (long r = 0; r < rows; r++) {
         const float *s = src + r * lds;
         float *d = dst + r * Kp;
         for (long k0 = 0; k0 < K; k0 += 32) {
-            __m512i lo = _mm512_castps_si512(round16_bf16(tf_load16(s + k0, K - k0)));
-            __m512i hi = _mm512_castps_si512(round16_bf16(tf_load16(s + k0 + 16, K - k0 - 16)));
-            __m512i words = _mm512_permutex2var_epi16(lo, odd, hi);   /* the high halves, in order */
+            const __m512i words = pair_row(tf_load16(s + k0, K - k0), tf_load16(s + k0 + 16, K - k0 - 16));
             tf_store16(d + k0 / 2, Kp - k0 / 2, _mm512_castsi512_ps(words));
         }
     }
 }
 
 /* dst [ceil(K / 2), N] words: word (t, j) pairs rows 2t and 2t + 1 of src [K, lds] at column j. */
-TF_TARGET_AVX512 static void pack_row_pairs_bf16(float *dst, const float *src, long lds, long K, long N)
+TF_TARGET_AVX512_BF16 static void pack_row_pairs_bf16(float *dst, const float *src, long lds, long K, long N)
 {
-    const __m512i high = _mm512_set1_epi32((int)0xffff0000u);
     for (long t = 0; t < (K + 1) / 2; t++) {
         const float *a = src + 2 * t * lds, *b = 2 * t + 1 < K ? a + lds : NULL;
         float *d = dst + t * N;
         for (long j = 0; j < N; j += 16) {
-            __m512i ra = _mm512_castps_si512(round16_bf16(tf_load16(a + j, N - j)));
-            __m512i w = _mm512_srli_epi32(ra, 16);
-            if (b) {
-                __m512i rb = _mm512_castps_si512(round16_bf16(tf_load16(b + j, N - j)));
-                w = _mm512_or_si512(w, _mm512_and_si512(rb, high));
-            }
+            const __m512i w = pair_lanes(tf_load16(a + j, N - j), b ? tf_load16(b + j, N - j) : _mm512_setzero_ps());
             tf_store16(d + j, N - j, _mm512_castsi512_ps(w));
         }
     }

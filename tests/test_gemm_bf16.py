@@ -127,6 +127,25 @@ def test_the_subnormals_next_to_the_smallest_normal_round_up_through_every_packe
         assert_same_bits(got, want, f"I @ packed b (trans_b={trans_b})")
 
 
+def test_every_operand_position_rounds_random_finite_floats_as_the_oracle(isa):
+    """2^21 floats of random bits (every exponent, subnormals included; none that is or rounds to
+    NaN or infinity, which the zeros of I would spread), in each operand position: bitwise the
+    oracle's rounding."""
+    r = rng(12)
+    bits = r.integers(0, 2 ** 32, size=2 ** 21, dtype=np.uint64).astype(np.uint32)
+    bits = np.where((bits & 0x7FFFFFFF) >= 0x7F7F8000, bits & 0xBFFFFFFF, bits).astype(np.uint32)
+    x = bits.view(np.float32).reshape(-1, 32)
+    want = bf16(x) + np.float32(0)
+    eye = np.eye(32, dtype=np.float32)
+    assert_same_bits(ops.matmul(x, eye, precision="bf16"), want, "a @ I")
+    assert_same_bits(ops.matmul(np.ascontiguousarray(x.T), eye, trans_a=True, precision="bf16"), want, "a^T @ I")
+    y = x.reshape(-1, 1024)[:64]                       # b positions: 64 x 1024 of them
+    want_y = bf16(y) + np.float32(0)
+    eye_m = np.eye(64, dtype=np.float32)
+    assert_same_bits(ops.matmul(eye_m, y, precision="bf16"), want_y, "I @ b")
+    assert_same_bits(ops.matmul(eye_m, np.ascontiguousarray(y.T), trans_b=True, precision="bf16"), want_y, "I @ b^T")
+
+
 def test_infinity_and_nan_pass_through_rounding(isa):
     """... and the largest floats round up to infinity, as a bf16 conversion does."""
     a = np.array([[np.inf], [-np.inf], [np.nan], [2.0], [3.4e38]], np.float32)
