@@ -30,6 +30,26 @@ pairs_across(const float *x, long ldx, int rows, long k0, long kc, __m512 r[16])
     transpose16(r);
 }
 
+/* gemm_pack_panels: a transposed op(A) (op(A)[i][k] = A[k][i]) in one pass down A's rows, rows
+ * 2t and 2t + 1 making pair t of every panel. Panel by panel (pack_a_dpbf16), each row was read
+ * once a panel, lda apart, and the loads waited on memory. */
+static TARGET_BF16 void pack_at_dpbf16(const float *A, long lda, long mc, long p0, long p1, long kc, float *Ap)
+{
+    const int MR = AVX512_MR;
+    const long panels = ceil_div(mc, MR), base = mc / panels, extra = mc % panels, pairs = (kc + 1) / 2;
+    for (long t = 0; t < pairs; t++) {
+        const float *x = A + 2 * t * lda, *y = x + lda;
+        const int odd = 2 * t + 1 < kc;
+        for (long p = p0; p < p1; p++) {
+            const long i = p * base + (p < extra ? p : extra);
+            const __mmask16 mm = tf_lanes16(base + (p < extra));
+            const __m512 lo = _mm512_maskz_loadu_ps(mm, x + i);
+            const __m512 hi = odd ? _mm512_maskz_loadu_ps(mm, y + i) : _mm512_setzero_ps();
+            _mm512_mask_storeu_epi32(Ap + p * MR * kc + t * MR, 0x3FFF, pair_lanes(lo, hi));
+        }
+    }
+}
+
 /* op(A) [m][kc] into MR-row panels of pairs [ceil(kc/2)][MR], panel q at dst + q * MR * kc (the
  * floats' footprint, as the kernels' strides expect). */
 static TARGET_BF16 void pack_a_dpbf16(int trans_a, const float *A, long lda, long m, long kc, float *dst)
@@ -39,14 +59,8 @@ static TARGET_BF16 void pack_a_dpbf16(int trans_a, const float *A, long lda, lon
     for (long ip = 0; ip < m; ip += MR) {
         const int mr = m - ip < MR ? (int)(m - ip) : MR;
         float *panel = dst + ip * kc;
-        if (trans_a) {          /* op(A)[i][k] = A[k][i]: row k holds the panel's k-th values */
-            const __mmask16 mm = tf_lanes16(mr);
-            for (long t = 0; t < pairs; t++) {
-                const __m512 lo = _mm512_maskz_loadu_ps(mm, A + 2 * t * lda + ip);
-                const __m512 hi = 2 * t + 1 < kc ? _mm512_maskz_loadu_ps(mm, A + (2 * t + 1) * lda + ip)
-                                                 : _mm512_setzero_ps();
-                _mm512_mask_storeu_epi32(panel + t * MR, 0x3FFF, pair_lanes(lo, hi));
-            }
+        if (trans_a) {          /* the panel as a block of one (pack_a_panels takes pack_at for blocks) */
+            pack_at_dpbf16(A + ip, lda, mr, 0, 1, kc, panel);
             continue;
         }
         for (long k0 = 0; k0 < kc; k0 += 32) {
@@ -64,23 +78,28 @@ TARGET_BF16 void pack_b_dpbf16(int trans_b, const float *B, long ldb, long n, lo
 {
     const int NR = AVX512_NR;
     const long pairs = (kc + 1) / 2;
+    if (!trans_b) {     /* op(B)[k][j] = B[k][j]: rows 2t and 2t + 1 make pair row t of every panel,
+                         * in one pass down the rows (panel by panel, each row's lines were read
+                         * once a panel, ldb apart: the loads waited on memory) */
+        for (long t = 0; t < pairs; t++) {
+            const float *x = B + 2 * t * ldb, *y = x + ldb;
+            const int odd = 2 * t + 1 < kc;
+            for (long jp = 0; jp < n; jp += NR) {
+                const int nr = n - jp < NR ? (int)(n - jp) : NR;
+                const __mmask16 m0 = tf_lanes16(nr), m1 = tf_lanes16(nr - 16);
+                const __m512 lo0 = _mm512_maskz_loadu_ps(m0, x + jp), lo1 = _mm512_maskz_loadu_ps(m1, x + jp + 16);
+                const __m512 hi0 = odd ? _mm512_maskz_loadu_ps(m0, y + jp) : _mm512_setzero_ps();
+                const __m512 hi1 = odd ? _mm512_maskz_loadu_ps(m1, y + jp + 16) : _mm512_setzero_ps();
+                float *row = dst + jp * kc + t * NR;
+                _mm512_store_si512(row, pair_lanes(lo0, hi0));
+                _mm512_store_si512(row + 16, pair_lanes(lo1, hi1));
+            }
+        }
+        return;
+    }
     for (long jp = 0; jp < n; jp += NR) {
         const int nr = n - jp < NR ? (int)(n - jp) : NR;
         float *panel = dst + jp * kc;
-        if (!trans_b) {         /* op(B)[k][j] = B[k][j]: rows 2t and 2t + 1 make pair row t */
-            const __mmask16 m0 = tf_lanes16(nr), m1 = tf_lanes16(nr - 16);
-            const float *src = B + jp;
-            for (long t = 0; t < pairs; t++) {
-                const float *x = src + 2 * t * ldb, *y = x + ldb;
-                const int odd = 2 * t + 1 < kc;
-                __m512 lo0 = _mm512_maskz_loadu_ps(m0, x), lo1 = _mm512_maskz_loadu_ps(m1, x + 16);
-                __m512 hi0 = odd ? _mm512_maskz_loadu_ps(m0, y) : _mm512_setzero_ps();
-                __m512 hi1 = odd ? _mm512_maskz_loadu_ps(m1, y + 16) : _mm512_setzero_ps();
-                _mm512_store_si512(panel + t * NR, pair_lanes(lo0, hi0));
-                _mm512_store_si512(panel + t * NR + 16, pair_lanes(lo1, hi1));
-            }
-            continue;
-        }
         for (int h = 0; h < 2; h++) {   /* op(B)[k][j] = B[j][k]: columns j0 .. j0 + 16 of the panel */
             const int j0 = 16 * h, jn = nr - j0;
             for (long k0 = 0; k0 < kc; k0 += 32) {
@@ -161,5 +180,5 @@ const gemm_isa isa_avx512_dpbf16 = {
      kernel_dpbf16_stream_5, kernel_dpbf16_stream_6, kernel_dpbf16_stream_7, kernel_dpbf16_stream_8,
      kernel_dpbf16_stream_9, kernel_dpbf16_stream_10, kernel_dpbf16_stream_11, kernel_dpbf16_stream_12,
      kernel_dpbf16_stream_13, kernel_dpbf16_stream_14},
-    1, 1};
+    1, 1, 0, 0, pack_at_dpbf16};
 #endif

@@ -73,6 +73,10 @@ static inline void pack_a_panels(const gemm_problem *g, long i0, long mc, long p
 {
     const gemm_isa *s = g->isa;
     const long panels = ceil_div(mc, s->mr), base = mc / panels, extra = mc % panels;
+    if (g->trans_a && s->pack_at) {
+        s->pack_at(a_at(g, i0, pc), g->lda, mc, p0, p1, kc, Ap);
+        return;
+    }
     for (long p = p0; p < p1; p++) {
         const long i = i0 + p * base + (p < extra ? p : extra), mr = base + (p < extra);
         s->pack_a(g->trans_a, a_at(g, i, pc), g->lda, mr, kc, Ap + p * s->mr * kc);

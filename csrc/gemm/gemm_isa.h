@@ -51,6 +51,9 @@ typedef void (*gemm_kernel)(long kc, const float *Ap, const float *Bp, long bs, 
 
 /* Pack rows [0, m) (pack_a) or columns [0, n) (pack_b) of an operand block into micro-panels. */
 typedef void (*gemm_pack)(int trans, const float *X, long ldx, long n, long kc, float *dst);
+/* Panels [p0, p1) of a transposed op(A) block of mc rows balanced into ceil(mc / mr) panels (as
+ * pack_a_panels balances them, blocks.h), panel p at Ap + p * mr * kc, in one pass down A's rows. */
+typedef void (*gemm_pack_panels)(const float *A, long lda, long mc, long p0, long p1, long kc, float *Ap);
 
 /* Columns [j0, j1) of C = alpha * A @ B^T (+ C), A row-major M x K, B row-major N x K:
  * every element one dot product of two contiguous rows (decoding: few rows, a weight matrix). */
@@ -71,6 +74,7 @@ typedef struct {
     int amx;               /* 1: tile kernels: tf_amx_begin / tf_amx_end around them (amx.h) */
     int even_k;            /* 1: K blocks of even length, as pairs have (k_block), with packing in
                               floats: AVX2's bf16 kernels, whose pre-packed B holds pairs */
+    gemm_pack_panels pack_at;   /* a transposed op(A)'s panels together, or NULL: pack_a each */
 } gemm_isa;
 
 static inline long ceil_div(long a, long b) { return (a + b - 1) / b; }
