@@ -80,22 +80,26 @@ TARGET_AVX512 void pack_a_avx512(int trans_a, const float *A, long lda, long m, 
     }
 }
 
-/* pack_b_any for NR = 32: a transposed B is transposed 16 x 16 at a time. */
+/* pack_b_any for NR = 32: a transposed B is transposed 16 x 16 at a time; a row-major B is packed
+ * in one pass down its rows, row k making row k of every panel (panel by panel, each row was
+ * read once a panel, ldb apart). */
 TARGET_AVX512 void pack_b_avx512(int trans_b, const float *B, long ldb, long n, long kc, float *Bp)
 {
     const int NR = AVX512_NR;
+    if (!trans_b) {
+        for (long k = 0; k < kc; k++)
+            for (long jp = 0; jp < n; jp += NR) {
+                const int nr = n - jp < NR ? (int)(n - jp) : NR;
+                const __mmask16 m0 = tf_lanes16(nr), m1 = tf_lanes16(nr - 16);
+                float *row = Bp + jp * kc + k * NR;
+                _mm512_store_ps(row, _mm512_maskz_loadu_ps(m0, B + k * ldb + jp));
+                _mm512_store_ps(row + 16, _mm512_maskz_loadu_ps(m1, B + k * ldb + jp + 16));
+            }
+        return;
+    }
     for (long jp = 0; jp < n; jp += NR) {
         int nr = n - jp < NR ? (int)(n - jp) : NR;
         float *dst = Bp + jp * kc;
-        if (!trans_b) {
-            __mmask16 m0 = tf_lanes16(nr), m1 = tf_lanes16(nr - 16 < 0 ? 0 : nr - 16);
-            const float *src = B + jp;
-            for (long k = 0; k < kc; k++) {
-                _mm512_store_ps(dst + k * NR, _mm512_maskz_loadu_ps(m0, src + k * ldb));
-                _mm512_store_ps(dst + k * NR + 16, _mm512_maskz_loadu_ps(m1, src + k * ldb + 16));
-            }
-            continue;
-        }
         for (int h = 0; h < 2; h++) {
             int j0 = 16 * h, jn = nr - j0;   /* columns j0 .. j0+jn of this half */
             for (long k0 = 0; k0 < kc; k0 += 16) {
@@ -110,6 +114,20 @@ TARGET_AVX512 void pack_b_avx512(int trans_b, const float *B, long ldb, long n, 
             }
         }
     }
+}
+
+/* gemm_pack_panels: a transposed op(A) (op(A)[i][k] = A[k][i]) in one pass down A's rows, row k
+ * making row k of every panel (pack_a_avx512 packs panel by panel). */
+static TARGET_AVX512 void pack_at_avx512(const float *A, long lda, long mc, long p0, long p1, long kc, float *Ap)
+{
+    const int MR = AVX512_MR;
+    const long panels = ceil_div(mc, MR), base = mc / panels, extra = mc % panels;
+    for (long k = 0; k < kc; k++)
+        for (long p = p0; p < p1; p++) {
+            const long i = p * base + (p < extra ? p : extra);
+            const __mmask16 mm = tf_lanes16(base + (p < extra));
+            _mm512_mask_storeu_ps(Ap + p * MR * kc + k * MR, 0x3FFF, _mm512_maskz_loadu_ps(mm, A + k * lda + i));
+        }
 }
 
 /* Few rows times a transposed B, without packing: 4 x 4 tiles of C, each element a 16-lane
@@ -197,7 +215,7 @@ const gemm_isa isa_avx512 = {
     AVX512_MR, AVX512_NR, 256, 336, 4096,
     AVX512_KERNELS
     pack_a_avx512, pack_b_avx512, dot_avx512,
-    AVX512_STREAM, 0};
+    AVX512_STREAM, 0, 0, 0, 0, pack_at_avx512};
 
 BF16_PACKS(avx512, AVX512_MR, AVX512_NR)
 
