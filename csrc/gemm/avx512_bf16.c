@@ -1,6 +1,6 @@
 /* avx512_bf16: vdpbf16ps, two bf16 products added into each fp32 lane per instruction (twice the
- * products of an FMA). The same 14 x 32 tile and packing as AVX-512 (K blocks of 512), after which each
- * packed micro-panel [kc][W] (W = MR or NR) is turned in place into [ceil(kc/2)][W] 32-bit pairs:
+ * products of an FMA). The same 14 x 32 tile and panels as AVX-512 (K blocks of 512), each micro-panel
+ * packed as [ceil(kc/2)][W] 32-bit pairs (W = MR or NR), in the floats' footprint [kc][W]:
  * bf16(x[2t][w]) in the low half, bf16(x[2t+1][w]) (0 past kc) in the high half, the layout
  * vdpbf16ps multiplies lane by lane. Operands are rounded exactly as round_bf16 does; the products
  * are exact and the sums fp32, so only the summation order differs from the other levels. K blocks
@@ -11,10 +11,9 @@
 #ifdef GEMM_X86
 #define TARGET_BF16 TF_TARGET_AVX512_BF16
 
-/* bf16_high, the operands' rounding, is in avx512.h (amx.c rounds with it too). */
-
-/* Packing straight into pairs, one pass over op(X): the floats are rounded as they are read
- * (pairs.h), and no panel of floats is written first. */
+/* Packing straight into pairs, one pass over op(X): the floats are rounded as they are read, by
+ * vcvtne2ps2bf16 with bf16_high's bits (pairs.h; bf16_high, in avx512.h, is the operands'
+ * rounding, and amx.c rounds with it too), and no panel of floats is written first. */
 
 /* Rows r[0..rows) of a row-major op(X), each from x + i * ldx, k values [k0, k0 + 32) (zero past
  * kc), as pairs transposed: r[t] lane i is pair (k0 / 2 + t) of row i. */

@@ -3,6 +3,7 @@
  * is the kc x NR slice at + pc*NR that the micro-kernels read as usual. */
 #include "blocks.h"
 #include "amx.h"
+#include "avx512.h"     /* pack_b_dpbf16 and pack_b_avx512: a pre-packed buffer's second half */
 
 #include <string.h>
 #ifdef _OPENMP
@@ -28,6 +29,17 @@ void gemm_pack_b(int isa, int prec, int trans_b, long N, long K, const float *B,
     for (long jp = 0; jp < np; jp++) {
         long j = jp * NR;
         s->pack_b(trans_b, trans_b ? B + j * ldb : B + j, ldb, min_l(NR, N - j), K, Bp + j * K);
+#ifdef GEMM_X86
+        /* avx512_bf16's packer writes a panel's pairs straight into the first half of its floats'
+         * footprint and leaves the rest; a pre-packed buffer keeps op(B)'s rows from ceil(K/2) on
+         * there as floats, the bytes it had when the pairs were made in place from a panel of
+         * floats, so that a buffer's bytes depend on nothing else (tests/test_gemm_bits.py records
+         * them) */
+        const long h = (K + 1) / 2;
+        if (s->pack_b == pack_b_dpbf16 && K > h)
+            pack_b_avx512(trans_b, trans_b ? B + j * ldb + h : B + h * ldb + j, ldb, min_l(NR, N - j), K - h,
+                          Bp + j * K + h * NR);
+#endif
     }
 }
 
