@@ -152,8 +152,8 @@ def describe_sizes(sizes):
 
 def effective_steps(steps, steps_per_pass, repeats):
     """What `steps` steps are worth when the corpus is `steps_per_pass` steps a pass: the first pass
-    counts in full, and the k-th repeat of it 1 - exp(-k / repeats) less, so that the worth of
-    repeats saturates at `repeats` passes of fresh pairs (the repeated-data form of Muennighoff et
+    counts in full, and a step of the corpus's k-th repeat exp(-k / repeats) of a fresh one, so that
+    the worth of all repeats saturates at `repeats` passes of fresh pairs (the repeated-data form of Muennighoff et
     al., "Scaling Data-Constrained Language Models", 2023, with R* = repeats, in steps instead of
     tokens). repeats None, or no steps_per_pass (a corpus too large to say): every step counts."""
     if repeats is None or not steps_per_pass or steps <= steps_per_pass:
