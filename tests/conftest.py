@@ -92,3 +92,16 @@ def pytest_configure(config):
 
     if "TRANSFORMER_CACHE" not in os.environ:
         os.environ["TRANSFORMER_CACHE"] = tempfile.mkdtemp(prefix="transformer-test-cache-")
+
+
+def benchmark_script(name):
+    """benchmarks/NAME.py imported as a module (the scripts are not a package): for tests that keep
+    a benchmark wired to what it measures."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

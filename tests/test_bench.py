@@ -16,7 +16,7 @@ from transformer import decoding as dec
 from transformer.bench import masking
 from transformer.bench import train as bench_train
 
-from conftest import SINGLE_THREADED
+from conftest import SINGLE_THREADED, benchmark_script
 
 LOSS_RTOL = 1e-5     # float32 sums over a few hundred terms
 GRAD_RTOL = 1e-4     # max |parallel - autoregressive| / max |autoregressive|, per flat gradient
@@ -606,21 +606,10 @@ def test_decode_bench_runs_every_engine_on_the_same_first_cpus(monkeypatch):
     assert harness.bench_cpus(len(allowed) + 5) == allowed
 
 
-def _benchmark_script(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_decode_threads_times_the_encoder_apart_from_the_steps(capsys, restore_threads):
     # benchmarks/decode_threads.py reaches into decoding's workspace and the model's encoder: this
     # keeps it wired to them, and its split honest (the encoder is a part of the whole decode)
-    script = _benchmark_script("decode_threads")
+    script = benchmark_script("decode_threads")
     record = script.measure("tiny", "int8", 1, repeats=1)
     assert record["tokens"] == 32 * 64 and record["groups"] == 1
     assert 0 < record["encoder_s"] < record["total_s"]

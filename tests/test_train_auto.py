@@ -15,6 +15,8 @@ from transformer import _C, cli
 from transformer.checkpoint import load_checkpoint
 from transformer.training import precision, sizing
 
+from conftest import benchmark_script
+
 BASE = ["--src-col", "eng", "--tgt-col", "fake", "--vocab-size", "60", "--batch-tokens", "300", "--quiet",
         "--threads", "1", "--dev-fraction", "0.1"]
 SMALL = ["--d-model", "32", "--n-heads", "2", "--d-ff", "64", "--n-encoder-layers", "1", "--n-decoder-layers", "1"]
@@ -282,7 +284,7 @@ def test_a_smaller_repeat_constant_flattens_a_curve_on_a_small_corpus_only(monke
 
 
 def test_size_curves_recovers_the_constants_its_points_were_drawn_from():
-    script = _benchmark_script("size_curves")
+    script = benchmark_script("size_curves")
     spp = script.STEPS_PER_PASS
     truth = {"tiny": (60.0, 300.0, 10.0, 40 * spp), "medium-4-2": (62.0, 310.0, 30.0, 24 * spp),
              "small": (64.0, 320.0, None, 4 * spp)}       # small's R*: too few passes, it takes medium-4-2's
@@ -299,17 +301,6 @@ def test_size_curves_recovers_the_constants_its_points_were_drawn_from():
     assert repeats["small"] == repeats["medium-4-2"]
     for name, (a, b, _, _) in truth.items():
         assert constants[name] == pytest.approx((a, b), rel=0.02), name
-
-
-def _benchmark_script(name):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("norm", ["scale", "layer"])
