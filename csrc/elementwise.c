@@ -700,15 +700,26 @@ AVX2_TARGET static void act_backward_range_avx2(const float *dout, const float *
 }
 #endif
 
+typedef void (*act_backward_range_fn)(const float *, const float *, float *, size_t, size_t, int, int, int);
+
+static act_backward_range_fn act_backward_pick(void)
+{
+#ifdef TF_X86
+    if (tf_isa() >= TF_ISA_AVX512) return act_backward_range_avx512;
+    if (tf_isa() >= TF_ISA_AVX2) return act_backward_range_avx2;
+#endif
+    return act_backward_range_generic;
+}
+
+void act_backward_span(const float *dout, const float *pre, float *dx, size_t i0, size_t i1, int act)
+{
+    if (i0 < i1) act_backward_pick()(dout, pre, dx, i0, i1, act, 0, 0);
+}
+
 void act_backward(const float *dout, const float *pre, float *dx, size_t n, int act, int accumulate)
 {
     if (n == 0) return;
-    void (*fn)(const float *, const float *, float *, size_t, size_t, int, int, int) =
-        act_backward_range_generic;
-#ifdef TF_X86
-    if (tf_isa() >= TF_ISA_AVX512) fn = act_backward_range_avx512;
-    else if (tf_isa() >= TF_ISA_AVX2) fn = act_backward_range_avx2;
-#endif
+    const act_backward_range_fn fn = act_backward_pick();
     /* non-temporal stores when dx is only written and the op moves more than the L3 holds */
     const int stream = !accumulate && dx != dout && ((uintptr_t)dx & 3) == 0 &&
                        3 * n * sizeof(float) > elementwise_stream_bytes();

@@ -36,6 +36,9 @@ void bias_act_forward(float *x, const float *bias, float *out, size_t N, size_t 
 /* dx = dout * act'(pre) (dx += ... when accumulate).  dout, pre, dx: [n]; dx may be dout when
  * not accumulating.  ReLU'(0) = 0. */
 void act_backward(const float *dout, const float *pre, float *dx, size_t n, int act, int accumulate);
+/* Elements [i0, i1) of act_backward (not accumulating) on the calling thread alone, with its bits:
+ * for kernels that fuse it into their own loop (residual_norm.c). */
+void act_backward_span(const float *dout, const float *pre, float *dx, size_t i0, size_t i1, int act);
 
 /* Bytes an op may move (reads + writes) before its output is written with non-temporal stores,
  * which skip the cache: 32 MiB (one L3 slice of a current server core). Same bits either way. */

@@ -582,8 +582,8 @@ static sn_row_kernels sn_pick(void)
     return (sn_row_kernels){dot8, sn_scale_generic, sn_grad_generic};
 }
 
-static void scalenorm_forward_rows(float *out, float *norms, const float *x, float g, long r0, long r1,
-                                   long D, float eps)
+void scalenorm_forward_rows(float *out, float *norms, const float *x, float g, long r0, long r1,
+                            long D, float eps)
 {
     const sn_row_kernels k = sn_pick();
     for (long r = r0; r < r1; r++) {
@@ -596,9 +596,9 @@ static void scalenorm_forward_rows(float *out, float *norms, const float *x, flo
 }
 
 /* Rows [r0, r1) of scalenorm_backward, each row's sum(dout * x_hat) to dots[r]. */
-static void scalenorm_backward_rows(float *dx, double *dots, const float *dout, const float *x,
-                                    const float *norms, float g, long r0, long r1, long D, float eps,
-                                    int accumulate)
+void scalenorm_backward_rows(float *dx, double *dots, const float *dout, const float *x,
+                             const float *norms, float g, long r0, long r1, long D, float eps,
+                             int accumulate)
 {
     const sn_row_kernels k = sn_pick();
     for (long r = r0; r < r1; r++) {

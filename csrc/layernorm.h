@@ -65,4 +65,14 @@ void layernorm_backward_chunk(float *dx, float *dwp, float *dbp, const float *do
 void layernorm_add_partials(float *dweight, float *dbias, const float *scratch, long chunks, long D,
                             long c0, long c1);
 
+/* ScaleNorm's pieces, as layernorm's above:
+ * scalenorm_forward_rows: rows [r0, r1) of scalenorm_forward.
+ * scalenorm_backward_rows: rows [r0, r1) of scalenorm_backward, each row's sum(dout * x_hat) to
+ *   dots[r] (what scalenorm_backward adds into *dg, in row order). */
+void scalenorm_forward_rows(float *out, float *norms, const float *x, float g, long r0, long r1,
+                            long D, float eps);
+void scalenorm_backward_rows(float *dx, double *dots, const float *dout, const float *x,
+                             const float *norms, float g, long r0, long r1, long D, float eps,
+                             int accumulate);
+
 #endif

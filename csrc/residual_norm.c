@@ -39,6 +39,25 @@ size_t residual_layernorm_backward_scratch(long N, long D)
     return (size_t)(2 * chunks + blocks) * (size_t)D;
 }
 
+/* A block's column sums of g, rows [b * BIAS_BLOCK, b1), to parts + b * D: by bias_grad itself
+ * (its SIMD walk; one block of at most BIAS_BLOCK rows is summed as its whole-array call sums
+ * that block). */
+static void bias_block(const float *g, float *parts, long b, long b1, long D)
+{
+    memset(parts + b * D, 0, (size_t)D * sizeof(float));
+    bias_grad(g + b * BIAS_BLOCK * D, parts + b * D, (size_t)(b1 - b * BIAS_BLOCK), (size_t)D);
+}
+
+/* dbias columns [c0, c1) (at most 64) += the blocks' partials, in block order. */
+static void add_bias_blocks(float *dbias, const float *parts, long blocks, long D, long c0, long c1)
+{
+    float total[64];
+    for (long j = c0; j < c1; j++) total[j - c0] = 0.0f;
+    for (long b = 0; b < blocks; b++)
+        for (long j = c0; j < c1; j++) total[j - c0] += parts[b * D + j];
+    for (long j = c0; j < c1; j++) dbias[j] += total[j - c0];
+}
+
 void residual_layernorm_backward(float *ds, float *dd, float *dweight, float *dlnbias, float *dbias,
                                  float *scratch, const float *dout, const float *s,
                                  const float *weight, const float *mean, const float *rstd, long N,
@@ -63,21 +82,93 @@ void residual_layernorm_backward(float *ds, float *dd, float *dweight, float *dl
                 if (dd)
                     bias_dropout_add_rows(ds, NULL, NULL, dd, (size_t)r, (size_t)e, (size_t)D, p, seed, offset);
             }
-            /* the block's column sums, by bias_grad itself (its SIMD walk; one block of at most
-             * BIAS_BLOCK rows is summed as its whole-array call sums that block) */
-            memset(bias_parts + b * D, 0, (size_t)D * sizeof(float));
-            bias_grad(g + b * BIAS_BLOCK * D, bias_parts + b * D, (size_t)(b1 - b * BIAS_BLOCK), (size_t)D);
+            bias_block(g, bias_parts, b, b1, D);
         }
         /* The partials, in chunk and block order: columns in blocks of 64 per iteration. */
 #pragma omp for schedule(static)
         for (long c0 = 0; c0 < D; c0 += 64) {
             long c1 = c0 + 64 < D ? c0 + 64 : D;
             layernorm_add_partials(dweight, dlnbias, scratch, chunks, D, c0, c1);
-            float total[64];
-            for (long j = c0; j < c1; j++) total[j - c0] = 0.0f;
-            for (long b = 0; b < blocks; b++)
-                for (long j = c0; j < c1; j++) total[j - c0] += bias_parts[b * D + j];
-            for (long j = c0; j < c1; j++) dbias[j] += total[j - c0];
+            add_bias_blocks(dbias, bias_parts, blocks, D, c0, c1);
         }
+    }
+}
+
+void residual_scalenorm_forward(float *out, float *norms, float *s, const float *x, const float *bias,
+                                const float *residual, float g, long N, long D, float eps, float p,
+                                uint64_t seed, uint64_t offset)
+{
+    if (N == 0 || D == 0) return;
+    const long blocks = (N + FUSED_ROWS - 1) / FUSED_ROWS;
+#pragma omp parallel for schedule(static) num_threads(tf_team(N * D, FUSED_GRAIN))
+    for (long b = 0; b < blocks; b++) {
+        long r = b * FUSED_ROWS, e = r + FUSED_ROWS < N ? r + FUSED_ROWS : N;
+        bias_dropout_add_rows(x, bias, residual, s, (size_t)r, (size_t)e, (size_t)D, p, seed, offset);
+        scalenorm_forward_rows(out, norms, s, g, r, e, D, eps);
+    }
+}
+
+size_t residual_scalenorm_backward_scratch(long N, long D)
+{
+    /* the rows' dots (doubles), then the blocks' bias partials */
+    return (size_t)(2 * N) + (size_t)((N + BIAS_BLOCK - 1) / BIAS_BLOCK) * (size_t)D;
+}
+
+void residual_scalenorm_backward(float *ds, float *dd, float *dg, float *dbias, float *scratch,
+                                 const float *dout, const float *s, const float *norms, float g,
+                                 long N, long D, float eps, float p, uint64_t seed, uint64_t offset)
+{
+    if (N == 0 || D == 0) return;
+    const long blocks = (N + BIAS_BLOCK - 1) / BIAS_BLOCK;
+    double *dots = (double *)(void *)scratch;
+    float *bias_parts = scratch + 2 * N;
+    const float *gd = dd ? dd : ds;
+#pragma omp parallel num_threads(tf_team(N * D, FUSED_GRAIN))
+    {
+        /* A block of 64 rows: the norm's backward, the dropout of its gradient, the bias sum. */
+#pragma omp for schedule(static)
+        for (long b = 0; b < blocks; b++) {
+            long r = b * BIAS_BLOCK, b1 = r + BIAS_BLOCK < N ? r + BIAS_BLOCK : N;
+            scalenorm_backward_rows(ds, dots, dout, s, norms, g, r, b1, D, eps, 0);
+            if (dd) bias_dropout_add_rows(ds, NULL, NULL, dd, (size_t)r, (size_t)b1, (size_t)D, p, seed, offset);
+            bias_block(gd, bias_parts, b, b1, D);
+        }
+#pragma omp for schedule(static)
+        for (long c0 = 0; c0 < D; c0 += 64)
+            add_bias_blocks(dbias, bias_parts, blocks, D, c0, c0 + 64 < D ? c0 + 64 : D);
+    }
+    /* g's gradient: the rows' sums in row order, as scalenorm_backward adds them */
+    double sum = 0.0;
+    for (long r = 0; r < N; r++) sum += dots[r];
+    if (dg) *dg += (float)sum;
+}
+
+size_t dropout_bias_backward_scratch(long N, long D)
+{
+    return (size_t)((N + BIAS_BLOCK - 1) / BIAS_BLOCK) * (size_t)D;
+}
+
+void dropout_bias_backward(float *dd, float *dbias, float *scratch, const float *ds, const float *pre,
+                           int act, long N, long D, float p, uint64_t seed, uint64_t offset)
+{
+    if (N == 0 || D == 0) return;
+    const long blocks = (N + BIAS_BLOCK - 1) / BIAS_BLOCK;
+#pragma omp parallel num_threads(tf_team(N * D, FUSED_GRAIN))
+    {
+        /* A block of 64 rows: the dropout's backward, the activation's, the bias sum, in cache. */
+#pragma omp for schedule(static)
+        for (long b = 0; b < blocks; b++) {
+            long r = b * BIAS_BLOCK, b1 = r + BIAS_BLOCK < N ? r + BIAS_BLOCK : N;
+            const size_t i0 = (size_t)(r * D), i1 = (size_t)(b1 * D);
+            if (p > 0.0f)
+                bias_dropout_add_rows(ds, NULL, NULL, dd, (size_t)r, (size_t)b1, (size_t)D, p, seed, offset);
+            else if (dd != ds)
+                memcpy(dd + i0, ds + i0, (i1 - i0) * sizeof(float));
+            if (pre) act_backward_span(dd, pre, dd, i0, i1, act);
+            bias_block(dd, scratch, b, b1, D);
+        }
+#pragma omp for schedule(static)
+        for (long c0 = 0; c0 < D; c0 += 64)
+            add_bias_blocks(dbias, scratch, blocks, D, c0, c0 + 64 < D ? c0 + 64 : D);
     }
 }

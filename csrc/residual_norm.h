@@ -38,4 +38,28 @@ void residual_layernorm_backward(float *ds, float *dd, float *dweight, float *dl
                                  const float *weight, const float *mean, const float *rstd, long N,
                                  long D, float p, uint64_t seed, uint64_t offset);
 
+/* The same for ScaleNorm (transformer/norms.py; layernorm.h's scalenorm_forward and
+ * scalenorm_backward), the default model's norm:
+ *   forward:  s = residual + dropout(x + bias);   out = ScaleNorm(s) = s * (g / max(||s||, eps))
+ *   backward: ds = ScaleNorm'(dout);   dd = dropout'(ds);   dbias += column sums of dd;
+ *             *dg += the sum over rows, in row order, of each row's sum(dout * s_hat)
+ * with the bits of bias_dropout_add_forward then scalenorm_forward; scalenorm_backward,
+ * dropout_backward and bias_grad. norms [N]: the forward's clamped norms. dg may be NULL. */
+void residual_scalenorm_forward(float *out, float *norms, float *s, const float *x, const float *bias,
+                                const float *residual, float g, long N, long D, float eps, float p,
+                                uint64_t seed, uint64_t offset);
+size_t residual_scalenorm_backward_scratch(long N, long D);
+void residual_scalenorm_backward(float *ds, float *dd, float *dg, float *dbias, float *scratch,
+                                 const float *dout, const float *s, const float *norms, float g,
+                                 long N, long D, float eps, float p, uint64_t seed, uint64_t offset);
+
+/* The gradient through a sub-layer's last dropout and the bias before it, where no norm follows
+ * (a pre-norm layer's residual branches), or through the feed-forward network's inner dropout,
+ * activation and first bias: dd = dropout'(ds), then dd = act'(pre) * dd when pre is not NULL
+ * (act a TF_ACT_* of elementwise.h); dbias [D] += the column sums of dd. The bits of
+ * dropout_backward, act_backward and bias_grad in turn. ds, dd, pre [N, D]; dd may be ds. */
+size_t dropout_bias_backward_scratch(long N, long D);
+void dropout_bias_backward(float *dd, float *dbias, float *scratch, const float *ds, const float *pre,
+                           int act, long N, long D, float p, uint64_t seed, uint64_t offset);
+
 #endif

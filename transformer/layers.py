@@ -522,6 +522,10 @@ class FeedForward:
         # second map's bias gradient is the caller's
         dhidden = self.ws.scratch("ffn.dhidden", self.pre.shape)
         self.linear2.backward(dout, self.hidden, dhidden, bias=bias)
+        if fuse_residual_norm:     # the dropout's, the activation's and b1's gradients in one pass
+            _C.dropout_bias_backward(dhidden, dhidden, self.linear1.dbias, *self.dropout.call(), pre=self.pre,
+                                     activation=self.activation)
+            return self.linear1.backward(dhidden, self.x, dx, accumulate, bias=False)
         self.dropout.backward(dhidden, dhidden)
         _C.act_backward(dhidden, self.pre, dhidden, self.activation)
         return self.linear1.backward(dhidden, self.x, dx, accumulate)
@@ -574,10 +578,20 @@ class Embedding:
         _C.embedding_backward(self.ids, dout.reshape(B, T, self.d_model), self.dtable, self.scale)
 
 
-# The layers run each sub-layer's bias, dropout, residual add and the norm after it as one kernel
-# (csrc/residual_norm.h: the same bits as the kernels one by one). False: one by one (tests and
-# benchmarks compare the two).
+# The layers run each sub-layer's bias, dropout, residual add and the norm after it as one kernel,
+# and backward, a dropout's, an activation's and a bias's gradients (csrc/residual_norm.h: the same
+# bits as the kernels one by one). False: one by one (tests and benchmarks compare the two).
 fuse_residual_norm = True
+
+
+def branch_backward(dout, dropout, linear, tmp):
+    """A pre-norm layer's residual branch, backward through its dropout and its last linear map's
+    bias in one pass: returns the gradient of the branch's output before the dropout (in tmp, or
+    dout itself when the dropout is off) and adds its column sums into linear's bias gradient."""
+    p, seed, offset = dropout.call()
+    d = tmp if p > 0.0 else dout
+    _C.dropout_bias_backward(dout, d, linear.dbias, p, seed, offset)
+    return d
 
 
 def norm_layer(params, grads, name, ws, kind="layer"):
@@ -603,7 +617,6 @@ class EncoderLayer:
         self.dropout1 = Dropout(p, stream)
         self.dropout2 = Dropout(p, stream)
         self.norm_first = cfg.norm_first
-        self.fusable = cfg.norm == "layer"      # the fused kernels are LayerNorm's
         self.ws = ws
 
     def forward(self, x, B, S, src_pad):
@@ -612,7 +625,7 @@ class EncoderLayer:
         s1 = ws.persistent(self, "s1", x.shape)
         # each sub-layer's bias, dropout, residual add and the norm after it in one pass (not with
         # int8 weights, whose products add the bias as they dequantize)
-        self.fused = fuse_residual_norm and ws.int8 is None and self.fusable
+        self.fused = fuse_residual_norm and ws.int8 is None
         if self.fused:
             attn, ffn = self.self_attn, self.feed_forward
             if self.norm_first:
@@ -644,10 +657,12 @@ class EncoderLayer:
         # dout [B*S, D], overwritten with and returned as the input gradient
         tmp = self.ws.scratch("layer.tmp", dout.shape) if self.dropout1.active else None
         if self.norm_first:
-            d = self.feed_forward.backward(self.dropout2.backward(dout, tmp), self.ws.scratch("layer.dn", dout.shape))
-            self.norm2.backward(d, dout, accumulate=True)                    # dout = d s1
-            d = self.self_attn.backward(self.dropout1.backward(dout, tmp), self.ws.scratch("layer.dn", dout.shape))
-            self.norm1.backward(d, dout, accumulate=True)                    # dout = d x
+            attn, ffn, fused = self.self_attn, self.feed_forward, self.fused
+            dn = self.ws.scratch("layer.dn", dout.shape)
+            d = branch_backward(dout, self.dropout2, ffn.linear2, tmp) if fused else self.dropout2.backward(dout, tmp)
+            self.norm2.backward(ffn.backward(d, dn, bias=not fused), dout, accumulate=True)       # dout = d s1
+            d = branch_backward(dout, self.dropout1, attn.out_proj, tmp) if fused else self.dropout1.backward(dout, tmp)
+            self.norm1.backward(attn.backward(d, dn, bias=not fused), dout, accumulate=True)      # dout = d x
             return dout
         if self.fused:
             attn, ffn = self.self_attn, self.feed_forward
@@ -683,7 +698,6 @@ class DecoderLayer:
         self.dropout2 = Dropout(p, stream)
         self.dropout3 = Dropout(p, stream)
         self.norm_first = cfg.norm_first
-        self.fusable = cfg.norm == "layer"      # the fused kernels are LayerNorm's
         self.ws = ws
 
     def forward(self, y, memory, B, T, S, tgt_pad, src_pad, causal=True):
@@ -693,7 +707,7 @@ class DecoderLayer:
         s1 = ws.persistent(self, "s1", y.shape)
         s2 = ws.persistent(self, "s2", y.shape)
         s3 = ws.persistent(self, "s3", y.shape)
-        self.fused = fuse_residual_norm and ws.int8 is None and self.fusable    # as EncoderLayer.forward
+        self.fused = fuse_residual_norm and ws.int8 is None    # as EncoderLayer.forward
         if self.fused:
             sa, ca, ffn = self.self_attn, self.cross_attn, self.feed_forward
             if self.norm_first:
@@ -732,14 +746,18 @@ class DecoderLayer:
         # dmemory [B*S, D] receives (accumulate_memory: adds) the gradient of the encoder output
         tmp = self.ws.scratch("layer.tmp", dout.shape) if self.dropout1.active else None
         if self.norm_first:
+            sa, ca, ffn, fused = self.self_attn, self.cross_attn, self.feed_forward, self.fused
             dn = self.ws.scratch("layer.dn", dout.shape)
-            d = self.feed_forward.backward(self.dropout3.backward(dout, tmp), dn)
-            self.norm3.backward(d, dout, accumulate=True)
-            d = self.cross_attn.backward(self.dropout2.backward(dout, tmp), dn,
-                                         dmemory=dmemory, accumulate_memory=accumulate_memory)
+
+            def branch(dropout, linear):     # the gradient of a branch's output before its dropout
+                return branch_backward(dout, dropout, linear, tmp) if fused else dropout.backward(dout, tmp)
+            self.norm3.backward(ffn.backward(branch(self.dropout3, ffn.linear2), dn, bias=not fused), dout,
+                                accumulate=True)
+            d = ca.backward(branch(self.dropout2, ca.out_proj), dn, dmemory=dmemory,
+                            accumulate_memory=accumulate_memory, bias=not fused)
             self.norm2.backward(d, dout, accumulate=True)
-            d = self.self_attn.backward(self.dropout1.backward(dout, tmp), dn)
-            self.norm1.backward(d, dout, accumulate=True)
+            self.norm1.backward(sa.backward(branch(self.dropout1, sa.out_proj), dn, bias=not fused), dout,
+                                accumulate=True)
             return dout
         if self.fused:
             sa, ca, ffn = self.self_attn, self.cross_attn, self.feed_forward

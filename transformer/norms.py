@@ -38,24 +38,46 @@ def unit_rows(table, out=None, norms=None):
 
 class ScaleNorm:
     """ScaleNorm (module docstring) with the LayerNorm interface the layers call (forward,
-    backward); the residual sum before it runs as its own kernel (never fused: csrc/residual_norm.h
-    is LayerNorm's)."""
+    backward, and the residual connection fused into the norm: forward_residual,
+    backward_residual, on csrc/residual_norm.h's ScaleNorm kernels)."""
 
     def __init__(self, weight, dweight, ws):
         self.weight, self.dweight, self.ws = weight, dweight, ws     # g [1] and its gradient
 
+    def _buffers(self, x):
+        self.norms = self.ws.persistent(self, "norms", (len(x),))
+        return self.ws.persistent(self, "out", x.shape)
+
     def forward(self, x):
         # x [N, D] (kept, not copied: the caller must not overwrite it before backward)
-        self.norms = self.ws.persistent(self, "norms", (len(x),))
-        out = self.ws.persistent(self, "out", x.shape)
+        out = self._buffers(x)
         _C.scalenorm_forward(x, self.weight, out, self.norms, SCALE_NORM_EPS)
         self.x = x
+        return out
+
+    def forward_residual(self, sub, linear, residual, dropout, s):
+        """As LayerNorm.forward_residual: s = residual + dropout(sub + linear's bias) into s [N, D]
+        (kept), and ScaleNorm(s) returned, in one pass."""
+        out = self._buffers(s)
+        _C.residual_scalenorm_forward(sub, linear.bias, residual, s, self.weight, out, self.norms,
+                                      SCALE_NORM_EPS, *dropout.call())
+        self.x = s
         return out
 
     def backward(self, dout, dx, accumulate=False):
         # dout [N, D]; dx [N, D] (may be dout when not accumulate)
         _C.scalenorm_backward(dout, self.x, self.norms, self.weight, dx, self.dweight, SCALE_NORM_EPS, accumulate)
         return dx
+
+    def backward_residual(self, dout, linear, dropout, tmp):
+        """As LayerNorm.backward_residual: dout becomes d s; returns the sub-layer output's gradient
+        (in tmp, or dout itself when dropout is off) and adds its column sums into linear's bias
+        gradient."""
+        p, seed, offset = dropout.call()
+        dd = tmp if p > 0.0 else None
+        _C.residual_scalenorm_backward(dout, self.x, self.norms, self.weight, dout, dd, self.dweight, linear.dbias,
+                                       SCALE_NORM_EPS, p, seed, offset)
+        return dout if dd is None else dd
 
 
 class FixNorm:
