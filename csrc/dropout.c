@@ -55,14 +55,27 @@ AVX512_TARGET static inline __m512i mix64_avx512(__m512i z)
     return _mm512_xor_si512(z, _mm512_srli_epi64(z, 31));
 }
 
-/* 16 draws for counters c .. c+15 as 32-bit lanes (lane j = u24(counter c + j)): the even
- * counters live in `even` (c, c+2, ...), the odd ones in `odd`, so that after the shift by 40
- * one 64-bit lane holds draw 2m in its low half and draw 2m+1 in its high half. */
-AVX512_TARGET static inline __m512i draws16_avx512(__m512i even, __m512i odd)
+/* The 32-bit lanes of draws u (64-bit lanes): lane 2m the counter 2d's 24 bits of its draw d
+ * (bits 40-63), lane 2m + 1 the counter 2d + 1's (bits 8-31): rng.h's u24 for two counters. */
+#define TF_PAIR_BITS 0x00FFFFFF00000000ll
+AVX512_TARGET static inline __m512i draws16_avx512(__m512i state)
 {
-    __m512i lo = _mm512_srli_epi64(mix64_avx512(even), 40);
-    __m512i hi = _mm512_slli_epi64(_mm512_srli_epi64(mix64_avx512(odd), 40), 32);
-    return _mm512_or_si512(lo, hi);
+    const __m512i u = mix64_avx512(state);
+    return _mm512_or_si512(_mm512_srli_epi64(u, 40),
+                           _mm512_and_si512(_mm512_slli_epi64(u, 24), _mm512_set1_epi64(TF_PAIR_BITS)));
+}
+
+/* A range that starts at an odd counter takes its first element alone (the generic code, the
+ * same bits), so that each vector of the rest holds whole draws. *i0 and *bias move past it;
+ * returns 1 when nothing is left. */
+static inline int odd_start(const float *x, const float **bias, const float *residual, float *out,
+                            size_t *i0, size_t i1, uint32_t thr, float scale, uint64_t key, uint64_t offset)
+{
+    if (!((offset + *i0) & 1)) return 0;
+    dropout_range_generic(x, *bias, residual, out, *i0, *i0 + 1, thr, scale, key, offset);
+    if (*bias) *bias += 1;   /* a bias range is one row: its index is relative to i0 */
+    *i0 += 1;
+    return *i0 >= i1;
 }
 
 AVX512_TARGET static void dropout_range_avx512(const float *x, const float *bias,
@@ -70,19 +83,18 @@ AVX512_TARGET static void dropout_range_avx512(const float *x, const float *bias
                                                size_t i1, uint32_t thr, float scale, uint64_t key,
                                                uint64_t offset)
 {
+    if (odd_start(x, &bias, residual, out, &i0, i1, thr, scale, key, offset)) return;
     const uint64_t g = TF_RNG_GAMMA;
-    uint64_t base = key + (offset + i0) * g;   /* state of counter offset + i0 */
-    __m512i even = _mm512_set_epi64((long long)(base + 14 * g), (long long)(base + 12 * g),
-                                    (long long)(base + 10 * g), (long long)(base + 8 * g),
-                                    (long long)(base + 6 * g), (long long)(base + 4 * g),
-                                    (long long)(base + 2 * g), (long long)base);
-    __m512i odd = _mm512_add_epi64(even, _mm512_set1_epi64((long long)g));
-    const __m512i step = _mm512_set1_epi64((long long)(16 * g));
+    const uint64_t base = key + ((offset + i0) >> 1) * g;   /* state of draw (offset + i0) / 2 */
+    __m512i state = _mm512_add_epi64(_mm512_set1_epi64((long long)base),
+                                     _mm512_mullo_epi64(_mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+                                                        _mm512_set1_epi64((long long)g)));
+    const __m512i step = _mm512_set1_epi64((long long)(8 * g));
     const __m512i vthr = _mm512_set1_epi32((int)thr);
     const __m512 vscale = _mm512_set1_ps(scale);
     size_t i = i0;
     for (; i + 16 <= i1; i += 16) {
-        __mmask16 keep = _mm512_cmpge_epu32_mask(draws16_avx512(even, odd), vthr);
+        __mmask16 keep = _mm512_cmpge_epu32_mask(draws16_avx512(state), vthr);
         __m512 v = _mm512_loadu_ps(x + i);
         if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + (i - i0)));
         v = _mm512_mul_ps(v, _mm512_maskz_mov_ps(keep, vscale));
@@ -91,12 +103,11 @@ AVX512_TARGET static void dropout_range_avx512(const float *x, const float *bias
             v = _mm512_add_ps(_mm512_loadu_ps(residual + i), v);
         }
         _mm512_storeu_ps(out + i, v);
-        even = _mm512_add_epi64(even, step);
-        odd = _mm512_add_epi64(odd, step);
+        state = _mm512_add_epi64(state, step);
     }
     if (i < i1) {
         __mmask16 tail = (__mmask16)((1u << (i1 - i)) - 1);
-        __mmask16 keep = _mm512_cmpge_epu32_mask(draws16_avx512(even, odd), vthr);
+        __mmask16 keep = _mm512_cmpge_epu32_mask(draws16_avx512(state), vthr);
         __m512 v = _mm512_maskz_loadu_ps(tail, x + i);
         if (bias) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(tail, bias + (i - i0)));
         v = _mm512_mul_ps(v, _mm512_maskz_mov_ps(keep, vscale));
@@ -128,30 +139,30 @@ AVX2_TARGET static inline __m256i mix64_avx2(__m256i z)
     return _mm256_xor_si256(z, _mm256_srli_epi64(z, 31));
 }
 
-/* 8 draws as 32-bit lanes, even counters in `even`, odd ones in `odd` (see the AVX-512 one). */
-AVX2_TARGET static inline __m256i draws8_avx2(__m256i even, __m256i odd)
+/* 8 counters' 24 bits from 4 draws (see the AVX-512 one). */
+AVX2_TARGET static inline __m256i draws8_avx2(__m256i state)
 {
-    __m256i lo = _mm256_srli_epi64(mix64_avx2(even), 40);
-    __m256i hi = _mm256_slli_epi64(_mm256_srli_epi64(mix64_avx2(odd), 40), 32);
-    return _mm256_or_si256(lo, hi);
+    const __m256i u = mix64_avx2(state);
+    return _mm256_or_si256(_mm256_srli_epi64(u, 40),
+                           _mm256_and_si256(_mm256_slli_epi64(u, 24), _mm256_set1_epi64x(TF_PAIR_BITS)));
 }
 
 AVX2_TARGET static void dropout_range_avx2(const float *x, const float *bias,
                                            const float *residual, float *out, size_t i0, size_t i1,
                                            uint32_t thr, float scale, uint64_t key, uint64_t offset)
 {
+    if (odd_start(x, &bias, residual, out, &i0, i1, thr, scale, key, offset)) return;
     const uint64_t g = TF_RNG_GAMMA;
-    uint64_t base = key + (offset + i0) * g;
-    __m256i even = _mm256_set_epi64x((long long)(base + 6 * g), (long long)(base + 4 * g),
-                                     (long long)(base + 2 * g), (long long)base);
-    __m256i odd = _mm256_add_epi64(even, _mm256_set1_epi64x((long long)g));
-    const __m256i step = _mm256_set1_epi64x((long long)(8 * g));
+    const uint64_t base = key + ((offset + i0) >> 1) * g;
+    __m256i state = _mm256_set_epi64x((long long)(base + 3 * g), (long long)(base + 2 * g),
+                                      (long long)(base + g), (long long)base);
+    const __m256i step = _mm256_set1_epi64x((long long)(4 * g));
     /* draws are < 2^24, so a signed compare with thr - 1 (>= -1) is exact */
     const __m256i vthr1 = _mm256_set1_epi32((int)thr - 1);
     const __m256 vscale = _mm256_set1_ps(scale);
     size_t i = i0;
     for (; i + 8 <= i1; i += 8) {
-        __m256i keep = _mm256_cmpgt_epi32(draws8_avx2(even, odd), vthr1);
+        __m256i keep = _mm256_cmpgt_epi32(draws8_avx2(state), vthr1);
         __m256 v = _mm256_loadu_ps(x + i);
         if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + (i - i0)));
         v = _mm256_mul_ps(v, _mm256_and_ps(_mm256_castsi256_ps(keep), vscale));
@@ -160,13 +171,12 @@ AVX2_TARGET static void dropout_range_avx2(const float *x, const float *bias,
             v = _mm256_add_ps(_mm256_loadu_ps(residual + i), v);
         }
         _mm256_storeu_ps(out + i, v);
-        even = _mm256_add_epi64(even, step);
-        odd = _mm256_add_epi64(odd, step);
+        state = _mm256_add_epi64(state, step);
     }
     if (i < i1) {
         const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(i1 - i)), lane);
-        __m256i keep = _mm256_cmpgt_epi32(draws8_avx2(even, odd), vthr1);
+        __m256i keep = _mm256_cmpgt_epi32(draws8_avx2(state), vthr1);
         __m256 v = _mm256_maskload_ps(x + i, tail);
         if (bias) v = _mm256_add_ps(v, _mm256_maskload_ps(bias + (i - i0), tail));
         v = _mm256_mul_ps(v, _mm256_and_ps(_mm256_castsi256_ps(keep), vscale));

@@ -273,13 +273,35 @@ def _mix64(z):
     return z ^ (z >> 31)
 
 
-def test_mask_is_the_documented_splitmix64_draw():
-    # csrc/rng.h: u64 = mix64(key + counter * GAMMA), key = mix64(seed ^ SALT); uniform = (u64 >> 40) / 2^24
-    seed, offset, p, n = 2024, 2**63 + 5, np.float32(0.37), 300
+def documented_uniform(seed, offset, n):
+    """csrc/rng.h: draw d = mix64(key + d * GAMMA), key = mix64(seed ^ SALT); counter c takes draw
+    c >> 1's bits 40-63 (c even) or 8-31 (c odd); uniform = those 24 bits / 2^24."""
     key = _mix64(seed ^ 0x243F6A8885A308D3)
-    uniform = [(_mix64((key + (offset + i) * 0x9E3779B97F4A7C15) & M64) >> 40) / 2**24 for i in range(n)]
-    want = np.array([u >= p for u in uniform], np.uint8)
+    out = []
+    for i in range(n):
+        c = (offset + i) & M64
+        u = _mix64((key + (c >> 1) * 0x9E3779B97F4A7C15) & M64)
+        out.append(((u >> 8) & 0xFFFFFF if c & 1 else u >> 40) / 2**24)
+    return out
+
+
+@pytest.mark.parametrize("offset", [2**63 + 5, 2**63 + 6, M64 - 100])
+def test_mask_is_the_documented_splitmix64_draw(offset):
+    seed, p, n = 2024, np.float32(0.37), 300
+    want = np.array([u >= p for u in documented_uniform(seed, offset, n)], np.uint8)
     np.testing.assert_array_equal(_C.dropout_mask(n, float(p), seed, offset), want)
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2**40 + 7])
+@pytest.mark.parametrize("n", [1, 2, 15, 16, 17, 33, 301])
+def test_vector_kernels_draw_the_documented_mask(isa, offset, n):
+    """Each SIMD level's kernel, from an even or an odd counter, keeps what the formula says."""
+    seed, p = 77, 0.37
+    x = np.arange(1, n + 1, dtype=np.float32)
+    out = np.empty_like(x)
+    _C.dropout_forward(x, out, p, seed, offset)
+    want = np.array([u >= np.float32(p) for u in documented_uniform(seed, offset, n)])
+    np.testing.assert_array_equal(out != 0, want)
 
 
 def test_dropout_mask_shape_and_dtype():
