@@ -203,8 +203,9 @@ def act_backward(dout, pre, dx, activation, accumulate=False, reference=False):
 
 def dropout_forward(x, out, p, seed, offset=0, reference=False):
     """out = x * keep / (1 - p) where keep[i] = (uniform(seed, offset + i) >= p), from a
-    counter-based RNG (csrc/rng.h: SplitMix64 output number offset + i of a stream keyed by seed,
-    24-bit uniforms): element i's draw depends only on (seed, offset + i), so the mask is the same
+    counter-based RNG (csrc/rng.h: 24 bits of SplitMix64 output number (offset + i) >> 1 of a stream
+    keyed by seed, one half of it for an even counter, the other for an odd one): element i's draw
+    depends only on (seed, offset + i), so the mask is the same
     for any thread count. p in [0, 1) (used as float32); p == 0 copies. Kept values are
     x * float32(1 / (1 - p)). x, out float32 of one shape; out may be x (not partially overlap it).
     seed, offset: ints in [0, 2**64). A caller drawing several masks from one seed advances offset
