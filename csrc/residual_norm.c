@@ -16,10 +16,12 @@
 /* bias_grad's row blocks (elementwise.c: BIAS_ROW_BLOCK): the bias sums follow its order. */
 #define BIAS_BLOCK 64L
 
-void residual_layernorm_forward(float *out, float *mean, float *rstd, float *s, const float *x,
-                                const float *bias, const float *residual, const float *weight,
-                                const float *lnbias, long N, long D, float eps, float p,
-                                uint64_t seed, uint64_t offset)
+/* Both forwards: blocks of 8 rows, s made and then normalised while in L1, by LayerNorm (weight
+ * and lnbias; mean and rstd saved) or, when weight is NULL, ScaleNorm (g; norms saved in mean). */
+static void residual_norm_forward(float *out, float *mean, float *rstd, float *s, const float *x,
+                                  const float *bias, const float *residual, const float *weight,
+                                  const float *lnbias, float g, long N, long D, float eps, float p,
+                                  uint64_t seed, uint64_t offset)
 {
     if (N == 0 || D == 0) return;
     const long blocks = (N + FUSED_ROWS - 1) / FUSED_ROWS;
@@ -28,8 +30,17 @@ void residual_layernorm_forward(float *out, float *mean, float *rstd, float *s, 
     for (long b = 0; b < blocks; b++) {
         long r = b * FUSED_ROWS, e = r + FUSED_ROWS < N ? r + FUSED_ROWS : N;
         bias_dropout_add_rows(x, bias, residual, s, (size_t)r, (size_t)e, (size_t)D, p, seed, offset);
-        layernorm_forward_rows(out, mean, rstd, s, weight, lnbias, r, e, D, eps);
+        if (weight) layernorm_forward_rows(out, mean, rstd, s, weight, lnbias, r, e, D, eps);
+        else scalenorm_forward_rows(out, mean, s, g, r, e, D, eps);
     }
+}
+
+void residual_layernorm_forward(float *out, float *mean, float *rstd, float *s, const float *x,
+                                const float *bias, const float *residual, const float *weight,
+                                const float *lnbias, long N, long D, float eps, float p,
+                                uint64_t seed, uint64_t offset)
+{
+    residual_norm_forward(out, mean, rstd, s, x, bias, residual, weight, lnbias, 0.0f, N, D, eps, p, seed, offset);
 }
 
 size_t residual_layernorm_backward_scratch(long N, long D)
@@ -98,14 +109,7 @@ void residual_scalenorm_forward(float *out, float *norms, float *s, const float 
                                 const float *residual, float g, long N, long D, float eps, float p,
                                 uint64_t seed, uint64_t offset)
 {
-    if (N == 0 || D == 0) return;
-    const long blocks = (N + FUSED_ROWS - 1) / FUSED_ROWS;
-#pragma omp parallel for schedule(static) num_threads(tf_team(N * D, FUSED_GRAIN))
-    for (long b = 0; b < blocks; b++) {
-        long r = b * FUSED_ROWS, e = r + FUSED_ROWS < N ? r + FUSED_ROWS : N;
-        bias_dropout_add_rows(x, bias, residual, s, (size_t)r, (size_t)e, (size_t)D, p, seed, offset);
-        scalenorm_forward_rows(out, norms, s, g, r, e, D, eps);
-    }
+    residual_norm_forward(out, norms, NULL, s, x, bias, residual, NULL, NULL, g, N, D, eps, p, seed, offset);
 }
 
 size_t residual_scalenorm_backward_scratch(long N, long D)
@@ -114,29 +118,44 @@ size_t residual_scalenorm_backward_scratch(long N, long D)
     return (size_t)(2 * N) + (size_t)((N + BIAS_BLOCK - 1) / BIAS_BLOCK) * (size_t)D;
 }
 
+/* ScaleNorm's backward (when norms is not NULL: ds from dout, each row's dot to dots) and then,
+ * block by block of 64 rows: out = dropout'(ds) (dd, or ds itself when dd is NULL), out =
+ * act'(pre) * out when pre is not NULL, and out's column sums into dbias (parts: the blocks'). */
+static void dropout_bias_blocks(float *ds, float *dd, float *dbias, float *parts, double *dots,
+                                const float *dout, const float *s, const float *norms, float g,
+                                float eps, const float *pre, int act, long N, long D, float p,
+                                uint64_t seed, uint64_t offset)
+{
+    const long blocks = (N + BIAS_BLOCK - 1) / BIAS_BLOCK;
+    float *out = dd ? dd : ds;
+#pragma omp parallel num_threads(tf_team(N * D, FUSED_GRAIN))
+    {
+#pragma omp for schedule(static)
+        for (long b = 0; b < blocks; b++) {
+            long r = b * BIAS_BLOCK, b1 = r + BIAS_BLOCK < N ? r + BIAS_BLOCK : N;
+            const size_t i0 = (size_t)(r * D), i1 = (size_t)(b1 * D);
+            if (norms) scalenorm_backward_rows(ds, dots, dout, s, norms, g, r, b1, D, eps, 0);
+            if (p > 0.0f)
+                bias_dropout_add_rows(ds, NULL, NULL, out, (size_t)r, (size_t)b1, (size_t)D, p, seed, offset);
+            else if (out != ds)
+                memcpy(out + i0, ds + i0, (i1 - i0) * sizeof(float));
+            if (pre) act_backward_span(out, pre, out, i0, i1, act);
+            bias_block(out, parts, b, b1, D);
+        }
+#pragma omp for schedule(static)
+        for (long c0 = 0; c0 < D; c0 += 64)
+            add_bias_blocks(dbias, parts, blocks, D, c0, c0 + 64 < D ? c0 + 64 : D);
+    }
+}
+
 void residual_scalenorm_backward(float *ds, float *dd, float *dg, float *dbias, float *scratch,
                                  const float *dout, const float *s, const float *norms, float g,
                                  long N, long D, float eps, float p, uint64_t seed, uint64_t offset)
 {
     if (N == 0 || D == 0) return;
-    const long blocks = (N + BIAS_BLOCK - 1) / BIAS_BLOCK;
     double *dots = (double *)(void *)scratch;
-    float *bias_parts = scratch + 2 * N;
-    const float *gd = dd ? dd : ds;
-#pragma omp parallel num_threads(tf_team(N * D, FUSED_GRAIN))
-    {
-        /* A block of 64 rows: the norm's backward, the dropout of its gradient, the bias sum. */
-#pragma omp for schedule(static)
-        for (long b = 0; b < blocks; b++) {
-            long r = b * BIAS_BLOCK, b1 = r + BIAS_BLOCK < N ? r + BIAS_BLOCK : N;
-            scalenorm_backward_rows(ds, dots, dout, s, norms, g, r, b1, D, eps, 0);
-            if (dd) bias_dropout_add_rows(ds, NULL, NULL, dd, (size_t)r, (size_t)b1, (size_t)D, p, seed, offset);
-            bias_block(gd, bias_parts, b, b1, D);
-        }
-#pragma omp for schedule(static)
-        for (long c0 = 0; c0 < D; c0 += 64)
-            add_bias_blocks(dbias, bias_parts, blocks, D, c0, c0 + 64 < D ? c0 + 64 : D);
-    }
+    dropout_bias_blocks(ds, dd, dbias, scratch + 2 * N, dots, dout, s, norms, g, eps, NULL, 0, N, D, p,
+                        seed, offset);
     /* g's gradient: the rows' sums in row order, as scalenorm_backward adds them */
     double sum = 0.0;
     for (long r = 0; r < N; r++) sum += dots[r];
@@ -152,23 +171,7 @@ void dropout_bias_backward(float *dd, float *dbias, float *scratch, const float 
                            int act, long N, long D, float p, uint64_t seed, uint64_t offset)
 {
     if (N == 0 || D == 0) return;
-    const long blocks = (N + BIAS_BLOCK - 1) / BIAS_BLOCK;
-#pragma omp parallel num_threads(tf_team(N * D, FUSED_GRAIN))
-    {
-        /* A block of 64 rows: the dropout's backward, the activation's, the bias sum, in cache. */
-#pragma omp for schedule(static)
-        for (long b = 0; b < blocks; b++) {
-            long r = b * BIAS_BLOCK, b1 = r + BIAS_BLOCK < N ? r + BIAS_BLOCK : N;
-            const size_t i0 = (size_t)(r * D), i1 = (size_t)(b1 * D);
-            if (p > 0.0f)
-                bias_dropout_add_rows(ds, NULL, NULL, dd, (size_t)r, (size_t)b1, (size_t)D, p, seed, offset);
-            else if (dd != ds)
-                memcpy(dd + i0, ds + i0, (i1 - i0) * sizeof(float));
-            if (pre) act_backward_span(dd, pre, dd, i0, i1, act);
-            bias_block(dd, scratch, b, b1, D);
-        }
-#pragma omp for schedule(static)
-        for (long c0 = 0; c0 < D; c0 += 64)
-            add_bias_blocks(dbias, scratch, blocks, D, c0, c0 + 64 < D ? c0 + 64 : D);
-    }
+    /* ds is only read here (dd may be ds itself) */
+    dropout_bias_blocks((float *)ds, dd, dbias, scratch, NULL, NULL, NULL, NULL, 0.0f, 0.0f, pre, act, N, D,
+                        p, seed, offset);
 }
