@@ -327,6 +327,18 @@ def test_a_new_run_on_data_defaults_to_scale_norm_with_fix_norm(tmp_path):
     assert T.ModelConfig(src_vocab_size=5, tgt_vocab_size=5).norm == "layer"
 
 
+def test_the_train_bench_builds_the_model_a_run_on_data_builds(tmp_path):
+    """`transformer bench --what train` times the layers training runs (issue 57): its model has
+    the norm, FixNorm and placement that a new run on data defaults to."""
+    from transformer.bench import train as bench_train
+
+    args = _defaults(["--data", str(write_corpus(tmp_path / "c.tsv", 60)), "--max-steps", "2", "--preset", "tiny"])
+    for name in ("tiny", "base"):
+        cfg = bench_train._config(name)
+        assert (cfg.norm, cfg.fix_norm, cfg.norm_first) == (args.norm, args.fix_norm, args.norm_first)
+    assert (args.norm, args.fix_norm, args.norm_first) == ("scale", True, True)
+
+
 def test_a_layer_norm_model_stays_one_when_fine_tuned_or_resumed(tmp_path):
     """--init-from and --resume train the model they are given: a LayerNorm model is not turned into
     a ScaleNorm one by the new defaults (its config.json has neither field)."""

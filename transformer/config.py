@@ -214,6 +214,10 @@ BPE_SAMPLE_PAIRS = 200_000
 # 25k-token batches and 37k vocabulary (or our earlier 4096 / 8000): on the Bible corpus, 10 minutes
 # of `small` gave dev BLEU 0.92 against 0.34 (benchmarks/notes/2026-11-25-ten-minutes-defaults.md). The vocabulary
 # is smaller for a small corpus (training.data.choose_vocab_size), so it has no default here.
+# The model a new run on data builds (transformer.training.flags, where each is measured), unless a
+# flag says otherwise: pre-LN, ScaleNorm with FixNorm. `transformer bench --what train` builds it
+# too, so that the bench times the layers training runs.
+DATA_RUN_MODEL = {"norm_first": True, "norm": "scale", "fix_norm": True}
 TRAIN_DEFAULTS = {"preset": "tiny", "src_col": "0", "tgt_col": "1", "header": "auto", "seed": 0, "batch_size": 64,
                   "batch_tokens": 2048, "lr_scale": 1.0, "label_smoothing": 0.1, "clip_norm": 1.0,
                   "max_sentence_tokens": 128, "dev_fraction": 0.05, "dev_max": 500,

@@ -1,6 +1,7 @@
 """A full training step (forward, backward, clipping, Adam), ours against PyTorch, from the same run.
 
-What training sees: the named configurations step through batches shaped as `transformer train`
+What training sees: the model a run on data builds (pre-LN, ScaleNorm with FixNorm:
+config.DATA_RUN_MODEL), and the named configurations step through batches shaped as `transformer train`
 makes them (batches of about 2,048 tokens, padding included, of sentences of similar length drawn
 from a corpus-like length distribution: from about 128 short sentences to about 16 long ones), one
 batch after another, with gradient clipping and Adam, as Trainer.step does. Custom configurations
@@ -44,10 +45,13 @@ GRACE_S = 0.25         # sleep before each engine's block: the other runtime's s
 
 
 def _config(name):
+    """Config `name`'s model as a run on data builds it (config.DATA_RUN_MODEL: pre-LN, ScaleNorm
+    with FixNorm), so the step runs the layers training runs."""
     import transformer as T
+    from transformer.config import DATA_RUN_MODEL
     c = CONFIGS[name]
     return T.ModelConfig(src_vocab_size=c["vocab"], tgt_vocab_size=c["vocab"], dropout=DROPOUT,
-                         max_len=max(512, c["length"] + 1), **c["sizes"])
+                         max_len=max(512, c["length"] + 1), **c["sizes"], **DATA_RUN_MODEL)
 
 
 def _uniform_batch(c, rng):
@@ -368,20 +372,27 @@ def _vm_hwm_kib():
     return None
 
 
-# what each _C entry point counts as in the profile; anything else in _C is "other kernels"
+# what each _C entry point counts as in the profile; anything else in _C is "other kernels".
+# "element-wise" holds the fused residual kernels too (bias, dropout, residual add and the norm in
+# one pass: csrc/residual_norm.c); "norm" the norms run alone (pre-LN's inputs, the final norms).
 PROFILE_GROUPS = {
-    "gemm": "GEMM",
-    "softmax_forward": "attention softmax", "softmax_backward": "attention softmax",
-    "layernorm_forward": "layer norm", "layernorm_backward": "layer norm",
+    "gemm": "GEMM", "gemm_packed": "GEMM", "gemm_pack_b": "GEMM",
+    "attention_train_forward": "attention", "attention_train_backward": "attention",
+    "softmax_forward": "attention", "softmax_backward": "attention",
+    "layernorm_forward": "norm", "layernorm_backward": "norm",
+    "scalenorm_forward": "norm", "scalenorm_backward": "norm",
     "add": "element-wise", "add_bias": "element-wise", "bias_grad": "element-wise",
     "bias_act_forward": "element-wise", "act_backward": "element-wise",
-    "dropout_forward": "element-wise", "dropout_backward": "element-wise", "dropout_add": "element-wise",
+    "dropout_forward": "element-wise", "dropout_backward": "element-wise",
+    "dropout_add_forward": "element-wise", "dropout_bias_backward": "element-wise",
+    "residual_layernorm_forward": "element-wise", "residual_layernorm_backward": "element-wise",
+    "residual_scalenorm_forward": "element-wise", "residual_scalenorm_backward": "element-wise",
     "embedding_forward": "embedding", "embedding_backward": "embedding",
     "positional_encoding": "embedding",
     "cross_entropy": "loss",
     "adam_step": "optimizer", "sum_squares": "optimizer", "scale_": "optimizer", "zero_": "optimizer",
 }
-PROFILE_ORDER = ("GEMM", "attention softmax", "layer norm", "element-wise", "embedding", "loss",
+PROFILE_ORDER = ("GEMM", "attention", "norm", "element-wise", "embedding", "loss",
                  "optimizer", "other kernels", "Python overhead")
 
 

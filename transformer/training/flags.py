@@ -3,7 +3,7 @@ which fix its trajectory (a resumed run keeps them), the defaults that depend on
 the model sizes they give."""
 import argparse
 
-from ..config import PRESETS, TRAIN_DEFAULTS, ModelConfig
+from ..config import DATA_RUN_MODEL, PRESETS, TRAIN_DEFAULTS, ModelConfig
 from ..errors import FlagError, blame
 from . import precision
 
@@ -121,7 +121,7 @@ def apply_defaults(args):
     if args.norm_first is None and has_data(args) and args.checkpoint is None:
         # Pre-LN escapes the early unigram plateau sooner: on the Bible corpus, preset small, 150
         # steps of the budget schedule, dev loss 6.00 against post-LN's 6.28 (same data and seed).
-        args.norm_first = True
+        args.norm_first = DATA_RUN_MODEL["norm_first"]
     if has_data(args) and args.checkpoint is None and getattr(args, "init_from", None) is None:
         # ScaleNorm with FixNorm ("Transformers without Tears"), as a run on data trains pre-LN: on
         # the Bible, tiny, 6,600 steps, 5 seeds, +1.86 BLEU greedy [+1.46, +2.32] and +1.49 beam 4
@@ -130,9 +130,9 @@ def apply_defaults(args):
         # minutes, +2.05 BLEU over 572e4d1's defaults (notes/2026-12-05-scalenorm-defaults-ten-minutes.md).
         # FixNorm comes with ScaleNorm, as the paper pairs them: --norm layer alone is the LayerNorm model.
         if args.norm is None:
-            args.norm = "scale"
+            args.norm = DATA_RUN_MODEL["norm"]
         if args.fix_norm is None:
-            args.fix_norm = args.norm == "scale"
+            args.fix_norm = DATA_RUN_MODEL["fix_norm"] and args.norm == "scale"
     if args.precision == "int8":
         raise FlagError("--precision int8 is for decoding (translate, evaluate); train takes auto, fp32 or bf16 "
                         "(bf16: every GEMM's operands in bfloat16, weights and optimizer in float32)")
