@@ -10,8 +10,7 @@
  * over pairs of k: vdpbf16ps), whichever register tile it falls in, so a pair's results do not
  * depend on how its rows are blocked nor on the thread that runs it. The softmax is softmax.c's
  * row code and the dropout dropout.c's range code, called on one pair's block: the same bits as
- * the unfused kernels for the same scores. Pairs are split into one contiguous range per thread
- * (software prefetch of the next pair's rows was measured: no gain, the hardware's suffices).
+ * the unfused kernels for the same scores. Pairs are split into one contiguous range per thread.
  */
 #include "attention_train.h"
 
@@ -61,6 +60,54 @@ static inline void band_limits(int band, long i, long rows, long K, long N, long
 static void multiply(float *out, const float *x, const float *factors, long n)
 {
     for (long i = 0; i < n; i++) out[i] = x[i] * factors[i];
+}
+
+/* Software prefetch of what the next pair reads and writes. In a step the operands come from
+ * the projections' outputs, strided by head, and the backward's were written a whole forward
+ * pass before: cold, in a pattern the hardware's prefetchers do not follow (per pair 1.9 -> 1.4
+ * us forward, 3.5 -> 2.2 us backward from memory at T 15; the step's attention 17.6 -> 15.5 ms,
+ * Zen 4 f25m17, benchmarks/notes/2026-12-05-attention-prefetch.md). Into L2 (locality 2): a
+ * sentence's rows and weights. Up to PREFETCH_SENTENCE_BYTES of a sentence's operands (every
+ * head: Q, K, V, the context or dC and the three gradients, and the weights) the next sentence
+ * is fetched whole as a sentence starts; a longer one a pair (head) ahead, which measured better
+ * than whole sentences from T ~ 28 on. */
+#define PREFETCH_SENTENCE_BYTES (96L << 10)
+
+/* The cache lines of `rows` rows of `cols` floats at row stride ld, for reading or writing. */
+static inline void prefetch_rows(const float *x, long ld, long rows, long cols, int write)
+{
+    for (long r = 0; r < rows; r++) {
+        const char *row = (const char *)(x + r * ld);
+        const char *end = (const char *)(x + r * ld + cols - 1);
+        for (const char *line = (const char *)((uintptr_t)row & ~(uintptr_t)63); line <= end; line += 64) {
+            if (write) __builtin_prefetch(line, 1, 2);
+            else __builtin_prefetch(line, 0, 2);
+        }
+    }
+}
+
+/* Which rows to fetch while pair `pair` of [p0, p1) runs: whole (a sentence's footprint within
+ * PREFETCH_SENTENCE_BYTES) fetches sentence b + 1 at its first head (or the range's first
+ * pair), every column; else pair + 1's head columns. Gives the sentence nb, the columns [c0,
+ * c0 + cols) and the probability blocks [first, first + count); 0 when there is nothing to fetch. */
+static inline int prefetch_next(long pair, long p0, long p1, long H, long dh, int whole, long *nb,
+                                long *c0, long *cols, long *first, long *count)
+{
+    if (whole) {
+        if (pair % H != 0 && pair != p0) return 0;
+        *nb = pair / H + 1, *c0 = 0, *cols = H * dh, *first = *nb * H;
+        *count = p1 - *first < H ? p1 - *first : H;
+    } else {
+        *nb = (pair + 1) / H, *c0 = (pair + 1) % H * dh, *cols = dh, *first = pair + 1, *count = 1;
+    }
+    return *first < p1;
+}
+
+/* A sentence's operands, every head (Q, dC and dQ; K, V, dK and dV; the weights), fit
+ * PREFETCH_SENTENCE_BYTES. */
+static inline int prefetch_whole(long Tq, long Tk, long H, long dh)
+{
+    return (long)sizeof(float) * (3 * Tq * H * dh + 4 * Tk * H * dh + H * Tq * Tk) <= PREFETCH_SENTENCE_BYTES;
 }
 
 static void zero_cols(float *C, long ldc, long rows, long j0, long j1)
@@ -652,6 +699,7 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
     const int dp = bf16 && attention_train_path() == 3;
     const int cols = causal ? BAND_COLS : BAND_NONE, upto = causal ? BAND_K_UPTO : BAND_NONE;
     const long block = Tq * Tk;
+    const int whole = prefetch_whole(Tq, Tk, H, dh);
 #pragma omp parallel num_threads(pair_team(pairs, Tq, Tk, dh))
     {
         long p0, p1;
@@ -666,6 +714,15 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
             const float *K = k + b * Tk * ldk + h * dh;
             const float *V = v + b * Tk * ldv + h * dh;
             float *P = probs + pair * block;
+            /* what comes next: the next sentence's rows when short, else the next pair's */
+            long nb, c0, cols, first, count;
+            if (prefetch_next(pair, p0, p1, H, dh, whole, &nb, &c0, &cols, &first, &count)) {
+                prefetch_rows(q + nb * Tq * ldq + c0, ldq, Tq, cols, 0);
+                prefetch_rows(k + nb * Tk * ldk + c0, ldk, Tk, cols, 0);
+                prefetch_rows(v + nb * Tk * ldv + c0, ldv, Tk, cols, 0);
+                prefetch_rows(ctx + nb * Tq * ldc + c0, ldc, Tq, cols, 1);
+                prefetch_rows(probs + first * block, block, 1, count * block, 1);
+            }
 #if TF_HAVE_X86
             if (dp) {
                 forward_pair_dpbf16(Q, ldq, K, ldk, V, ldv,
@@ -728,6 +785,7 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
     const int cols = causal ? BAND_COLS : BAND_NONE, upto = causal ? BAND_K_UPTO : BAND_NONE;
     const int from = causal ? BAND_K_FROM : BAND_NONE;
     const long block = Tq * Tk;
+    const int whole = prefetch_whole(Tq, Tk, H, dh);
 #pragma omp parallel num_threads(pair_team(pairs, Tq, Tk, dh))
     {
         long p0, p1;
@@ -750,6 +808,17 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
             const float *V = v + b * Tk * ldv + h * dh;
             const float *dC = dctx + b * Tq * lddc + h * dh;
             const float *P = probs + pair * block;
+            long nb, c0, cols, first, count;
+            if (prefetch_next(pair, p0, p1, H, dh, whole, &nb, &c0, &cols, &first, &count)) {
+                prefetch_rows(dctx + nb * Tq * lddc + c0, lddc, Tq, cols, 0);
+                prefetch_rows(q + nb * Tq * ldq + c0, ldq, Tq, cols, 0);
+                prefetch_rows(k + nb * Tk * ldk + c0, ldk, Tk, cols, 0);
+                prefetch_rows(v + nb * Tk * ldv + c0, ldv, Tk, cols, 0);
+                prefetch_rows(probs + first * block, block, 1, count * block, 0);
+                prefetch_rows(dq + nb * Tq * lddq + c0, lddq, Tq, cols, 1);
+                prefetch_rows(dk + nb * Tk * lddk + c0, lddk, Tk, cols, 1);
+                prefetch_rows(dv + nb * Tk * lddv + c0, lddv, Tk, cols, 1);
+            }
             if (factors)
                 dropout_forward_span(ones, factors, (size_t)block, dropout_p, seed,
                                      offset + (uint64_t)(pair * block));
