@@ -644,6 +644,36 @@ void scalenorm_backward(float *dx, float *dg, const float *dout, const float *x,
     if (dg) *dg += (float)dg_sum;
 }
 
+void scalenorm_forward_at(float *out, float *norms, const float *x, float g, const int64_t *rows,
+                          long n, long D, float eps)
+{
+    if (n == 0) return;
+#pragma omp parallel num_threads(tf_team(n * D, LAYERNORM_GRAIN))
+    {
+        long i0, i1;
+        team_rows(n, &i0, &i1);
+        for (long i = i0; i < i1; i++) scalenorm_forward_rows(out, norms, x, g, rows[i], rows[i] + 1, D, eps);
+    }
+}
+
+void scalenorm_backward_at(float *dx, float *dout, const float *x, const float *norms, float g,
+                           const int64_t *rows, long n, long D, float eps)
+{
+    if (n == 0) return;
+#pragma omp parallel num_threads(tf_team(n * D, LAYERNORM_GRAIN))
+    {
+        long i0, i1;
+        team_rows(n, &i0, &i1);
+        for (long i = i0; i < i1; i++) {
+            const long r = rows[i];
+            double dot[1];
+            /* dots[r] lands in dot[0] */
+            scalenorm_backward_rows(dx + r * D, dot, dout + r * D, x + r * D, norms + r, g, 0, 1, D, eps, 1);
+            memset(dout + r * D, 0, (size_t)D * sizeof(float));
+        }
+    }
+}
+
 size_t layernorm_backward_scratch(long N, long D)
 {
     long chunks = (N + LAYERNORM_CHUNK - 1) / LAYERNORM_CHUNK;

@@ -14,6 +14,7 @@
 #define TF_LAYERNORM_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #define LAYERNORM_CHUNK 32L   /* rows per partial sum of dweight/dbias */
 
@@ -48,6 +49,16 @@ void scalenorm_forward(float *out, float *norms, const float *x, float g, long N
  * FixNorm's backward is this kernel with g = 1 (its unit rows are x_hat). */
 void scalenorm_backward(float *dx, float *dg, const float *dout, const float *x, const float *norms, float g,
                         long N, long D, float eps, int accumulate);
+
+/* FixNorm's tables at the rows a training pass reads (transformer/norms.py): scalenorm_forward and
+ * scalenorm_backward (accumulate, no dg) at rows[0..n) of an [N, D] table only, each row's bits
+ * those the whole table's kernel gives it. rows: distinct indices in [0, N) (the caller checks).
+ * The backward then zeroes the dout rows it read, so a gradient buffer the pass dirtied is clean
+ * again without a fill of the whole table. */
+void scalenorm_forward_at(float *out, float *norms, const float *x, float g, const int64_t *rows,
+                          long n, long D, float eps);
+void scalenorm_backward_at(float *dx, float *dout, const float *x, const float *norms, float g,
+                           const int64_t *rows, long n, long D, float eps);
 
 /* Pieces of the two kernels for kernels that fuse layer norm into their own parallel loop over rows
  * (residual_norm.c). Each runs on the calling thread alone and gives the bits the whole kernel

@@ -9,6 +9,11 @@ cdef extern from "layernorm.h" nogil:
     void c_scalenorm_backward "scalenorm_backward"(float *dx, float *dg, const float *dout, const float *x,
                                                    const float *norms, float g, long N, long D, float eps,
                                                    int accumulate)
+    void c_scalenorm_forward_at "scalenorm_forward_at"(float *out, float *norms, const float *x, float g,
+                                                       const int64_t *rows, long n, long D, float eps)
+    void c_scalenorm_backward_at "scalenorm_backward_at"(float *dx, float *dout, const float *x,
+                                                         const float *norms, float g, const int64_t *rows,
+                                                         long n, long D, float eps)
     size_t c_layernorm_backward_scratch "layernorm_backward_scratch"(long N, long D)
     void c_layernorm_backward "layernorm_backward"(float *dx, float *dweight, float *dbias,
                                                    float *scratch, const float *dout,
@@ -200,3 +205,81 @@ def scalenorm_backward(dout, x, norms, g, dx, dg=None, eps=1e-5, bint accumulate
         return
     with nogil:
         c_scalenorm_backward(dp, dgp, yp, xp, npp, gv, N, D, feps, accumulate)
+
+
+cdef cnp.ndarray _table_rows(rows, Py_ssize_t N):
+    """rows: int64 C-contiguous [n], strictly increasing, in [0, N) (np.unique's output)."""
+    if not isinstance(rows, np.ndarray) or rows.dtype != np.int64 or rows.ndim != 1 \
+            or not rows.flags.c_contiguous:
+        raise TypeError(f"rows must be a C-contiguous 1-D int64 array, got "
+                        f"{getattr(rows, 'dtype', type(rows).__name__)} {getattr(rows, 'shape', '')}")
+    cdef cnp.ndarray ra = <cnp.ndarray>rows
+    cdef const int64_t *rp = <const int64_t *>cnp.PyArray_DATA(ra)
+    cdef Py_ssize_t i, n = cnp.PyArray_DIMS(ra)[0]
+    for i in range(n):
+        if rp[i] < 0 or rp[i] >= N or (i > 0 and rp[i] <= rp[i - 1]):
+            raise ValueError(f"rows must be strictly increasing indices in [0, {N}), got {rows[max(i - 1, 0):i + 1]} "
+                             f"at position {i}")
+    return ra
+
+
+def scalenorm_forward_at(x, g, out, norms, rows, eps=1e-5):
+    """scalenorm_forward at `rows` of x only (csrc/layernorm.h): out[rows] and norms[rows] get the
+    bits the whole array's call gives them; other rows are left as they are. rows: strictly
+    increasing int64 [n] in [0, N). x, out [N, D] float32 C-contiguous, distinct; norms [N]."""
+    cdef cnp.ndarray xa = _nn_f32(x, "x", 2)
+    cdef Py_ssize_t N = cnp.PyArray_DIMS(xa)[0], D = cnp.PyArray_DIMS(xa)[1]
+    if D < 1:
+        raise ValueError(f"x must have a non-empty last axis, got shape {x.shape}")
+    cdef cnp.ndarray ga = _nn_f32(g, "g", 1)
+    _nn_vector(ga, "g", 1, "one gain")
+    cdef cnp.ndarray oa = _nn_f32(out, "out", 2, True)
+    _nn_rows_like(oa, "out", xa, "x")
+    cdef cnp.ndarray na = _nn_f32(norms, "norms", 1, True)
+    _nn_vector(na, "norms", N, "the rows of x")
+    cdef cnp.ndarray ra = _table_rows(rows, N)
+    cdef float feps = _eps_arg(eps)
+    _nn_no_overlap(oa, "out", xa, "x")
+    _nn_no_overlap(na, "norms", xa, "x")
+    _nn_no_overlap(na, "norms", oa, "out")
+    cdef float *op = <float *>cnp.PyArray_DATA(oa)
+    cdef float *np_ = <float *>cnp.PyArray_DATA(na)
+    cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+    cdef const int64_t *rp = <const int64_t *>cnp.PyArray_DATA(ra)
+    cdef float gv = (<const float *>cnp.PyArray_DATA(ga))[0]
+    cdef long n = cnp.PyArray_DIMS(ra)[0]
+    with nogil:
+        c_scalenorm_forward_at(op, np_, xp, gv, rp, n, D, feps)
+
+
+def scalenorm_backward_at(dout, x, norms, g, dx, rows, eps=1e-5):
+    """scalenorm_backward(..., accumulate=True) at `rows` only: dx[rows] += their input gradient,
+    with the bits the whole array's call gives them, then dout[rows] = 0 (a gradient buffer that
+    only these rows dirtied is clean again). rows as scalenorm_forward_at; dout, x, dx [N, D]
+    float32 C-contiguous, dx apart from the others; norms [N] from the forward."""
+    cdef cnp.ndarray ya = _nn_f32(dout, "dout", 2, True)
+    cdef Py_ssize_t N = cnp.PyArray_DIMS(ya)[0], D = cnp.PyArray_DIMS(ya)[1]
+    cdef cnp.ndarray xa = _nn_f32(x, "x", 2)
+    _nn_rows_like(xa, "x", ya, "dout")
+    cdef cnp.ndarray na = _nn_f32(norms, "norms", 1)
+    _nn_vector(na, "norms", N, "the rows of x")
+    cdef cnp.ndarray ga = _nn_f32(g, "g", 1)
+    _nn_vector(ga, "g", 1, "one gain")
+    cdef cnp.ndarray da = _nn_f32(dx, "dx", 2, True)
+    _nn_rows_like(da, "dx", ya, "dout")
+    cdef cnp.ndarray ra = _table_rows(rows, N)
+    cdef float feps = _eps_arg(eps)
+    _nn_no_overlap(da, "dx", ya, "dout")
+    _nn_no_overlap(da, "dx", xa, "x")
+    _nn_no_overlap(da, "dx", na, "norms")
+    _nn_no_overlap(ya, "dout", xa, "x")
+    _nn_no_overlap(ya, "dout", na, "norms")
+    cdef float *dp = <float *>cnp.PyArray_DATA(da)
+    cdef float *yp = <float *>cnp.PyArray_DATA(ya)
+    cdef const float *xp = <const float *>cnp.PyArray_DATA(xa)
+    cdef const float *npp = <const float *>cnp.PyArray_DATA(na)
+    cdef const int64_t *rp = <const int64_t *>cnp.PyArray_DATA(ra)
+    cdef float gv = (<const float *>cnp.PyArray_DATA(ga))[0]
+    cdef long n = cnp.PyArray_DIMS(ra)[0]
+    with nogil:
+        c_scalenorm_backward_at(dp, yp, xp, npp, gv, rp, n, D, feps)

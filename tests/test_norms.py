@@ -129,6 +129,119 @@ def test_a_sharded_pass_is_bitwise_the_same_at_one_two_and_three_threads(forced,
         assert np.array_equal(one[1], other[1]), threads
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_scale_norm_at_rows_gives_the_whole_tables_bits_at_those_rows(isa, threads):
+    """scalenorm_forward_at / _backward_at (FixNorm's tables at the rows a pass reads) against the
+    whole table's kernels, bit for bit, at every SIMD level: a clamped row, a row of width not a
+    multiple of 16, rows left alone untouched; the backward adds, then clears dout's rows."""
+    rng = np.random.default_rng(4)
+    table = rng.standard_normal((300, 40)).astype(np.float32)
+    table[7] = 0.0                                   # clamped at eps
+    rows = np.array([0, 3, 7, 100, 101, 299], np.int64)
+    with num_threads(threads):
+        want_unit, want_norms = np.empty_like(table), np.empty(300, np.float32)
+        T._C.scalenorm_forward(table, norms._ONE, want_unit, want_norms, norms.FIX_NORM_EPS)
+        unit, got_norms = np.full_like(table, 5.0), np.full(300, 5.0, np.float32)
+        T._C.scalenorm_forward_at(table, norms._ONE, unit, got_norms, rows, norms.FIX_NORM_EPS)
+        assert np.array_equal(unit[rows], want_unit[rows]) and np.array_equal(got_norms[rows], want_norms[rows])
+        others = np.setdiff1d(np.arange(300), rows)
+        assert (unit[others] == 5.0).all() and (got_norms[others] == 5.0).all()
+
+        dunit = np.zeros_like(table)
+        dunit[rows] = rng.standard_normal((len(rows), 40)).astype(np.float32)
+        start = rng.standard_normal(table.shape).astype(np.float32)
+        want = start.copy()
+        T._C.scalenorm_backward(dunit, table, want_norms, norms._ONE, want, None, norms.FIX_NORM_EPS, True)
+        got = start.copy()
+        T._C.scalenorm_backward_at(dunit, table, want_norms, norms._ONE, got, rows, norms.FIX_NORM_EPS)
+        assert np.array_equal(got, want)
+        assert not dunit.any()
+
+
+@pytest.mark.parametrize("rows, error, match", [
+    (np.array([3, 2], np.int64), ValueError, "strictly increasing"),
+    (np.array([1, 1], np.int64), ValueError, "strictly increasing"),
+    (np.array([0, 10], np.int64), ValueError, r"in \[0, 10\)"),
+    (np.array([-1], np.int64), ValueError, r"in \[0, 10\)"),
+    (np.array([1, 2], np.int32), TypeError, "int64"),
+    ([1, 2], TypeError, "int64")])
+def test_scale_norm_at_rows_refuses_rows_it_cannot_use(rows, error, match):
+    table = np.ones((10, 4), np.float32)
+    with pytest.raises(error, match=match):
+        T._C.scalenorm_forward_at(table, norms._ONE, np.empty_like(table), np.empty(10, np.float32), rows)
+    with pytest.raises(error, match=match):
+        T._C.scalenorm_backward_at(np.zeros_like(table), table, np.ones(10, np.float32), norms._ONE,
+                                   np.zeros_like(table), rows)
+
+
+def _whole_fixnorm(monkeypatch):
+    """Every FixNorm table refreshed and differentiated whole: the reference of the by-rows path."""
+    whole = T.Seq2SeqTransformer._refresh_fixed
+    monkeypatch.setattr(T.Seq2SeqTransformer, "_refresh_fixed",
+                        lambda self, training=False, ids=None: whole(self, training))
+
+
+@pytest.mark.parametrize("tie", ["none", "target", "all"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@pytest.mark.parametrize("n", [1, 2])
+def test_fix_norm_at_the_rows_a_pass_reads_gives_the_whole_tables_bits(forced, monkeypatch, tie, precision, n):
+    """A table only embeddings read is normalised and differentiated at the rows the pass looks up
+    (norms.FixNorm): the losses and every gradient bit are those of the whole table, over passes
+    that add into one gradient (dunit kept clean between them), with word dropout, around a
+    refused pass, unsharded and sharded."""
+    forced(n)
+    cfg = config(norm="scale", fix_norm=True, dropout=0.1, word_dropout=0.2, tie_embeddings=tie,
+                 src_vocab_size=400, tgt_vocab_size=400)
+    data = [batch(seed=s, vocab=400) for s in range(3)]
+
+    def run():
+        model = T.Seq2SeqTransformer(cfg, seed=3)
+        losses = [model.forward_backward(*data[0], precision=precision),
+                  model.forward_backward(*data[1], precision=precision)]
+        bad = list(data[2])
+        bad[2] = bad[2][:, :-1]                # tgt_out one column short: refused, nothing changed
+        with pytest.raises(ValueError):
+            model.forward_backward(*bad, precision=precision)
+        losses.append(model.forward_backward(*data[2], precision=precision))
+        return model, losses, model.params.flat_grad.copy()
+
+    model, losses, grad = run()
+    if tie == "none":       # both embedding tables went by rows, and read a fraction of them
+        assert set(model._fixed_rows) == {"src_embed.weight", "tgt_embed.weight"}
+        assert len(model._fixed_rows["src_embed.weight"]) < 100
+    elif tie == "all":
+        assert model._fixed_rows == {}
+    for name, fixed in model.fixed.items():       # by-rows tables end a pass clean, the others not
+        assert fixed.clean == (name in model._fixed_rows)
+        assert not fixed.clean or not fixed.dunit.any()
+    with monkeypatch.context() as m:
+        _whole_fixnorm(m)
+        _, want_losses, want = run()
+    assert losses == want_losses
+    assert np.array_equal(grad, want)
+
+
+def test_a_fix_norm_pass_that_stops_half_way_leaves_no_gradient_behind(monkeypatch):
+    """dunit rows a failed pass dirtied are cleared before the next pass adds (FixNorm.clean)."""
+    cfg = config(norm="scale", fix_norm=True, src_vocab_size=400, tgt_vocab_size=400)
+    data = batch(vocab=400)
+    model = T.Seq2SeqTransformer(cfg, seed=3)
+    works = T.Seq2SeqTransformer._encode_decode
+
+    def fails_after_adding(self, src, tgt_in):
+        self.fixed["src_embed.weight"].dunit[src.reshape(-1)] += 1.0    # as a backward would, then a failure
+        raise RuntimeError("boom")
+    monkeypatch.setattr(T.Seq2SeqTransformer, "_encode_decode", fails_after_adding)
+    with pytest.raises(RuntimeError):
+        model.forward_backward(*data)
+    monkeypatch.setattr(T.Seq2SeqTransformer, "_encode_decode", works)
+    model.zero_grad()
+    got = model.forward_backward(*data)
+    fresh = T.Seq2SeqTransformer(cfg, seed=3)
+    assert got == fresh.forward_backward(*data)
+    assert np.array_equal(model.params.flat_grad, fresh.params.flat_grad)
+
+
 def test_a_sharded_pass_equals_the_whole_pass_within_rounding(forced):
     cfg, data = config(norm="scale", fix_norm=True), batch()
     results = []

@@ -168,6 +168,7 @@ class Seq2SeqTransformer:
         projection read unit rows of their tables, one FixNorm a stored table (tied readers share
         its unit rows and the gradient buffer they add into)."""
         self.fixed, self._fixed_last = {}, {}       # stored name -> FixNorm, -> its last reader
+        self._fixed_readers, self._fixed_rows = {}, {}   # -> its readers; -> the rows this pass reads
         # the frozen token (Parameters.freeze) the unit rows were last made under: frozen weights
         # are normalised once, not on every call
         self._fixed_under = None
@@ -178,6 +179,7 @@ class Seq2SeqTransformer:
             fixed = self.fixed.get(name)
             if fixed is None:
                 fixed = self.fixed[name] = FixNorm(self.params.data[name], self.params.grad[name])
+            self._fixed_readers.setdefault(name, []).append(reader)
             layer = getattr(self, reader)
             if reader == "generator":
                 layer.weight = layer.full = fixed.unit
@@ -186,14 +188,22 @@ class Seq2SeqTransformer:
                 layer.table, layer.dtable = fixed.unit, fixed.dunit
             self._fixed_last[name] = reader
 
-    def _refresh_fixed(self, training=False):
+    def _refresh_fixed(self, training=False, ids=None):
         """The unit rows from the tables as they are now (the caller holds self._lock); for a pass
-        that does not train, kept while the weights stay frozen under the token they were made under."""
+        that does not train, kept while the weights stay frozen under the token they were made under.
+        A training pass gives ids ({reader: its token ids}): a table that only embeddings read is
+        made, and differentiated, at the rows they look up (FixNorm); the output projection's
+        whole."""
         frozen = self.params.frozen
         if not training and frozen is not None and self._fixed_under is frozen:
             return
-        for fixed in self.fixed.values():
-            fixed.refresh(training)
+        self._fixed_rows = {}
+        for name, fixed in self.fixed.items():
+            readers = self._fixed_readers[name]
+            rows = None
+            if training and ids is not None and "generator" not in readers:
+                rows = self._fixed_rows[name] = np.unique(np.concatenate([ids[r].reshape(-1) for r in readers]))
+            fixed.refresh(training, rows)
         self._fixed_under = None if training else frozen
 
     def _fixed_backward(self, reader):
@@ -201,7 +211,7 @@ class Seq2SeqTransformer:
         reader of that table has added into its buffer."""
         name = self.params.tied.get(f"{reader}.weight", f"{reader}.weight")
         if self._fixed_last.get(name) == reader:
-            self.fixed[name].backward()
+            self.fixed[name].backward(self._fixed_rows.get(name))
 
     def fixed_tables(self):
         """{parameter name: its rows at unit length} for the tables decoding's steps read (the
@@ -406,7 +416,7 @@ class Seq2SeqTransformer:
             self.ws.bf16 = self.ws.bf16_attention = bf16
             self.params.grad_is_zero = False
             try:
-                self._refresh_fixed(training=True)
+                self._refresh_fixed(training=True, ids={"src_embed": src, "tgt_embed": tgt_in})
                 h = self._encode_decode(src, tgt_in)
                 ws = self.ws
                 dh = ws.persistent(self, "dh", (B * T, D))

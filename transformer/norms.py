@@ -84,18 +84,39 @@ class FixNorm:
     """A table read at unit rows by its readers (the embeddings, the output projection): `unit` is
     what they read and `dunit` where their backward passes add; refresh() before a pass (and zero
     dunit for a training pass), backward() after the last reader's backward adds the table's
-    gradient."""
+    gradient.
+
+    A table that only embeddings read is refreshed and differentiated, in a training pass, at the
+    rows the pass looks up (refresh(training, rows), backward(rows)): every other row's gradient
+    through the normalisation is exactly +0 (its dunit row is zero), and adding it leaves the
+    gradient as it was, so the bits are the whole table's. The backward zeroes the dunit rows it
+    read, so the next pass finds dunit clean without a fill (`clean`; a pass that stopped half-way
+    leaves it unclean, and the next refresh fills)."""
 
     def __init__(self, table, dtable):
         self.table, self.dtable = table, dtable
         self.unit = np.zeros_like(table)
         self.dunit = np.zeros_like(table)
         self.norms = np.empty(len(table), _f32)
+        self.clean = True
 
-    def refresh(self, training):
-        unit_rows(self.table, self.unit, self.norms)
+    def refresh(self, training, rows=None):
+        """The unit rows from the table as it is now: every row, or `rows` (strictly increasing
+        indices) for a training pass that reads no others."""
+        if rows is None:
+            unit_rows(self.table, self.unit, self.norms)
+        else:
+            _C.scalenorm_forward_at(self.table, _ONE, self.unit, self.norms, rows, FIX_NORM_EPS)
         if training:
-            self.dunit.fill(0.0)
+            if not self.clean:
+                self.dunit.fill(0.0)
+            self.clean = False
 
-    def backward(self):
-        _C.scalenorm_backward(self.dunit, self.table, self.norms, _ONE, self.dtable, None, FIX_NORM_EPS, True)
+    def backward(self, rows=None):
+        """The table's gradient through the normalisation, added into dtable: every row, or `rows`
+        (those refresh made), whose dunit rows are then zeroed."""
+        if rows is None:
+            _C.scalenorm_backward(self.dunit, self.table, self.norms, _ONE, self.dtable, None, FIX_NORM_EPS, True)
+            return
+        _C.scalenorm_backward_at(self.dunit, self.table, self.norms, _ONE, self.dtable, rows, FIX_NORM_EPS)
+        self.clean = True
