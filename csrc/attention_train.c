@@ -89,16 +89,16 @@ static inline void prefetch_rows(const float *x, long ld, long rows, long cols, 
 /* Which rows to fetch while pair `pair` of [p0, p1) runs: whole (a sentence's footprint within
  * PREFETCH_SENTENCE_BYTES) fetches sentence b + 1 at its first head (or the range's first
  * pair), every column; else pair + 1's head columns. Gives the sentence nb, the columns [c0,
- * c0 + cols) and the probability blocks [first, first + count); 0 when there is nothing to fetch. */
+ * c0 + width) and the probability blocks [first, first + count); 0 when there is nothing to fetch. */
 static inline int prefetch_next(long pair, long p0, long p1, long H, long dh, int whole, long *nb,
-                                long *c0, long *cols, long *first, long *count)
+                                long *c0, long *width, long *first, long *count)
 {
     if (whole) {
         if (pair % H != 0 && pair != p0) return 0;
-        *nb = pair / H + 1, *c0 = 0, *cols = H * dh, *first = *nb * H;
+        *nb = pair / H + 1, *c0 = 0, *width = H * dh, *first = *nb * H;
         *count = p1 - *first < H ? p1 - *first : H;
     } else {
-        *nb = (pair + 1) / H, *c0 = (pair + 1) % H * dh, *cols = dh, *first = pair + 1, *count = 1;
+        *nb = (pair + 1) / H, *c0 = (pair + 1) % H * dh, *width = dh, *first = pair + 1, *count = 1;
     }
     return *first < p1;
 }
@@ -715,12 +715,12 @@ void attention_train_forward(const float *q, long ldq, const float *k, long ldk,
             const float *V = v + b * Tk * ldv + h * dh;
             float *P = probs + pair * block;
             /* what comes next: the next sentence's rows when short, else the next pair's */
-            long nb, c0, cols, first, count;
-            if (prefetch_next(pair, p0, p1, H, dh, whole, &nb, &c0, &cols, &first, &count)) {
-                prefetch_rows(q + nb * Tq * ldq + c0, ldq, Tq, cols, 0);
-                prefetch_rows(k + nb * Tk * ldk + c0, ldk, Tk, cols, 0);
-                prefetch_rows(v + nb * Tk * ldv + c0, ldv, Tk, cols, 0);
-                prefetch_rows(ctx + nb * Tq * ldc + c0, ldc, Tq, cols, 1);
+            long nb, c0, width, first, count;     /* (not `cols`: the band above) */
+            if (prefetch_next(pair, p0, p1, H, dh, whole, &nb, &c0, &width, &first, &count)) {
+                prefetch_rows(q + nb * Tq * ldq + c0, ldq, Tq, width, 0);
+                prefetch_rows(k + nb * Tk * ldk + c0, ldk, Tk, width, 0);
+                prefetch_rows(v + nb * Tk * ldv + c0, ldv, Tk, width, 0);
+                prefetch_rows(ctx + nb * Tq * ldc + c0, ldc, Tq, width, 1);
                 prefetch_rows(probs + first * block, block, 1, count * block, 1);
             }
 #if TF_HAVE_X86
@@ -808,16 +808,16 @@ void attention_train_backward(const float *dctx, long lddc, const float *q, long
             const float *V = v + b * Tk * ldv + h * dh;
             const float *dC = dctx + b * Tq * lddc + h * dh;
             const float *P = probs + pair * block;
-            long nb, c0, cols, first, count;
-            if (prefetch_next(pair, p0, p1, H, dh, whole, &nb, &c0, &cols, &first, &count)) {
-                prefetch_rows(dctx + nb * Tq * lddc + c0, lddc, Tq, cols, 0);
-                prefetch_rows(q + nb * Tq * ldq + c0, ldq, Tq, cols, 0);
-                prefetch_rows(k + nb * Tk * ldk + c0, ldk, Tk, cols, 0);
-                prefetch_rows(v + nb * Tk * ldv + c0, ldv, Tk, cols, 0);
+            long nb, c0, width, first, count;     /* (not `cols`: the band above) */
+            if (prefetch_next(pair, p0, p1, H, dh, whole, &nb, &c0, &width, &first, &count)) {
+                prefetch_rows(dctx + nb * Tq * lddc + c0, lddc, Tq, width, 0);
+                prefetch_rows(q + nb * Tq * ldq + c0, ldq, Tq, width, 0);
+                prefetch_rows(k + nb * Tk * ldk + c0, ldk, Tk, width, 0);
+                prefetch_rows(v + nb * Tk * ldv + c0, ldv, Tk, width, 0);
                 prefetch_rows(probs + first * block, block, 1, count * block, 0);
-                prefetch_rows(dq + nb * Tq * lddq + c0, lddq, Tq, cols, 1);
-                prefetch_rows(dk + nb * Tk * lddk + c0, lddk, Tk, cols, 1);
-                prefetch_rows(dv + nb * Tk * lddv + c0, lddv, Tk, cols, 1);
+                prefetch_rows(dq + nb * Tq * lddq + c0, lddq, Tq, width, 1);
+                prefetch_rows(dk + nb * Tk * lddk + c0, lddk, Tk, width, 1);
+                prefetch_rows(dv + nb * Tk * lddv + c0, lddv, Tk, width, 1);
             }
             if (factors)
                 dropout_forward_span(ones, factors, (size_t)block, dropout_p, seed,
