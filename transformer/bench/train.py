@@ -381,6 +381,7 @@ PROFILE_GROUPS = {
     "softmax_forward": "attention", "softmax_backward": "attention",
     "layernorm_forward": "norm", "layernorm_backward": "norm",
     "scalenorm_forward": "norm", "scalenorm_backward": "norm",
+    "scalenorm_forward_at": "norm", "scalenorm_backward_at": "norm",
     "add": "element-wise", "add_bias": "element-wise", "bias_grad": "element-wise",
     "bias_act_forward": "element-wise", "act_backward": "element-wise",
     "dropout_forward": "element-wise", "dropout_backward": "element-wise",
