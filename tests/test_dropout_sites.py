@@ -296,15 +296,13 @@ def test_every_site_gives_the_same_bits_at_one_and_two_threads(forced, n, precis
 
 def test_shards_draw_word_masks_by_the_shard_rule(forced):
     """Shard 0 draws the pass's seed, shard s > 0 a seed mixed from it and s, a shard's rows
-    (in shard_order) counted from 0 (shards.py): as every other dropout site."""
+    counted from 0 (shards.py): as every other dropout site."""
     forced(2)
     p = 0.4
     src, tgt_in, tgt_out = batch(B=12, S=16)
     model = T.Seq2SeqTransformer(config(word_dropout=p, attention_dropout=0.1), seed=4)
     model.forward_backward(src, tgt_in, tgt_out)
-    order = shards.shard_order(src, 0)
-    src, tgt_in, tgt_out = src[order], tgt_in[order], tgt_out[order]
-    bounds = shards.shard_cut(model.cfg, src, tgt_in, tgt_out, 0, 2)
+    bounds = shards.shard_rows(src, tgt_out, 0, 2)
     assert len(bounds) == 2
     seed, offset = model.stream.seed, model.src_embed.words.offset
     rep = model.shards.replicas[0]

@@ -94,75 +94,6 @@ def test_shards_hold_about_equal_work():
     assert abs(parts[0] - parts[1]) <= work.max(), parts
 
 
-def test_shards_are_cut_from_the_rows_in_order_of_source_length():
-    src = np.array([[4, 4, 4, 0], [4, 0, 0, 0], [4, 4, 4, 4], [4, 4, 0, 0], [4, 0, 0, 0]])
-    assert list(shards.shard_order(src, 0)) == [1, 4, 3, 0, 2]      # ties keep their order
-    src, _, _ = batch(B=17)
-    lengths = np.count_nonzero(src, axis=1)[shards.shard_order(src, 0)]
-    assert np.all(np.diff(lengths) >= 0)
-
-
-@pytest.mark.parametrize("seed", range(6))
-def test_two_shards_are_cut_where_the_costlier_costs_least(seed):
-    """Against every cut, each side trimmed as the pass trims it: the chosen cut's larger cost is the
-    least, and no cut before it reaches that least."""
-    cfg = config()
-    src, tgt_in, tgt_out = batch(B=23, S=19, Tt=17, seed=seed)
-    order = shards.shard_order(src, 0)
-    src, tgt_in, tgt_out = src[order], tgt_in[order], tgt_out[order]
-
-    def cost(r0, r1):
-        s, t, y = shards._trimmed(src[r0:r1], tgt_in[r0:r1], tgt_out[r0:r1], 0)
-        return float(shards.shard_cost(cfg, r1 - r0, s.shape[1], t.shape[1], np.count_nonzero(y)))
-
-    worst = [max(cost(0, c), cost(c, len(src))) for c in range(1, len(src))]
-    [(a, cut), (b, end)] = shards.shard_cut(cfg, src, tgt_in, tgt_out, 0, 2)
-    assert (a, b, end) == (0, cut, len(src))
-    assert cut == 1 + int(np.argmin(worst))
-
-
-def test_a_shards_cost_counts_its_products():
-    """shard_cost by hand: a shard of 3 rows, 5 source and 4 target columns, 7 targets."""
-    cfg = config()
-    D, F, V, Le, Ld = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size, cfg.n_encoder_layers, cfg.n_decoder_layers
-    encoder = 3 * 5 * (Le * (4 * D * D + 2 * D * F) + Ld * 2 * D * D)      # + cross-attention's K, V
-    decoder = 3 * 4 * Ld * (6 * D * D + 2 * D * F)
-    attention = 3 * 2 * D * (Le * 25 + Ld * (16 + 20))
-    want = encoder + decoder + 7 * D * V + shards.ATTENTION_WEIGHT * attention
-    assert shards.shard_cost(cfg, 3, 5, 4, 7) == want
-
-
-def test_the_shard_of_shorter_sources_runs_narrower(forced, monkeypatch):
-    """Long and short sources alternate in the batch (every row the same work, so the cut falls
-    in the middle): each shard gets one kind and is trimmed to its own width, and the pass still
-    equals the whole pass over the batch as given."""
-    forced(2)
-    src, tgt_in, tgt_out = batch(B=8, S=16, Tt=16)
-    for b in range(8):
-        n, m = (4, 13) if b % 2 else (16, 1)          # source and target lengths
-        src[b], tgt_in[b], tgt_out[b] = 0, 0, 0
-        src[b, :n] = 7 + b
-        tgt_in[b, 0], tgt_in[b, 1:m + 1] = 1, 9 + b
-        tgt_out[b, :m], tgt_out[b, m] = 9 + b, 2
-    cfg = config()
-    order = shards.shard_order(src, 0)
-    assert shards.shard_cut(cfg, src[order], tgt_in[order], tgt_out[order], 0, 2) == [(0, 4), (4, 8)]
-    widths = []
-    original = T.Seq2SeqTransformer._train_pass_whole
-
-    def spy(self, src, *args, **kwargs):
-        widths.append(src.shape)
-        return original(self, src, *args, **kwargs)
-
-    monkeypatch.setattr(T.Seq2SeqTransformer, "_train_pass_whole", spy)
-    loss, grad = pass_of(cfg, (src, tgt_in, tgt_out), "fp32")
-    assert sorted(widths) == [(4, 4), (4, 16)]      # as given, each shard would be 16 wide
-    forced(1)
-    ref_loss, ref_grad = pass_of(cfg, (src, tgt_in, tgt_out), "fp32")
-    assert abs(loss[0] - ref_loss[0]) <= 1e-5 * abs(ref_loss[0])
-    assert rel(grad, ref_grad) < 1e-4
-
-
 # -- the pass --------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
@@ -251,12 +182,10 @@ def test_replicas_follow_new_weights_and_dropout(forced):
 def test_a_shard_without_targets_falls_back_to_one_whole_pass(forced):
     forced(2)
     cfg, (src, tgt_in, tgt_out) = config(), batch(B=4)
-    src[:2] = 5                        # the first two rows: the longest sources and no target at all
+    src[:2] = 5                        # the first two rows: long sources and no target at all
     tgt_out[:2] = 0
     tgt_in[:2, 1:] = 0
-    order = shards.shard_order(src, 0)
-    assert list(order[2:]) == [0, 1]
-    assert shards.shard_cut(cfg, src[order], tgt_in[order], tgt_out[order], 0, 2)[1] == (2, 4)
+    assert shards.shard_rows(src, tgt_out, 0, 2)[0] == (0, 2)
     loss = T.Seq2SeqTransformer(cfg, seed=3)
     got = loss.forward_backward(src, tgt_in, tgt_out)
     forced(1)

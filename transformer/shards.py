@@ -7,14 +7,10 @@ on its own thread (its kernels on that thread's share of the cores, single-threa
 as many shards as threads), through a replica of the model that reads the same weights and adds
 into a gradient buffer of its own. The step then sums the shards' gradients in shard order.
 
-Before the cut the batch's rows are put in order of source length (shard_order): a batch is made of
-sentences of about one length (the longer side's), so its sources' lengths spread, and a shard of
-the shorter ones is trimmed to a narrower width.
-
 What a result depends on: how many shards a batch is cut into, and where, is a function of the
-batch and the model's sizes alone (shard_order, shard_count, shard_cut), never of the thread
-count; each kernel's bits are independent of its team; and the gradient sum runs in shard order.
-So a step gives the same bits at any thread count. Dropout: shard 0 draws the masks of the whole pass's
+batch and the model's sizes alone (shard_count, shard_rows), never of the thread count; each
+kernel's bits are independent of its team; and the gradient sum runs in shard order. So a step
+gives the same bits at any thread count. Dropout: shard 0 draws the masks of the whole pass's
 seed, shard s > 0 those of a seed mixed from it and s (a shard's element indices restart at 0).
 """
 import concurrent.futures
@@ -27,8 +23,7 @@ import numpy as np
 from . import _C
 from .layers import _splitmix64
 
-__all__ = ["pass_batches", "shard_count", "shard_cost", "shard_cut", "shard_order", "shard_plan", "shard_rows",
-           "ShardedSteps", "step_threads"]
+__all__ = ["shard_count", "shard_rows", "ShardedSteps", "step_threads"]
 
 # A batch is cut into two shards when its model is at most this wide (tiny, medium-4-2, small) and
 # it holds at least 2 x SHARD_MIN_TOKENS target tokens. Wider models' products keep two cores busy
@@ -56,15 +51,6 @@ def shard_count(cfg, batch_rows, target_tokens):
     return min(SHARDS, batch_rows)
 
 
-def shard_order(src, pad_id):
-    """The batch's rows in order of source length (non-pad tokens), ties in their order: the order
-    the shards are cut from. A batch groups sentences by the length of their longer side, so its
-    sources' lengths spread; in this order the shard of shorter sources is trimmed (_trimmed) to a
-    narrower width. On the Bible's batches for tiny (2,048 tokens, 2 shards) the encoder's padding
-    fell from 9.9% to 6.1% of its rows (4% fewer rows), the decoder's rose from 2.4% to 2.5%."""
-    return np.argsort(np.count_nonzero(src != pad_id, axis=1), kind="stable")
-
-
 def shard_rows(src, tgt_out, pad_id, shards):
     """Contiguous row ranges [(r0, r1)] of about equal work (source + target tokens), each with at
     least one row; fewer than `shards` ranges only when there are fewer rows."""
@@ -85,76 +71,6 @@ def shard_rows(src, tgt_out, pad_id, shards):
         start = cut
     bounds.append((start, len(src)))
     return bounds
-
-
-# The cut of two shards balances their cost (shard_cost): multiply-adds of the products over the
-# shard's trimmed shapes, attention's weighted by how much slower they run. In a tiny bf16 step the
-# linear maps did 17.2 GFLOP in about 104 ms and attention 1.04 GFLOP in 15-19 ms (Zen 4 f25m17, 1
-# thread): about 3x the time a multiply-add. Tokens alone no longer balance shards cut from rows in
-# shard_order: the second shard holds the long sources, padded to the longest, and their attention.
-ATTENTION_WEIGHT = 3.0
-
-
-def _extents(x, pad_id):
-    """Per row, one past its last non-pad column (0 for a row of padding): its trimmed width."""
-    nonpad = x != pad_id
-    return np.where(nonpad.any(axis=1), x.shape[1] - np.argmax(nonpad[:, ::-1], axis=1), 0)
-
-
-def shard_cost(cfg, rows, S, T, targets, attention_weight=ATTENTION_WEIGHT):
-    """The cost of a shard of `rows` sentences trimmed to S source and T target columns, `targets`
-    of them non-pad: the multiply-adds of its forward products (the output layer's over the targets
-    alone, as the pass computes it), attention's times attention_weight. Any argument but cfg may be
-    an array."""
-    D, F, V = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
-    Le, Ld = cfg.n_encoder_layers, cfg.n_decoder_layers
-    rows, S, T = (np.asarray(x, dtype=np.float64) for x in (rows, S, T))
-    linear = rows * (S * (Le * (4 * D * D + 2 * D * F) + Ld * 2 * D * D) + T * Ld * (6 * D * D + 2 * D * F))
-    attention = rows * 2 * D * (Le * S * S + Ld * (T * T + T * S))
-    return linear + np.asarray(targets, dtype=np.float64) * D * V + attention_weight * attention
-
-
-def shard_cut(cfg, src, tgt_in, tgt_out, pad_id, shards):
-    """The row ranges the pass runs as shards (rows in shard_order). Two shards (the engine's
-    count): the cut after which the costlier shard costs least (shard_cost over each side's trimmed
-    widths; the first such cut); another count (tests, TRANSFORMER_SHARDS): shard_rows' cut by
-    tokens."""
-    n = len(src)
-    if shards != 2 or n < 2:
-        return shard_rows(src, tgt_out, pad_id, shards)
-    S = np.maximum(_extents(src, pad_id), 1)
-    T = np.maximum(np.maximum(_extents(tgt_in, pad_id), _extents(tgt_out, pad_id)), 1)
-    targets = np.cumsum(np.count_nonzero(tgt_out != pad_id, axis=1))
-    left = np.arange(1, n)                       # rows of the first shard, for each cut
-    first = shard_cost(cfg, left, np.maximum.accumulate(S)[:-1], np.maximum.accumulate(T)[:-1], targets[:-1])
-    second = shard_cost(cfg, n - left, np.maximum.accumulate(S[::-1])[::-1][1:],
-                        np.maximum.accumulate(T[::-1])[::-1][1:], targets[-1] - targets[:-1])
-    cut = int(np.argmin(np.maximum(first, second))) + 1
-    return [(0, cut), (cut, n)]
-
-
-def shard_plan(cfg, src, tgt_in, tgt_out, shards):
-    """How the training pass runs a checked batch cut into `shards` shards: ((src, tgt_in,
-    tgt_out) in shard_order, [(r0, r1)] of each shard), or None when it runs as one whole pass
-    (fewer than two ranges, or a range without a target). Each shard runs trimmed (_trimmed)."""
-    pad = cfg.pad_id
-    order = shard_order(src, pad)
-    rows = src[order], tgt_in[order], tgt_out[order]
-    bounds = shard_cut(cfg, *rows, pad, shards)
-    if len(bounds) < 2 or min(np.count_nonzero(rows[2][r0:r1] != pad) for r0, r1 in bounds) == 0:
-        return None
-    return rows, bounds
-
-
-def pass_batches(cfg, src, tgt_in, tgt_out):
-    """The (src, tgt_in, tgt_out) a training pass of a model of `cfg` runs for this batch, as it
-    runs them: the batch itself, or its trimmed shards (the shapes a step's products have)."""
-    shards = shard_count(cfg, src.shape[0], int(np.count_nonzero(tgt_out != cfg.pad_id)))
-    plan = shard_plan(cfg, src, tgt_in, tgt_out, shards) if shards > 1 else None
-    if plan is None:
-        return [(src, tgt_in, tgt_out)]
-    (s, i, o), bounds = plan
-    return [_trimmed(s[r0:r1], i[r0:r1], o[r0:r1], cfg.pad_id) for r0, r1 in bounds]
 
 
 def _trimmed(src, tgt_in, tgt_out, pad_id):
@@ -255,13 +171,12 @@ class ShardedSteps:
         told for every parameter group once the sum over shards is complete."""
         model = self.model
         pad = model.cfg.pad_id
-        plan = shard_plan(model.cfg, src, tgt_in, tgt_out, shards)
-        if plan is None:        # fewer rows than shards, or a shard without targets: one whole pass
-            return model._train_pass_whole(src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready,
-                                           model.stream.next_call())
-        (src, tgt_in, tgt_out), bounds = plan
+        bounds = shard_rows(src, tgt_out, pad, shards)
         counts = [int(np.count_nonzero(tgt_out[r0:r1] != pad)) for r0, r1 in bounds]
         total = sum(counts)
+        if len(bounds) < 2 or min(counts) == 0:     # a shard without targets: one whole pass
+            return model._train_pass_whole(src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready,
+                                           model.stream.next_call())
         seed = model.stream.next_call()
         owners = [model] + [self._replica(i) for i in range(1, len(bounds))]
         for rep in owners[1:]:

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ..shards import pass_batches, shard_cost, step_threads
+from ..shards import step_threads
 
 # name: model sizes, and the batches: `batch_tokens` tokens a batch (padding included, as
 # --batch-tokens counts them), `batches` of them in a pass; `batch` and `length` are the uniform
@@ -107,17 +107,17 @@ def _batch(name, seed=0):
 def step_flops(cfg, batch):
     """FLOPs of one training step's products on `batch` (forward and both backward products of
     every linear map, the output layer over the non-pad targets, attention's four products per
-    head), counted over the padded shapes the engine computes: a sharded pass's trimmed shards
-    (shards.pass_batches), not the batch's own padding."""
-    return sum(_products_flops(cfg, part) for part in pass_batches(cfg, *batch))
-
-
-def _products_flops(cfg, batch):
-    """A pass's products on one (src, tgt_in, tgt_out) as it is shaped: 2 FLOPs a multiply-add,
-    forward and both backward products (3x the forward's)."""
+    head), counted over the padded shapes the engine computes."""
     src, _, tgt_out = batch
+    B, S = src.shape
+    T = tgt_out.shape[1]
+    D, F, V = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
+    Le, Ld = cfg.n_encoder_layers, cfg.n_decoder_layers
     targets = int(np.count_nonzero(tgt_out != cfg.pad_id))
-    return int(6 * shard_cost(cfg, src.shape[0], src.shape[1], tgt_out.shape[1], targets, attention_weight=1.0))
+    linear = 6 * (B * S * Le * (4 * D * D + 2 * D * F) + B * T * Ld * (6 * D * D + 2 * D * F)
+                  + B * S * Ld * 2 * D * D + targets * D * V)
+    attention = 12 * B * D * (Le * S * S + Ld * (T * T + T * S))
+    return linear + attention
 
 
 def _target_tokens(batches, pad=0):
