@@ -204,6 +204,40 @@ def test_bf16_train_record_times_ours_bf16_torch_autocast_and_ours_fp32_in_one_r
     assert "autocast" in record["reference"]
 
 
+def _shapes_a_pass_runs(monkeypatch, cfg, batch):
+    seen = []
+    original = T.Seq2SeqTransformer._train_pass_whole
+
+    def spy(self, src, tgt_in, tgt_out, *args, **kwargs):
+        seen.append((src.copy(), tgt_in.copy(), tgt_out.copy()))
+        return original(self, src, tgt_in, tgt_out, *args, **kwargs)
+
+    monkeypatch.setattr(T.Seq2SeqTransformer, "_train_pass_whole", spy)
+    T.Seq2SeqTransformer(cfg, seed=0).forward_backward(*batch)
+    return seen
+
+
+def _flops_by_hand(cfg, src, tgt_out):
+    B, S = src.shape
+    T_ = tgt_out.shape[1]
+    D, F, V, Le, Ld = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size, cfg.n_encoder_layers, cfg.n_decoder_layers
+    linear = 6 * (B * S * Le * (4 * D * D + 2 * D * F) + B * T_ * Ld * (6 * D * D + 2 * D * F)
+                  + B * S * Ld * 2 * D * D + int(np.count_nonzero(tgt_out)) * D * V)
+    return linear + 12 * B * D * (Le * S * S + Ld * (T_ * T_ + T_ * S))
+
+
+def test_the_step_flops_count_the_shapes_the_pass_runs(monkeypatch):
+    """The tiny config's batches run as two trimmed shards: the count is theirs, by hand, not the
+    padded batch's (the bench's share of the peak counts what the engine computes)."""
+    cfg = bench_train._config("tiny")
+    batch = bench_train._batches("tiny")[0]
+    seen = _shapes_a_pass_runs(monkeypatch, cfg, batch)
+    assert len(seen) == 2
+    want = sum(_flops_by_hand(cfg, src, tgt_out) for src, _, tgt_out in seen)
+    assert bench_train.step_flops(cfg, batch) == want
+    assert want < _flops_by_hand(cfg, batch[0], batch[2])
+
+
 def test_fp32_train_record_keeps_the_format_of_issue_3():
     name = bench_train.custom_config(TINY_SPEC)
     (record,) = bench_train.run(threads=(1,), configs=(name,), repeats=1, memory=False, against=None)

@@ -23,7 +23,7 @@ import numpy as np
 from . import _C
 from .layers import _splitmix64
 
-__all__ = ["shard_count", "shard_rows", "ShardedSteps", "step_threads"]
+__all__ = ["pass_batches", "shard_count", "shard_plan", "shard_rows", "ShardedSteps", "step_threads"]
 
 # A batch is cut into two shards when its model is at most this wide (tiny, medium-4-2, small) and
 # it holds at least 2 x SHARD_MIN_TOKENS target tokens. Wider models' products keep two cores busy
@@ -71,6 +71,26 @@ def shard_rows(src, tgt_out, pad_id, shards):
         start = cut
     bounds.append((start, len(src)))
     return bounds
+
+
+def shard_plan(cfg, src, tgt_out, shards):
+    """The row ranges [(r0, r1)] a training pass runs a checked batch as, cut into `shards`
+    shards; None when it runs as one whole pass (fewer than two ranges, or a range without a
+    target). Each shard runs trimmed (_trimmed)."""
+    bounds = shard_rows(src, tgt_out, cfg.pad_id, shards)
+    if len(bounds) < 2 or min(np.count_nonzero(tgt_out[r0:r1] != cfg.pad_id) for r0, r1 in bounds) == 0:
+        return None
+    return bounds
+
+
+def pass_batches(cfg, src, tgt_in, tgt_out):
+    """The (src, tgt_in, tgt_out) a training pass of a model of `cfg` runs for this batch, as it
+    runs them: the batch itself, or its trimmed shards (the shapes of the step's products)."""
+    shards = shard_count(cfg, src.shape[0], int(np.count_nonzero(tgt_out != cfg.pad_id)))
+    bounds = shard_plan(cfg, src, tgt_out, shards) if shards > 1 else None
+    if bounds is None:
+        return [(src, tgt_in, tgt_out)]
+    return [_trimmed(src[r0:r1], tgt_in[r0:r1], tgt_out[r0:r1], cfg.pad_id) for r0, r1 in bounds]
 
 
 def _trimmed(src, tgt_in, tgt_out, pad_id):
@@ -171,12 +191,12 @@ class ShardedSteps:
         told for every parameter group once the sum over shards is complete."""
         model = self.model
         pad = model.cfg.pad_id
-        bounds = shard_rows(src, tgt_out, pad, shards)
-        counts = [int(np.count_nonzero(tgt_out[r0:r1] != pad)) for r0, r1 in bounds]
-        total = sum(counts)
-        if len(bounds) < 2 or min(counts) == 0:     # a shard without targets: one whole pass
+        bounds = shard_plan(model.cfg, src, tgt_out, shards)
+        if bounds is None:      # fewer rows than shards, or a shard without targets: one whole pass
             return model._train_pass_whole(src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready,
                                            model.stream.next_call())
+        counts = [int(np.count_nonzero(tgt_out[r0:r1] != pad)) for r0, r1 in bounds]
+        total = sum(counts)
         seed = model.stream.next_call()
         owners = [model] + [self._replica(i) for i in range(1, len(bounds))]
         for rep in owners[1:]:

@@ -27,7 +27,7 @@ import time
 
 import numpy as np
 
-from ..shards import step_threads
+from ..shards import pass_batches, step_threads
 
 # name: model sizes, and the batches: `batch_tokens` tokens a batch (padding included, as
 # --batch-tokens counts them), `batches` of them in a pass; `batch` and `length` are the uniform
@@ -107,7 +107,12 @@ def _batch(name, seed=0):
 def step_flops(cfg, batch):
     """FLOPs of one training step's products on `batch` (forward and both backward products of
     every linear map, the output layer over the non-pad targets, attention's four products per
-    head), counted over the padded shapes the engine computes."""
+    head), counted over the padded shapes the engine computes: a sharded pass's trimmed shards
+    (shards.pass_batches), not the batch's own padding."""
+    return sum(_products_flops(cfg, part) for part in pass_batches(cfg, *batch))
+
+
+def _products_flops(cfg, batch):
     src, _, tgt_out = batch
     B, S = src.shape
     T = tgt_out.shape[1]
