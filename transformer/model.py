@@ -22,7 +22,7 @@ from .params import Parameters
 from .precision import check_precision
 from .prepared import PreparedWeights, dequantize, quantize
 from .serialization import atomic_write_bytes, load_file, save_file
-from .shards import ShardedSteps, shard_count
+from .shards import ShardedSteps, shard_plan
 
 __all__ = ["Seq2SeqTransformer", "Encoder", "Decoder"]
 
@@ -395,12 +395,11 @@ class Seq2SeqTransformer:
         bf16 = check_precision(precision, ("fp32", "bf16"), "training (int8 is for decoding)") == "bf16"
         src, tgt_in, tgt_out = self._check_inputs(src, tgt_in, tgt_out)
         label_smoothing = _check_smoothing(label_smoothing)
-        targets = int(np.count_nonzero(tgt_out != self.cfg.pad_id))
-        n_shards = shard_count(self.cfg, src.shape[0], targets)
-        if n_shards > 1:
+        plan = shard_plan(self.cfg, src, tgt_out)
+        if plan is not None:
             if self.shards is None:
                 self.shards = ShardedSteps(self)
-            return self.shards.train_pass(src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready, n_shards)
+            return self.shards.train_pass(src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready, plan)
         return self._train_pass_whole(src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready,
                                       self.stream.next_call())
 

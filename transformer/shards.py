@@ -73,24 +73,29 @@ def shard_rows(src, tgt_out, pad_id, shards):
     return bounds
 
 
-def shard_plan(cfg, src, tgt_out, shards):
-    """The row ranges [(r0, r1)] a training pass runs a checked batch as, cut into `shards`
-    shards; None when it runs as one whole pass (fewer than two ranges, or a range without a
-    target). Each shard runs trimmed (_trimmed)."""
-    bounds = shard_rows(src, tgt_out, cfg.pad_id, shards)
-    if len(bounds) < 2 or min(np.count_nonzero(tgt_out[r0:r1] != cfg.pad_id) for r0, r1 in bounds) == 0:
+def shard_plan(cfg, src, tgt_out):
+    """How a training pass runs a checked batch: None for one whole pass (shard_count gives one
+    shard, or the cut leaves fewer than two ranges or a range without a target), else the row
+    ranges [(r0, r1)] of its shards and each one's non-pad targets. Each shard runs trimmed
+    (_trimmed)."""
+    pad = cfg.pad_id
+    shards = shard_count(cfg, src.shape[0], int(np.count_nonzero(tgt_out != pad)))
+    if shards < 2:
         return None
-    return bounds
+    bounds = shard_rows(src, tgt_out, pad, shards)
+    counts = [int(np.count_nonzero(tgt_out[r0:r1] != pad)) for r0, r1 in bounds]
+    if len(bounds) < 2 or min(counts) == 0:
+        return None
+    return bounds, counts
 
 
 def pass_batches(cfg, src, tgt_in, tgt_out):
     """The (src, tgt_in, tgt_out) a training pass of a model of `cfg` runs for this batch, as it
     runs them: the batch itself, or its trimmed shards (the shapes of the step's products)."""
-    shards = shard_count(cfg, src.shape[0], int(np.count_nonzero(tgt_out != cfg.pad_id)))
-    bounds = shard_plan(cfg, src, tgt_out, shards) if shards > 1 else None
-    if bounds is None:
+    plan = shard_plan(cfg, src, tgt_out)
+    if plan is None:
         return [(src, tgt_in, tgt_out)]
-    return [_trimmed(src[r0:r1], tgt_in[r0:r1], tgt_out[r0:r1], cfg.pad_id) for r0, r1 in bounds]
+    return [_trimmed(src[r0:r1], tgt_in[r0:r1], tgt_out[r0:r1], cfg.pad_id) for r0, r1 in plan[0]]
 
 
 def _trimmed(src, tgt_in, tgt_out, pad_id):
@@ -185,17 +190,13 @@ class ShardedSteps:
             theirs.p = mine.p             # set_dropout changes the model's sites only
         return rep
 
-    def train_pass(self, src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready, shards):
-        """The model's _train_pass over `shards` shards: the mean loss over every non-pad target;
-        grad_scale times its gradient ADDED into the model's gradient buffer; ready(prefix)
-        told for every parameter group once the sum over shards is complete."""
+    def train_pass(self, src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready, plan):
+        """The model's _train_pass over the shards of `plan` (shard_plan's): the mean loss over
+        every non-pad target; grad_scale times its gradient ADDED into the model's gradient
+        buffer; ready(prefix) told for every parameter group once the sum over shards is complete."""
         model = self.model
         pad = model.cfg.pad_id
-        bounds = shard_plan(model.cfg, src, tgt_out, shards)
-        if bounds is None:      # fewer rows than shards, or a shard without targets: one whole pass
-            return model._train_pass_whole(src, tgt_in, tgt_out, label_smoothing, bf16, grad_scale, ready,
-                                           model.stream.next_call())
-        counts = [int(np.count_nonzero(tgt_out[r0:r1] != pad)) for r0, r1 in bounds]
+        bounds, counts = plan
         total = sum(counts)
         seed = model.stream.next_call()
         owners = [model] + [self._replica(i) for i in range(1, len(bounds))]
