@@ -111,13 +111,19 @@ def test_bench_command_rejects_a_bad_config(capsys):
     assert "--config" in capsys.readouterr().err
 
 
-def test_default_threads_go_up_to_the_cores_present(monkeypatch):
-    """... in a build that runs them; a build without OpenMP runs one thread on any machine."""
-    monkeypatch.setattr(bench_command.os, "cpu_count", lambda: 12)
+def test_default_threads_go_up_to_the_cores_this_process_may_use(monkeypatch):
+    """... (its affinity, capped by a cgroup's CPU limit) in a build that runs them; a build without
+    OpenMP runs one thread on any machine."""
+    from transformer import cores
+
+    monkeypatch.setattr(cores, "affinity_cores", lambda: 12)
+    monkeypatch.setattr(cores, "cpu_limit", lambda proc=None: None)
     assert bench_command._default_threads() == ([1] if SINGLE_THREADED else [1, 2, 4, 8, 12])
-    monkeypatch.setattr(bench_command.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(cores, "affinity_cores", lambda: 16)
     assert bench_command._default_threads() == ([1] if SINGLE_THREADED else [1, 2, 4, 8, 16])
-    monkeypatch.setattr(bench_command.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(cores, "cpu_limit", lambda proc=None: 2.5)     # a container's --cpus 2.5
+    assert bench_command._default_threads() == ([1] if SINGLE_THREADED else [1, 2, 3])
+    monkeypatch.setattr(cores, "affinity_cores", lambda: 1)
     assert bench_command._default_threads() == [1]
 
 

@@ -6,6 +6,7 @@ encoder-decoder with hand-written backward passes.
 import os as _os
 
 from . import _C
+from . import cores as _cores
 
 __version__ = "0.1.0"
 
@@ -46,6 +47,7 @@ def build_info():
         "threading": "OpenMP" if _C.openmp_version() else
                      "single-threaded: " + _C.SINGLE_THREADED_FIX,
         "cpu_count": _os.cpu_count(),
+        "cpu_limit": _cores.cpu_limit(),   # CPUs the cgroup allows (a container's limit), or None
     }
 
 
@@ -67,7 +69,10 @@ def _init_from_environment():
     elif threads.isdigit() and int(threads) >= 1:
         _C.set_num_threads(int(threads))
     else:
-        _C.set_num_threads(_C.get_num_threads())
+        # OpenMP's default team is the affinity's cores; a container's CPU limit caps it (cores.py)
+        cap = _cores.limit_cores(_cores.cpu_limit())
+        threads = _C.get_num_threads()
+        _C.set_num_threads(threads if cap is None else min(threads, cap))
 
 
 _init_from_environment()

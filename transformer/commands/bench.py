@@ -29,11 +29,12 @@ def _threads(text):
 
 
 def _default_threads():
-    """1, 2, 4, ... up to the cores present, and the core count itself; 1 alone in a build without
-    OpenMP, which runs one thread."""
-    from .. import _C
+    """1, 2, 4, ... up to the cores this process may use (its affinity, capped by a container's CPU
+    limit: transformer/cores.py), and that count itself; 1 alone in a build without OpenMP, which
+    runs one thread."""
+    from .. import _C, cores as usable
 
-    cores = (os.cpu_count() or 1) if _C.openmp_version() else 1
+    cores = usable.usable_cores() if _C.openmp_version() else 1
     values, n = [], 1
     while n < cores:
         values.append(n)

@@ -21,9 +21,14 @@ def _threads_per_rank(args, world):
         args.threads = share
         return
     if args.threads > share:
+        from .. import cores as usable
+
         whose = "the same" if bound else "this machine's"
         how = (f"this rank is bound to {len(cores)} core{'s' if len(cores) > 1 else ''}" if sharing == 1 else
                f"{sharing} ranks share {whose} {len(cores)} cores")
+        limit = usable.cpu_limit()
+        if limit is not None and usable.limit_cores(limit) < len(cores):
+            how += f" under a cgroup CPU limit of {limit:g} CPU{'s' if limit != 1 else ''}"
         raise FlagError(f"--threads {args.threads}: {how}, so {args.threads} threads a rank would oversubscribe "
                         f"them (at most {share}; or bind each rank to more cores: MPICH `mpiexec -bind-to "
                         f"core:{args.threads}`, Open MPI `mpirun --map-by slot:PE={args.threads}`)")

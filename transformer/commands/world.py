@@ -7,11 +7,11 @@ from ..errors import FlagError, blame
 
 
 def _cores():
-    """The cores this process may run on (a launcher's or a container's binding counts)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """The cores this process may run on at once (a launcher's binding and a container's CPU limit
+    count: transformer/cores.py)."""
+    from .. import cores
+
+    return cores.usable_cores()
 
 
 def _apply_threads(args):
@@ -21,9 +21,11 @@ def _apply_threads(args):
         threads = args.threads[0] if isinstance(args.threads, list) else args.threads
         cores = _cores()
         if threads > cores:   # honoured, but every thread past the cores slows all of them down
-            print(f"transformer {args.command}: warning: --threads {threads} is more than the {cores} "
-                  f"core{'s' if cores > 1 else ''} this process may run on; threads past the cores take turns "
-                  f"on them and make every step slower", file=sys.stderr)
+            from .. import cores as usable
+
+            print(f"transformer {args.command}: warning: --threads {threads} is more than "
+                  f"{usable.describe(cores)}; threads past the cores take turns on them and make every "
+                  f"step slower", file=sys.stderr)
         with blame("--threads", threads):   # a build without OpenMP refuses more than one, in one line
             T.set_num_threads(threads)
 
@@ -55,6 +57,11 @@ def _mpi_world():
 def _rank_share(world):
     """(bound, threads): whether this rank may run on fewer than all the machine's cores (pinned by
     the launcher, or a container's limit), and the threads it may run without oversubscribing: its
-    share of the cores it may use, among the ranks here that may use the same ones."""
+    share of the cores it may use (capped by its cgroup's CPU limit, which the ranks in that cgroup
+    share), among the ranks here that may use the same ones."""
+    from .. import cores as usable
+
     cores, sharing = world[3], world[4]
-    return len(cores) < (os.cpu_count() or len(cores)), max(1, len(cores) // sharing)
+    cap = usable.limit_cores(usable.cpu_limit())      # a container's CPU limit, shared by its ranks
+    n = len(cores) if cap is None else min(len(cores), cap)
+    return len(cores) < (os.cpu_count() or len(cores)) or n < len(cores), max(1, n // sharing)
