@@ -2,11 +2,11 @@
 limit of its cgroup: a container's `docker run --cpus`, a Kubernetes CPU limit, systemd's
 CPUQuota. The limit is a quota of CPU time per period, not a set of cores, so the affinity still
 shows every core of the host; OpenMP's default team is the affinity, and a team larger than the
-quota is throttled: on a 2-core Zen 4 under a 1-CPU quota, the tiny training step took 168 ms at
-1 thread, 194 ms at 2 and 208 ms at 8 (benchmarks/notes/2026-12-06-cpu-limit.md).
+quota is throttled: on a 2-core Zen 4 under a 1-CPU quota, real `tiny` runs took 179 ms a step
+at the 2 threads the affinity gave and 148 ms at 1 (benchmarks/notes/2026-12-06-cpu-limit.md).
 
 The default thread count (transformer/__init__.py) is therefore the smaller of the affinity and
-the limit rounded up: at 1.5 CPUs two threads ran the step 1.2-1.3x faster than one, at 1.2 level.
+the limit rounded up: under 1.5 CPUs two threads ran 1.31x faster than one, under 1.2 1.10x.
 
 The limit is read as Go's runtime reads it (GOMAXPROCS since Go 1.25): the process's cgroup from
 /proc/self/cgroup, where that hierarchy is mounted from /proc/self/mountinfo, and then the limit
