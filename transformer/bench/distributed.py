@@ -34,8 +34,11 @@ LINK_LATENCY_S = 25e-6       # per message and hop: TCP over Ethernet (RDMA is ~
 
 
 def grid(threads, cores=None):
-    """(ranks, threads) pairs from the --threads values whose product fits the cores."""
-    cores = cores or os.cpu_count() or 1
+    """(ranks, threads) pairs from the --threads values whose product fits the cores (those this
+    process may use: transformer/cores.py)."""
+    from .. import cores as usable
+
+    cores = cores or usable.usable_cores()
     values = sorted(set(threads))
     return [(r, t) for r in values for t in values if r * t <= cores]
 
@@ -51,8 +54,10 @@ def run(threads=(1, 2), configs=("base",), against="torch", steps=None, stream=N
     """One record per (config, ranks, threads), and one projection record per config."""
     from .harness import cpu_model
 
+    from .. import cores as usable
+
     records = []
-    cores = os.cpu_count() or 1
+    cores = usable.usable_cores()
     for name in configs:
         points = grid(threads, cores)
         n_steps = steps or max(3, CONFIGS[name]["repeats"])
