@@ -25,8 +25,8 @@ as a laptop or a small VM often is); each record then says so.
 needs root and a writable cgroup v1 cpu or v2 hierarchy). `--threads default` runs without
 --threads: the thread count the engine picks for itself (transformer/cores.py).
 """
-import contextlib
 import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -81,23 +81,24 @@ def cpu_limited_group(cpus):
     period = 100000
     for version, mount in _cgroup_mounts():
         group = os.path.join(mount, f"train-runs-{os.getpid()}")
+        settings = ({"cpu.cfs_period_us": str(period), "cpu.cfs_quota_us": str(round(cpus * period))}
+                    if version == "v1" else {"cpu.max": f"{round(cpus * period)} {period}"})
         try:
             os.mkdir(group)
         except OSError:
             continue
         try:
-            if version == "v1":
-                with open(os.path.join(group, "cpu.cfs_period_us"), "w") as f:
-                    f.write(str(period))
-                with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as f:
-                    f.write(str(round(cpus * period)))
-            else:
-                with open(os.path.join(group, "cpu.max"), "w") as f:
-                    f.write(f"{round(cpus * period)} {period}")
+            for name, value in settings.items():
+                with open(os.path.join(group, name), "w") as f:
+                    f.write(value)
+        except OSError:      # a v2 parent without the cpu controller in its subtree_control
+            os.rmdir(group)
+            continue
+        try:
             yield os.path.join(group, "cgroup.procs")
-            return
         finally:
             os.rmdir(group)
+        return
     raise SystemExit("--cpu-limit: no writable cgroup hierarchy with the cpu controller (it needs root)")
 
 
