@@ -70,9 +70,7 @@ def _init_from_environment():
         _C.set_num_threads(int(threads))
     else:
         # OpenMP's default team is the affinity's cores; a container's CPU limit caps it (cores.py)
-        cap = _cores.limit_cores(_cores.cpu_limit())
-        threads = _C.get_num_threads()
-        _C.set_num_threads(threads if cap is None else min(threads, cap))
+        _C.set_num_threads(_cores.capped(_C.get_num_threads()))
 
 
 _init_from_environment()

@@ -150,14 +150,19 @@ def cpu_limit(proc=None):
 
 def limit_cores(limit):
     """Threads worth running under a limit of `limit` CPUs: rounded up, at least 1 (None: no cap)."""
-    return None if limit is None else max(1, math.ceil(limit - 1e-9))
+    return None if limit is None else max(1, math.ceil(limit))
+
+
+def capped(threads, proc=None):
+    """`threads`, or fewer where the cgroup's CPU limit rounded up is fewer."""
+    cap = limit_cores(cpu_limit(proc))
+    return threads if cap is None else min(threads, cap)
 
 
 def usable_cores(proc=None):
     """The threads that can run at once without being throttled or taking turns: the affinity's
     cores, capped by the cgroup's CPU limit rounded up."""
-    cores, cap = affinity_cores(), limit_cores(cpu_limit(proc))
-    return cores if cap is None else min(cores, cap)
+    return capped(affinity_cores(), proc)
 
 
 def describe(count, proc=None):

@@ -52,9 +52,8 @@ def _mpiexec():
 
 def run(threads=(1, 2), configs=("base",), against="torch", steps=None, stream=None):
     """One record per (config, ranks, threads), and one projection record per config."""
-    from .harness import cpu_model
-
     from .. import cores as usable
+    from .harness import cpu_model
 
     records = []
     cores = usable.usable_cores()

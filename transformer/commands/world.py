@@ -62,6 +62,5 @@ def _rank_share(world):
     from .. import cores as usable
 
     cores, sharing = world[3], world[4]
-    cap = usable.limit_cores(usable.cpu_limit())      # a container's CPU limit, shared by its ranks
-    n = len(cores) if cap is None else min(len(cores), cap)
+    n = usable.capped(len(cores))      # a container's CPU limit, shared by its ranks
     return len(cores) < (os.cpu_count() or len(cores)) or n < len(cores), max(1, n // sharing)
