@@ -58,10 +58,10 @@ def cpu_model():
 
 def _cgroup_mounts():
     """(version, mount point) of the cgroup hierarchies that hold the cpu controller."""
-    from transformer import cores
+    from transformer import cgroups
 
     found = []
-    for fstype, _, point, options in cores.cgroup_mounts():
+    for fstype, _, point, options in cgroups.cgroup_mounts():
         if fstype == "cgroup" and "cpu" in options:
             found.append(("v1", point))
         elif fstype == "cgroup2":

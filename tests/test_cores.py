@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 import transformer as T
-from transformer import cores
+from transformer import cgroups, cores
 
 from conftest import SINGLE_THREADED
 
@@ -153,7 +153,7 @@ def test_the_default_thread_count_is_capped_by_the_limit(monkeypatch, restore_th
 def _v1_cpu_hierarchy():
     """Where this machine lets root make a cgroup v1 cpu group, its mount point; else None."""
     try:
-        for fstype, root, point, options in cores.cgroup_mounts():
+        for fstype, root, point, options in cgroups.cgroup_mounts():
             if fstype == "cgroup" and "cpu" in options and root == "/" and os.access(point, os.W_OK):
                 return point
     except OSError:

@@ -6,6 +6,7 @@ encoder-decoder with hand-written backward passes.
 import os as _os
 
 from . import _C
+from . import cgroups as _cgroups
 from . import cores as _cores
 
 __version__ = "0.1.0"
@@ -47,7 +48,8 @@ def build_info():
         "threading": "OpenMP" if _C.openmp_version() else
                      "single-threaded: " + _C.SINGLE_THREADED_FIX,
         "cpu_count": _os.cpu_count(),
-        "cpu_limit": _cores.cpu_limit(),   # CPUs the cgroup allows (a container's limit), or None
+        "cpu_limit": _cores.cpu_limit(),          # CPUs the cgroup allows (a container's limit), or None
+        "memory_limit": _cgroups.memory_limit(),  # bytes the cgroup allows (a container's limit), or None
     }
 
 

@@ -48,7 +48,7 @@ from .beam import _beam_search, _length_penalty, beam_search, beam_search_steps 
 from .cache import (DecoderCache, StepWeights, _buffers, _encode_once, _lend_workspace, _prepared,  # noqa: F401
                     _return_workspace, rows_apart)
 from .checks import (_check_bool, _check_decode_args, _check_int, _check_memory, _check_rules,  # noqa: F401
-                     _physical_memory, beam_args, greedy_args)
+                     beam_args, greedy_args)
 from .greedy import _forbid_eos, _greedy_decode, _strip, greedy_decode  # noqa: F401
 from .tuning import _step_weight_bytes, cache_dtype, int8_generator, min_group_rows, step_groups  # noqa: F401
 

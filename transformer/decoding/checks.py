@@ -1,10 +1,10 @@
 """The arguments of a decoding call checked, before any work: token ids, length limits, the
 rules of a model's generation settings, and the memory its caches would need."""
 import math
-import os
 
 import numpy as np
 
+from .. import cgroups
 from .tuning import cache_dtype
 
 
@@ -52,20 +52,14 @@ def _check_decode_args(model, src, max_len, min_len, no_repeat_ngram):
     return src, limits, int(min_len), int(no_repeat_ngram)
 
 
-def _physical_memory():
-    """This machine's memory in bytes, or None where the system does not say."""
-    try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, OSError, ValueError):
-        return None
-
-
 def _check_memory(cfg, rows, steps, what, precision="fp32"):
     """MemoryError naming `what` when a decoding loop of `rows` rows and `steps` steps needs more
-    memory for its caches and step buffers than this machine has: numpy would reserve them all
-    the same (the system promises memory it has not got), and the process would then fill them
-    until the machine swaps or kills it (a --beam of 100000 ran for minutes, growing)."""
-    total = _physical_memory()
+    memory for its caches and step buffers than this process may fill, the machine's or, tighter,
+    its cgroup's limit (a container's --memory): numpy would reserve them all the same (the system
+    promises memory it has not got), and the process would then fill them until the machine swaps
+    or kills it (a --beam of 100000 ran for minutes, growing); under a cgroup's limit the kernel
+    kills it at the limit."""
+    total, source = cgroups.usable_memory()
     if total is None:
         return
     cache = np.dtype(cache_dtype(precision)).itemsize
@@ -74,8 +68,10 @@ def _check_memory(cfg, rows, steps, what, precision="fp32"):
     # caches; logits, step buffers; origin and hypothesis tables
     need = rows * per_row
     if need > total:
+        room = f"this machine's {total / 2**30:,.1f} GiB" if source == "machine" else \
+            f"the {total / 2**30:,.1f} GiB its cgroup's memory limit allows"
         raise MemoryError(f"{what}: {rows:,} decoder rows of up to {steps} steps need {need / 2**30:,.1f} GiB "
-                          f"for their caches, more than this machine's {total / 2**30:,.1f} GiB")
+                          f"for their caches, more than {room}")
 
 
 def _check_bool(value, name):
