@@ -115,9 +115,9 @@ def _v1_memory_hierarchy():
 
 @pytest.mark.skipif(_v1_memory_hierarchy() is None, reason="no writable cgroup v1 memory hierarchy (needs root)")
 def test_a_real_cgroup_memory_limit_refuses_a_beam_the_machine_would_take():
-    """The kernel's own files: a process moved into a cgroup with a 1 GiB limit reads it (and
-    build_info shows it), and a
-    beam whose caches need about 1.7 GiB (less than this machine has) is refused naming it."""
+    """The kernel's own files: a process moved into a cgroup with a 1 GiB limit reads it (so does
+    build_info), and a beam whose caches need about 1.8 GiB, less than this machine has, is refused
+    naming the limit."""
     total = cgroups.physical_memory()
     if total is None or total < 4 * GIB:
         pytest.skip("the beam must fit this machine's memory for the test to tell the limit from it")

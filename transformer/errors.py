@@ -63,7 +63,7 @@ def describe(exc, args):
         return str(exc), exc.status
     if isinstance(exc, DistributedError):
         return str(exc), 1
-    if isinstance(exc, MemoryError):                   # sizes asked for beyond this machine's memory
+    if isinstance(exc, MemoryError):                   # sizes past the memory the process may fill
         detail = " ".join(str(exc).split())
         return "out of memory: " + (detail or "the sizes asked for (model, beam, batch, positions) need more "
                                     "than is free"), 1
