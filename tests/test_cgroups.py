@@ -2,18 +2,16 @@
 memory limit, read from fake /proc/self and cgroup trees of each layout, and, where this machine
 lets a test make a cgroup, from the kernel's own files; and the decoding check that refuses a
 request past it. (The CPU limit's layouts: test_cores.py.)"""
-import os
 import subprocess
 import sys
 import tempfile
-import uuid
 
 import pytest
 
 from transformer import cgroups
 from transformer.decoding import checks
 
-from test_cores import V2, fake
+from test_cores import V2, fake, v1_group, writable_v1
 
 GIB = 1 << 30
 
@@ -102,18 +100,7 @@ def test_decoding_past_the_cgroups_limit_is_refused_naming_it(monkeypatch):
         checks._check_memory(cfg, rows, 64, "beam_size 100000")
 
 
-def _v1_memory_hierarchy():
-    """Where this machine lets root make a cgroup v1 memory group, its mount point; else None."""
-    try:
-        for fstype, root, point, options in cgroups.cgroup_mounts():
-            if fstype == "cgroup" and "memory" in options and root == "/" and os.access(point, os.W_OK):
-                return point
-    except OSError:
-        pass
-    return None
-
-
-@pytest.mark.skipif(_v1_memory_hierarchy() is None, reason="no writable cgroup v1 memory hierarchy (needs root)")
+@pytest.mark.skipif(writable_v1("memory") is None, reason="no writable cgroup v1 memory hierarchy (needs root)")
 def test_a_real_cgroup_memory_limit_refuses_a_beam_the_machine_would_take():
     """The kernel's own files: a process moved into a cgroup with a 1 GiB limit reads it (so does
     build_info), and a beam whose caches need about 1.8 GiB, less than this machine has, is refused
@@ -121,16 +108,8 @@ def test_a_real_cgroup_memory_limit_refuses_a_beam_the_machine_would_take():
     total = cgroups.physical_memory()
     if total is None or total < 4 * GIB:
         pytest.skip("the beam must fit this machine's memory for the test to tell the limit from it")
-    group = os.path.join(_v1_memory_hierarchy(), f"transformer-test-{uuid.uuid4().hex[:8]}")
-    try:
-        os.mkdir(group)
-    except OSError as exc:
-        pytest.skip(f"cannot make a cgroup here: {exc}")
-    try:
-        with open(os.path.join(group, "memory.limit_in_bytes"), "w") as f:
-            f.write(str(GIB))
-        code = (f"import os; open({os.path.join(group, 'cgroup.procs')!r}, 'w').write(str(os.getpid())); "
-                "import numpy as np, transformer as T; from transformer import cgroups; "
+    with v1_group("memory", {"memory.limit_in_bytes": str(GIB)}) as enter:
+        code = (enter + "; import numpy as np, transformer as T; from transformer import cgroups; "
                 "print(cgroups.memory_limit(), cgroups.usable_memory()[1], T.build_info()['memory_limit']); "
                 "m = T.Seq2SeqTransformer(T.ModelConfig(src_vocab_size=20, tgt_vocab_size=20, d_model=32, "
                 "n_heads=2, d_ff=64, n_encoder_layers=1, n_decoder_layers=1, max_len=64), seed=0)\n"
@@ -143,5 +122,3 @@ def test_a_real_cgroup_memory_limit_refuses_a_beam_the_machine_would_take():
         assert first == f"{GIB} cgroup {GIB}"
         assert second.startswith("beam_size 100000 for 1 sentence: 100,000 decoder rows"), second
         assert second.endswith("more than the 1.0 GiB its cgroup's memory limit allows"), second
-    finally:
-        os.rmdir(group)

@@ -1,6 +1,7 @@
 """The cores a process may use (transformer/cores.py): its affinity capped by its cgroup's CPU limit,
 read from fake /proc/self and cgroup trees of each layout the kernel and container runtimes make,
 and, where this machine lets a test make a cgroup, from the kernel's own files."""
+import contextlib
 import os
 import subprocess
 import sys
@@ -150,40 +151,45 @@ def test_the_default_thread_count_is_capped_by_the_limit(monkeypatch, restore_th
     assert T.build_info()["cpu_limit"] == 1.0
 
 
-def _v1_cpu_hierarchy():
-    """Where this machine lets root make a cgroup v1 cpu group, its mount point; else None."""
+def writable_v1(controller):
+    """Where this machine lets root make a cgroup v1 group of `controller`, its mount point; else None."""
     try:
         for fstype, root, point, options in cgroups.cgroup_mounts():
-            if fstype == "cgroup" and "cpu" in options and root == "/" and os.access(point, os.W_OK):
+            if fstype == "cgroup" and controller in options and root == "/" and os.access(point, os.W_OK):
                 return point
     except OSError:
         pass
     return None
 
 
-@pytest.mark.skipif(_v1_cpu_hierarchy() is None, reason="no writable cgroup v1 cpu hierarchy (needs root)")
-@pytest.mark.skipif(SINGLE_THREADED, reason="a build without OpenMP runs one thread whatever the limit")
-def test_a_real_cgroup_limit_sets_the_default_at_import():
-    """The kernel's own files: a process moved into a cgroup with a 1-CPU quota imports the engine
-    with one thread, and reads the limit it was given."""
-    mount = _v1_cpu_hierarchy()
-    group = os.path.join(mount, f"transformer-test-{uuid.uuid4().hex[:8]}")
+@contextlib.contextmanager
+def v1_group(controller, files):
+    """A new cgroup v1 group of `controller` with its limit `files` written ({name: content}), removed
+    after; yields the Python statement that moves the process running it into the group."""
+    group = os.path.join(writable_v1(controller), f"transformer-test-{uuid.uuid4().hex[:8]}")
     try:
         os.mkdir(group)
     except OSError as exc:
         pytest.skip(f"cannot make a cgroup here: {exc}")
     try:
-        with open(os.path.join(group, "cpu.cfs_period_us"), "w") as f:
-            f.write("100000")
-        with open(os.path.join(group, "cpu.cfs_quota_us"), "w") as f:
-            f.write("100000")
-        code = (f"import os; open({os.path.join(group, 'cgroup.procs')!r}, 'w').write(str(os.getpid())); "
-                "import transformer as T; from transformer import cores; "
+        for name, content in files.items():
+            with open(os.path.join(group, name), "w") as f:
+                f.write(content)
+        yield f"import os; open({os.path.join(group, 'cgroup.procs')!r}, 'w').write(str(os.getpid()))"
+    finally:
+        os.rmdir(group)
+
+
+@pytest.mark.skipif(writable_v1("cpu") is None, reason="no writable cgroup v1 cpu hierarchy (needs root)")
+@pytest.mark.skipif(SINGLE_THREADED, reason="a build without OpenMP runs one thread whatever the limit")
+def test_a_real_cgroup_limit_sets_the_default_at_import():
+    """The kernel's own files: a process moved into a cgroup with a 1-CPU quota imports the engine
+    with one thread, and reads the limit it was given."""
+    with v1_group("cpu", {"cpu.cfs_period_us": "100000", "cpu.cfs_quota_us": "100000"}) as enter:
+        code = (enter + "; import transformer as T; from transformer import cores; "
                 "print(T.get_num_threads(), cores.cpu_limit(), T.build_info()['cpu_limit'])")
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
         proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                               cwd=tempfile.gettempdir())
         assert proc.returncode == 0, proc.stderr
         assert proc.stdout.split() == ["1", "1.0", "1.0"]
-    finally:
-        os.rmdir(group)
