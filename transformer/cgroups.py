@@ -182,3 +182,16 @@ def usable_memory(proc=None):
     if limit is not None and (total is None or limit < total):
         return limit, "cgroup"
     return (total, "machine") if total is not None else (None, None)
+
+
+def size_text(n):
+    """Bytes as a message gives them: MiB below a GiB, GiB with one decimal from there."""
+    return f"{n / 2**20:,.0f} MiB" if n < 2**30 else f"{n / 2**30:,.1f} GiB"
+
+
+def room_text(total, source):
+    """usable_memory()'s answer in a message: "this machine's 23.5 GiB", or "the 512 MiB its
+    cgroup's memory limit allows"."""
+    if source == "machine":
+        return f"this machine's {size_text(total)}"
+    return f"the {size_text(total)} its cgroup's memory limit allows"

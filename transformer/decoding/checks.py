@@ -68,10 +68,8 @@ def _check_memory(cfg, rows, steps, what, precision="fp32"):
     # caches; logits, step buffers; origin and hypothesis tables
     need = rows * per_row
     if need > total:
-        room = f"this machine's {total / 2**30:,.1f} GiB" if source == "machine" else \
-            f"the {total / 2**30:,.1f} GiB its cgroup's memory limit allows"
-        raise MemoryError(f"{what}: {rows:,} decoder rows of up to {steps} steps need {need / 2**30:,.1f} GiB "
-                          f"for their caches, more than {room}")
+        raise MemoryError(f"{what}: {rows:,} decoder rows of up to {steps} steps need {cgroups.size_text(need)} "
+                          f"for their caches, more than {cgroups.room_text(total, source)}")
 
 
 def _check_bool(value, name):
