@@ -150,7 +150,9 @@ def register(sub):
                        "trains until it reverses 99%% of fresh words, within 10; periodic evaluation is not counted; with --resume: what the interrupted run had left)")
     train.add_argument("--threads", type=_positive_int)
     train.add_argument("--batch-tokens", type=_positive_int,
-                       help=f"with --data: tokens per batch, padding included (default {TRAIN_DEFAULTS['batch_tokens']})")
+                       help=f"with --data: tokens per batch, padding included (default {TRAIN_DEFAULTS['batch_tokens']}); "
+                            "refused at the start when a step on the first pass's largest batch cannot fit the "
+                            "memory (the machine's, or a cgroup's limit)")
     train.add_argument("--curriculum", type=_curriculum, metavar="STEPS",
                        help="with --data: a length curriculum (competence-based, Platanios et al. 2019) over "
                             "the first STEPS steps, or over this fraction of the planned steps (0.2: the first "

@@ -10,9 +10,10 @@ from . import sizing
 from .data import choose_languages, open_corpus
 from .flags import DROPOUT_FLAGS, describe_data, model_config_from_args
 from .loop import Trainer, TrainState
+from .memory import check_step_memory
 from .report import describe, rounded, say
 from .resume import resume_or_new
-from .world import agree_across_ranks, data_parallel, describe_world
+from .world import agree_across_ranks, data_parallel, describe_world, world
 
 
 def train_on_data(args, engine=None, result=None):
@@ -86,6 +87,10 @@ def train_on_data(args, engine=None, result=None):
 
     clip, dp = clip_grad_norm, None
     if engine is None:
+        # before the model and the optimizer take their part: the model's sizes are known
+        check_step_memory(known if args.checkpoint is not None or initial is not None else
+                          model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1),
+                          data, args.batch_tokens, world(args)[1])
         model, optimizer, src_tok, tgt_tok, state = resume_or_new(args, make_model, src_tok, tgt_tok)
         dp = data_parallel(args, model, optimizer)
     else:

@@ -184,14 +184,17 @@ def pick(rows):
 
 
 def choose(budget_seconds, step_seconds_of, steps_per_pass=None, max_steps=None, clock=time.monotonic,
-           norm=None):
+           norm=None, fits=None):
     """The Choice for a budget: step_seconds_of(name, sizes) measures a candidate's step; the
     candidates are tried cheapest first, and none after one the budget gives fewer than MIN_STEPS.
-    norm: the run's normalisation, whose curves judge the candidates (fitted)."""
+    norm: the run's normalisation, whose curves judge the candidates (fitted). fits(name, sizes):
+    False for a candidate whose step is past the memory, which ends the list before it is measured."""
     measured = fitted(norm)[2]
     started = clock()
     rows = []
     for name, sizes in CANDIDATES.items():
+        if fits is not None and not fits(name, sizes):
+            break
         seconds = step_seconds_of(name, sizes)
         left = budget_seconds - (clock() - started)
         steps = max(int(left / seconds), 0)
@@ -241,13 +244,30 @@ def size_run(args, data, src_vocab, tgt_vocab, max_len, engine=None, stream=None
     from ..model import Seq2SeqTransformer
     from ..optim import clip_grad_norm
     from .flags import model_config_from_args
+    from .memory import check_step_memory
     from .report import say
+    from .world import world
 
-    def make(sizes):
+    def config(sizes):
         probe_args = argparse.Namespace(**{**vars(args), **sizes, "preset": "tiny"})
         if probe_args.dropout is None:
             probe_args.dropout = 0.1      # a rate the run may take; what it takes is chosen later
-        cfg = model_config_from_args(probe_args, src_vocab, tgt_vocab, max_len=max_len)
+        return model_config_from_args(probe_args, src_vocab, tgt_vocab, max_len=max_len)
+
+    def fits(name, sizes):
+        """Whether a candidate's step fits the memory (memory.py): one past it ends the list before
+        it is measured; the first one past it refuses the run."""
+        try:
+            check_step_memory(config(sizes), data, args.batch_tokens, world(args)[1])
+        except MemoryError as exc:
+            if name == next(iter(CANDIDATES)):
+                raise
+            say(f"sizing: {name} and larger not tried, their step is past the memory ({exc})", stream)
+            return False
+        return True
+
+    def make(sizes):
+        cfg = config(sizes)
         if engine is not None:
             model, _, clip = engine(cfg)
             return model, clip
@@ -256,7 +276,7 @@ def size_run(args, data, src_vocab, tgt_vocab, max_len, engine=None, stream=None
     budget = 60.0 * args.minutes
     timer = step_timer(data, make, args.precision, args.label_smoothing, args.clip_norm)
     choice = choose(budget, timer, steps_per_pass=len(data.batches(0)), max_steps=args.max_steps,
-                    norm=getattr(args, "norm", None))
+                    norm=getattr(args, "norm", None), fits=fits if engine is None else None)
     args.preset = choice.name
     args.minutes = max(args.minutes - choice.probe_seconds / 60.0, 0.0)
     say(choice.describe(budget - choice.probe_seconds), stream)
