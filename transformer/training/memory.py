@@ -51,8 +51,10 @@ def largest_step(cfg, data, world_size=1):
     0) whose step needs the most, as one of `world_size` ranks runs it (every world_size-th row);
     `counted`: its tokens as --batch-tokens counts them (the whole batch's). The widths are the plain segmentations': BPE-dropout's are longer, so the floor still holds."""
     epoch = data.batches(0)
-    src = data.corpus.lengths("src")[data.rows][epoch.order].astype(np.int64)
-    tgt = data.corpus.lengths("tgt")[data.rows][epoch.order].astype(np.int64) + 1   # BOS + y, y + EOS
+    pairs = data.rows[epoch.order]                      # int32 throughout: a corpus may hold millions
+    src = data.corpus.lengths("src")[pairs]
+    tgt = data.corpus.lengths("tgt")[pairs]
+    tgt += 1                                            # BOS + y, y + EOS
     starts = epoch.bounds[:-1]
     sentences = np.diff(epoch.bounds)
     rows = -(-sentences // world_size)                  # a rank's share: every size-th row
