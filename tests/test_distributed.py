@@ -5,6 +5,7 @@ rank counts; a dead rank or a signal ends every rank within a bounded time, the 
 Needs the [mpi] extra (mpi4py and the MPICH wheel, which CI installs); skipped without it."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -302,6 +303,18 @@ def test_info_under_mpirun_shows_ranks_threads_and_cores():
     info = json.loads(done.stdout)
     assert [r["rank"] for r in info["mpi"]] == [0, 1]
     assert all(r["ranks"] == 2 and r["cores_this_rank_may_use"] for r in info["mpi"])
+
+
+def test_the_ranks_on_this_machine_are_counted_as_sharing_its_memory():
+    """training/world.ranks_sharing_memory, for the training step's memory check: two ranks started
+    here, each asked twice (the second answer kept, no collective)."""
+    code = ("import argparse; from mpi4py import MPI; from transformer.training.world import ranks_sharing_memory\n"
+            "args = argparse.Namespace(world=(MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()))\n"
+            "print(ranks_sharing_memory(args), ranks_sharing_memory(args))")
+    done = mpirun(2, sys.executable, "-c", code)
+    assert done.returncode == 0, done.stderr
+    # (the two ranks' lines may interleave)
+    assert re.findall(r"\(\d+, \d+\)", done.stdout) == ["(2, 2)"] * 4, done.stdout
 
 
 # The grid's ranks and threads both come from the --threads values, so its one two-rank point (the

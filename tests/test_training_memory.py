@@ -218,3 +218,19 @@ def test_a_real_cgroup_memory_limit_refuses_the_run_the_kernel_would_kill(tmp_pa
     line = proc.stderr.strip().splitlines()[-1]
     assert line.startswith("transformer train: error: out of memory: --batch-tokens 1000000: "), line
     assert line.endswith("cannot fit") and "than the 512 MiB its cgroup's memory limit allows" in line, line
+
+
+def test_ranks_on_one_machine_share_its_memory(tmp_path, monkeypatch):
+    """Under mpirun each rank runs every size-th sentence of a batch, and the ranks on one machine
+    each hold a model and their part: a part that fits the machine alone is refused when two
+    ranks share it."""
+    data = training_set(tmp_path)
+    cfg = tiny_config()
+    part = memory.largest_step(cfg, data, 2)[0]
+    assert part < memory.largest_step(cfg, data, 1)[0]
+    monkeypatch.setattr(cgroups, "usable_memory", lambda: (int(1.5 * part), "machine"))
+    memory.check_step_memory(cfg, data, 200, world_size=2, sharing=1)      # ranks on two machines
+    with pytest.raises(MemoryError, match=r"^--batch-tokens 200: the first pass's largest batch \(this rank's part: "
+                                          r"one sentence in 2\), .* more than this rank's share of this machine's "
+                                          r"\d+ MiB, which 2 ranks share; "):
+        memory.check_step_memory(cfg, data, 200, world_size=2, sharing=2)

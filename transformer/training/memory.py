@@ -67,15 +67,19 @@ def largest_step(cfg, data, world_size=1):
     return need, int(rows[k]), int(src_width[k]), int(tgt_width[k]), counted
 
 
-def check_step_memory(cfg, data, batch_tokens, world_size=1):
+def check_step_memory(cfg, data, batch_tokens, world_size=1, sharing=1):
     """MemoryError naming --batch-tokens when a step on the largest batch of the first pass needs
     more than this process may fill (cgroups.usable_memory); a warning when it needs more than a
-    third of it."""
+    third of it. Under mpirun, `sharing` ranks (this one among them) run on this machine, each on
+    its part of the batch, and share that memory."""
     total, source = cgroups.usable_memory()
     if total is None or not len(data):
         return
-    need, rows, src_width, tgt_width, counted = largest_step(cfg, data, world_size)
     room = cgroups.room_text(total, source)
+    if sharing > 1:
+        total //= sharing
+        room = f"this rank's share of {room}, which {sharing} ranks share"
+    need, rows, src_width, tgt_width, counted = largest_step(cfg, data, world_size)
     if need <= total:
         if need > WARN_SHARE * total:
             say(f"warning: a training step on the first pass's largest batch needs at least "
@@ -89,7 +93,7 @@ def check_step_memory(cfg, data, batch_tokens, world_size=1):
         # the activations grow with the batch's tokens; a smaller cap packs batches that much smaller
         most = int(counted * (total - fixed) / (need - fixed))
         hint = f"a --batch-tokens past about {most:,} cannot fit"
-    per_rank = f" (this rank's part of {world_size})" if world_size > 1 else ""
+    per_rank = f" (this rank's part: one sentence in {world_size})" if world_size > 1 else ""
     raise MemoryError(f"--batch-tokens {batch_tokens}: the first pass's largest batch{per_rank}, {rows:,} "
                       f"sentences padded to {src_width} source and {tgt_width} target positions, needs at "
                       f"least {cgroups.size_text(need)} for a training step of this model, more than {room}; "

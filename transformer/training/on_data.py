@@ -13,7 +13,7 @@ from .loop import Trainer, TrainState
 from .memory import check_step_memory
 from .report import describe, rounded, say
 from .resume import resume_or_new
-from .world import agree_across_ranks, data_parallel, describe_world, world
+from .world import agree_across_ranks, data_parallel, describe_world, ranks_sharing_memory
 
 
 def train_on_data(args, engine=None, result=None):
@@ -69,6 +69,7 @@ def train_on_data(args, engine=None, result=None):
         with blame("--data", describe_data(args)):
             raise ValueError(f"no training pairs left after tokenisation (--max-sentence-tokens {max_tokens})")
 
+    ranks = ranks_sharing_memory(args)      # every rank, here: a collective under mpirun
     sized = None
     if args.preset == "auto":      # no size flag: the shape this budget trains best (training/sizing.py)
         sized = sizing.size_run(args, data, src_tok.vocab_size, tgt_tok.vocab_size, max_tokens + 1, engine)
@@ -90,7 +91,7 @@ def train_on_data(args, engine=None, result=None):
         # before the model and the optimizer take their part: the model's sizes are known
         check_step_memory(known if args.checkpoint is not None or initial is not None else
                           model_config_from_args(args, src_tok.vocab_size, tgt_tok.vocab_size, max_len=max_tokens + 1),
-                          data, args.batch_tokens, world(args)[1])
+                          data, args.batch_tokens, *ranks)
         model, optimizer, src_tok, tgt_tok, state = resume_or_new(args, make_model, src_tok, tgt_tok)
         dp = data_parallel(args, model, optimizer)
     else:

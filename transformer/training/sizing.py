@@ -246,7 +246,7 @@ def size_run(args, data, src_vocab, tgt_vocab, max_len, engine=None, stream=None
     from .flags import model_config_from_args
     from .memory import check_step_memory
     from .report import say
-    from .world import world
+    from .world import ranks_sharing_memory
 
     def config(sizes):
         probe_args = argparse.Namespace(**{**vars(args), **sizes, "preset": "tiny"})
@@ -258,7 +258,7 @@ def size_run(args, data, src_vocab, tgt_vocab, max_len, engine=None, stream=None
         """Whether a candidate's step fits the memory (memory.py): one past it ends the list before
         it is measured; the first one past it refuses the run."""
         try:
-            check_step_memory(config(sizes), data, args.batch_tokens, world(args)[1])
+            check_step_memory(config(sizes), data, args.batch_tokens, *ranks_sharing_memory(args))
         except MemoryError as exc:
             if name == next(iter(CANDIDATES)):
                 raise

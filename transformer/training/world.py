@@ -13,6 +13,28 @@ def world(args):
     return getattr(args, "world", None) or (0, 1)
 
 
+_sharing = []      # ranks_sharing_memory's answer, once a process
+
+
+def ranks_sharing_memory(args):
+    """(ranks, those on this machine): how many ranks the run has and how many of them share this
+    machine's memory (MPI's shared-memory split of the world). A collective the first time, so
+    every rank calls it first at the same point (train_on_data, before sizing); then kept."""
+    size = world(args)[1]
+    if size == 1:
+        return 1, 1
+    if not _sharing:
+        from ..distributed import import_mpi
+
+        MPI = import_mpi()
+        here = MPI.COMM_WORLD.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            _sharing.append(here.Get_size())
+        finally:
+            here.Free()
+    return size, _sharing[0]
+
+
 def rank_zero_decides(args, decide):
     """decide() on rank 0 alone under mpirun, its value on every rank: for a choice made by measuring
     (--precision auto's probe), which the ranks could each make differently, and which they would
