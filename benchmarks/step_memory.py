@@ -1,7 +1,7 @@
 """What a training step holds against the floor the trainer checks (transformer/training/memory.py).
 
 Each shape runs in a fresh process: the batch arrays made, then the model, Adam and two steps
-(zeroing, forward_backward, Adam); the growth of the peak resident memory over those steps is set
+(zeroing, forward_backward, Adam); the growth of the peak resident memory (VmHWM) over those steps is set
 beside memory.step_floor for the same model and batch (uniform lengths: every row as long as the
 widest). The floor must stay below every growth, so that the trainer refuses no run that fits;
 its share of the growth says how far below.
@@ -23,10 +23,17 @@ SHAPES = ["128,2,4000,256,64,fp32,1", "128,2,4000,256,64,bf16,1", "128,2,4000,25
           "512,6,8000,64,64,fp32,2", "512,6,8000,64,64,bf16,2", "128,2,32000,64,64,bf16,2"]
 
 PROBE = r'''
-import json, resource, sys
+import json, sys
 import numpy as np
 import transformer as T
 from transformer.training.memory import parameter_count, step_floor
+
+
+def peak():
+    """Bytes of this process's peak resident memory: VmHWM, its own (ru_maxrss keeps the parent's
+    peak across exec)."""
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmHWM")).split()[1]) * 1024
 d, layers, vocab, rows, length, precision, threads = sys.argv[1].split(",")
 d, layers, vocab, rows, length, threads = map(int, (d, layers, vocab, rows, length, threads))
 T.set_num_threads(threads)
@@ -34,14 +41,14 @@ cfg = T.ModelConfig(src_vocab_size=vocab, tgt_vocab_size=vocab, d_model=d, n_hea
                     n_encoder_layers=layers, n_decoder_layers=layers, max_len=length + 2, dropout=0.1)
 rng = np.random.default_rng(0)
 src, tgt_in, tgt_out = (rng.integers(4, vocab, (rows, length)) for _ in range(3))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+before = peak()
 model = T.Seq2SeqTransformer(cfg, seed=0)
 adam = T.Adam(model)
 for _ in range(2):
     model.zero_grad()
     model.forward_backward(src, tgt_in, tgt_out, precision=precision)
     adam.step()
-grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
+grew = peak() - before
 floor = step_floor(cfg, parameter_count(cfg), rows, length, length)
 print(json.dumps({"parameters": parameter_count(cfg), "isa": T.build_info()["isa"], "grew_mb": round(grew / 2**20),
                   "floor_mb": round(floor / 2**20), "floor_share": round(floor / grew, 3)}))
