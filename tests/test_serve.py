@@ -573,6 +573,66 @@ def test_a_model_without_languages_is_refused_naming_the_fix(model_dir, tmp_path
     assert (named["en-es"].source, named["en-es"].target) == ("en", "es")
 
 
+# -- the decoder rows the server holds, against the memory -------------------------------------------
+
+def test_a_batch_size_whose_step_buffers_pass_the_memory_is_refused_as_the_server_starts(model_dir):
+    """--batch-size 10^8: the stream would hold step buffers for 4 x 10^8 rows (hundreds of GB), and
+    every request would fail; the server says so in one line, before it listens."""
+    done = subprocess.run([sys.executable, "-m", "transformer", "serve", "--model", model_dir, "--batch-size",
+                           str(10**8), "--port", str(free_port())], capture_output=True, text=True, timeout=120,
+                          cwd=OUTSIDE)
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("transformer serve: error: out of memory: --batch-size 100000000: the model's stream "
+                           "holds step buffers for 400,000,000 decoder rows (--batch-size x 4), "), line
+    assert "more than this machine's" in line or "its cgroup's memory limit allows" in line, line
+    assert "listening on" not in done.stderr
+
+
+def test_a_streams_step_buffers_are_its_rows_times_their_bytes_a_row(model_dir):
+    """The oracle: the memory numpy hands a DecodingStream (tracemalloc sees numpy's allocations),
+    at two row counts, against stream_row_bytes."""
+    import tracemalloc
+
+    from transformer.streaming import DecodingStream, stream_row_bytes
+
+    model = load_for_inference(model_dir)[0]
+    DecodingStream(model, rows=8)          # the prepared weights, made once
+    sizes = {}
+    tracemalloc.start()
+    try:
+        for rows in (1000, 3000):
+            before = tracemalloc.get_traced_memory()[0]
+            stream = DecodingStream(model, rows=rows)
+            sizes[rows] = tracemalloc.get_traced_memory()[0] - before
+            del stream
+    finally:
+        tracemalloc.stop()
+    for rows, size in sizes.items():      # and a few KB of Python objects
+        assert 0 <= size - rows * stream_row_bytes(model.cfg) < 8192, sizes
+
+
+def test_rows_at_their_longest_past_the_memory_start_the_server_with_a_warning(model_dir, monkeypatch):
+    from transformer import cgroups
+    from transformer.serve.capacity import check_rows_memory
+    from transformer.streaming import stream_row_bytes
+
+    served = load_models([model_dir], load=load_for_inference)
+    cfg = next(iter(served.values())).model.cfg
+    buffers = 256 * stream_row_bytes(cfg)
+    monkeypatch.setattr(cgroups, "usable_memory", lambda: (1 << 40, "machine"))
+    assert check_rows_memory(served, 256, 64) is None
+    monkeypatch.setattr(cgroups, "usable_memory", lambda: (buffers + 1, "cgroup"))
+    warning = check_rows_memory(served, 256, 64)
+    assert warning.startswith("warning: 256 decoder rows (--batch-size 64 x 4) in flight at their longest would "
+                              "need "), warning
+    assert "its cgroup's memory limit allows: enough requests that long at once could exhaust it" in warning
+    monkeypatch.setattr(cgroups, "usable_memory", lambda: (buffers - 1, "cgroup"))
+    with pytest.raises(MemoryError, match=r"^--batch-size 64: the model's stream holds step buffers for 256 "):
+        check_rows_memory(served, 256, 64)
+    assert check_rows_memory(served, 256, 64, batching="batch") is not None    # no stream: a warning only
+
+
 # -- the languages a model translates ------------------------------------------------------------------
 
 def _train(tmp_path, *argv):

@@ -49,6 +49,17 @@ class Wave:
         self.loop.cancelled[index] = 1
 
 
+def step_widths(cfg):
+    """The floats a decoder row takes in each of a stream's step buffers (besides its mean and rstd)."""
+    D, F, V = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
+    return dict(x=D, h=D, tmp=D, ctx=D, query=D, qkv=3 * D, ff_pre=F, ff_act=F, logits=V)
+
+
+def stream_row_bytes(cfg):
+    """Bytes of a stream's step buffers for each of its rows, held from its first wave on."""
+    return 4 * (sum(step_widths(cfg).values()) + 2)
+
+
 class DecodingStream:
     """Waves of one model at one precision, stepped together.
 
@@ -68,9 +79,7 @@ class DecodingStream:
         # arrays: many spares grown by big waves would hold many times the stream's rows)
         self._spare_workspaces = []
         self._biggest_workspace = 0
-        D, F, V = cfg.d_model, cfg.d_ff, cfg.tgt_vocab_size
-        widths = dict(x=D, h=D, tmp=D, ctx=D, query=D, qkv=3 * D, ff_pre=F, ff_act=F, logits=V)
-        buffers = {name: np.empty((rows, width), np.float32) for name, width in widths.items()}
+        buffers = {name: np.empty((rows, width), np.float32) for name, width in step_widths(cfg).items()}
         buffers.update(mean=np.empty(rows, np.float32), rstd=np.empty(rows, np.float32))
         self._stream = _C.DecoderStream(buffers, rows)
         self.waves = []

@@ -84,7 +84,8 @@ def register(sub):
                        help="a batch's source tokens at most, rows x longest x beam (default 4096)")
     serve.add_argument("--batch-size", type=_positive_int, default=64,
                        help="sentences a batch at most (1: one sentence at a time, no batching across "
-                            "requests; default 64)")
+                            "requests; default 64); the server holds x 4 decoder rows, and refuses to start "
+                            "when their step buffers cannot fit the memory")
     serve.add_argument("--batching", choices=["step", "batch"], default="step",
                        help="step: sentences join the running batch between decoder steps and leave it when "
                             "done (iteration-level batching; default); batch: each batch decoded to its end "

@@ -52,6 +52,14 @@ def _check_decode_args(model, src, max_len, min_len, no_repeat_ngram):
     return src, limits, int(min_len), int(no_repeat_ngram)
 
 
+def row_bytes(cfg, steps, precision="fp32"):
+    """Bytes a decoder row of up to `steps` steps holds: its keys and values cached at every layer;
+    its logits and step buffers; its origin and hypothesis tables."""
+    cache = np.dtype(cache_dtype(precision)).itemsize
+    return cache * 2 * cfg.n_decoder_layers * steps * cfg.d_model \
+        + 4 * (cfg.tgt_vocab_size + 8 * cfg.d_model + 2 * cfg.d_ff) + 8 * 4 * steps
+
+
 def _check_memory(cfg, rows, steps, what, precision="fp32"):
     """MemoryError naming `what` when a decoding loop of `rows` rows and `steps` steps needs more
     memory for its caches and step buffers than this process may fill, the machine's or, tighter,
@@ -62,11 +70,7 @@ def _check_memory(cfg, rows, steps, what, precision="fp32"):
     total, source = cgroups.usable_memory()
     if total is None:
         return
-    cache = np.dtype(cache_dtype(precision)).itemsize
-    per_row = cache * 2 * cfg.n_decoder_layers * steps * cfg.d_model \
-        + 4 * (cfg.tgt_vocab_size + 8 * cfg.d_model + 2 * cfg.d_ff) + 8 * 4 * steps
-    # caches; logits, step buffers; origin and hypothesis tables
-    need = rows * per_row
+    need = rows * row_bytes(cfg, steps, precision)
     if need > total:
         raise MemoryError(f"{what}: {rows:,} decoder rows of up to {steps} steps need {cgroups.size_text(need)} "
                           f"for their caches, more than {cgroups.room_text(total, source)}")

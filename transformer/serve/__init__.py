@@ -189,6 +189,12 @@ def run(args, load):
         raise FlagError(str(exc)) from None
     models = load_models(args.model, beam=args.beam, precision=args.precision, max_len=args.max_len,
                          no_repeat_ngram=args.no_repeat_ngram, load=load)
+    from .capacity import check_rows_memory
+    from .scheduler import max_rows
+
+    warning = check_rows_memory(models, max_rows(models, args.batch_size), args.batch_size, args.batching)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     from .access import LOOPBACK_NAMES, Access, is_loopback
     from .connections import raise_descriptor_limit
     from .fields import Limits

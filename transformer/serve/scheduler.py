@@ -124,6 +124,12 @@ class _Piece:
         self.wave = self.slot = None            # "step": where it decodes once admitted
 
 
+def max_rows(models, batch_size):
+    """The decoder rows in flight at most: batch_size sentences of 4 beams, as translate_texts bounds
+    a batch, and never fewer than the widest default beam (one sentence of it)."""
+    return max([batch_size * 4] + [served.defaults["beam"] for served in models.values()])
+
+
 class Scheduler:
     """Decodes the waiting requests' pieces in shared batches on one thread.
 
@@ -137,9 +143,7 @@ class Scheduler:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         self.models, self.batching = models, batching
         self.batch_tokens, self.batch_size, self.max_queue = batch_tokens, batch_size, max_queue
-        # decoder rows in flight at most: batch_size sentences of 4 beams, as translate_texts
-        # bounds a batch, and never fewer than the widest default beam (one sentence of it)
-        self.max_rows = max([batch_size * 4] + [served.defaults["beam"] for served in models.values()])
+        self.max_rows = max_rows(models, batch_size)
         self.metrics = metrics
         self._waiting = collections.deque()
         self._pending = []              # taken from the queue, not yet decoded (oldest first)
