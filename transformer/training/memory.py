@@ -47,9 +47,10 @@ def step_floor(cfg, parameters, rows, src_width, tgt_width):
 
 
 def largest_step(cfg, data, world_size=1):
-    """(bytes, rows, src_width, tgt_width, counted) of the batch of data's first pass (a TrainingSet's epoch
-    0) whose step needs the most, as one of `world_size` ranks runs it (every world_size-th row);
-    `counted`: its tokens as --batch-tokens counts them (the whole batch's). The widths are the plain segmentations': BPE-dropout's are longer, so the floor still holds."""
+    """(bytes, rows, src_width, tgt_width, counted) of the batch of data's first pass (a
+    TrainingSet's epoch 0) whose step needs the most, as one of `world_size` ranks runs it (every
+    world_size-th row); `counted`: its tokens as --batch-tokens counts them (the whole batch's).
+    The widths are the plain segmentations': BPE-dropout's are longer, so the floor still holds."""
     epoch = data.batches(0)
     pairs = data.rows[epoch.order]                      # int32 throughout: a corpus may hold millions
     src = data.corpus.lengths("src")[pairs]
@@ -67,11 +68,11 @@ def largest_step(cfg, data, world_size=1):
     return need, int(rows[k]), int(src_width[k]), int(tgt_width[k]), counted
 
 
-def check_step_memory(cfg, data, batch_tokens, world_size=1, sharing=1):
+def check_step_memory(cfg, data, batch_tokens, world_size=1, sharing=1, warn=True):
     """MemoryError naming --batch-tokens when a step on the largest batch of the first pass needs
-    more than this process may fill (cgroups.usable_memory); a warning when it needs more than a
-    third of it. Under mpirun, `sharing` ranks (this one among them) run on this machine, each on
-    its part of the batch, and share that memory."""
+    more than this process may fill (cgroups.usable_memory); with `warn`, a warning when it needs
+    more than a third of it. Under mpirun, `sharing` ranks (this one among them) run on this
+    machine, each on its part of the batch, and share that memory."""
     total, source = cgroups.usable_memory()
     if total is None or not len(data):
         return
@@ -81,7 +82,7 @@ def check_step_memory(cfg, data, batch_tokens, world_size=1, sharing=1):
         room = f"this rank's share of {room}, which {sharing} ranks share"
     need, rows, src_width, tgt_width, counted = largest_step(cfg, data, world_size)
     if need <= total:
-        if need > WARN_SHARE * total:
+        if warn and need > WARN_SHARE * total:
             say(f"warning: a training step on the first pass's largest batch needs at least "
                 f"{cgroups.size_text(need)}, more than a third of {room}, and steps have measured up to "
                 f"2.6 times that floor; if the run is killed, a smaller --batch-tokens ({batch_tokens} now) may fit")

@@ -256,9 +256,10 @@ def size_run(args, data, src_vocab, tgt_vocab, max_len, engine=None, stream=None
 
     def fits(name, sizes):
         """Whether a candidate's step fits the memory (memory.py): one past it ends the list before
-        it is measured; the first one past it refuses the run."""
+        it is measured; the first one past it refuses the run. (The chosen one's warning, if any,
+        comes with the run's own check.)"""
         try:
-            check_step_memory(config(sizes), data, args.batch_tokens, *ranks_sharing_memory(args))
+            check_step_memory(config(sizes), data, args.batch_tokens, *ranks_sharing_memory(args), warn=False)
         except MemoryError as exc:
             if name == next(iter(CANDIDATES)):
                 raise
