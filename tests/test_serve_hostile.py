@@ -174,6 +174,38 @@ def test_a_500_says_only_that_with_an_id_and_the_log_has_the_traceback(model_dir
     assert logged and "secret detail" in "".join(logging.Formatter().formatException(r.exc_info) for r in logged)
 
 
+@pytest.mark.parametrize("batching", ["step", "batch"])
+def test_a_batch_past_the_memory_is_503_naming_it_and_the_server_goes_on(model_dir, monkeypatch, batching):
+    """The decoding's own check (decoding/checks.py) refuses a batch whose caches pass the memory
+    the process may fill: the request hears why, with Retry-After, not an internal error; the next
+    one, with room again, is answered."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from transformer import cgroups
+
+    app, scheduler = build(load_models([model_dir], load=load_for_inference), batching=batching)
+    room = [16 << 10]
+    monkeypatch.setattr(cgroups, "usable_memory", lambda: (room[0], "cgroup"))
+
+    async def go():
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            refused = await client.post("/translate", json={"q": ["red cat runs"] * 8, **ENG_SPA})
+            refused = refused.status, await refused.json(), refused.headers.get("Retry-After")
+            room[0] = 1 << 40
+            answered = await client.post("/translate", json={"q": "red cat runs", **ENG_SPA})
+            return refused, (answered.status, await answered.json())
+    try:
+        (status, body, retry), (ok_status, ok_body) = asyncio.run(go())
+    finally:
+        scheduler.stop()
+    assert status == 503 and retry == "1", body
+    assert re.fullmatch(r"the server's memory cannot hold this decoding now \(beam_size 4 for \d+ sentences?: "
+                        r"\d+ decoder rows of up to \d+ steps need \d+ KiB for their caches, more than the 16 KiB "
+                        r"its cgroup's memory limit allows\); retry later, or send fewer or shorter texts",
+                        body["error"]), body
+    assert ok_status == 200 and ok_body["translatedText"], ok_body
+
+
 # -- the scheduler no client can stop ------------------------------------------------------------------
 
 class Stub:

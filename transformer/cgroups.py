@@ -185,7 +185,9 @@ def usable_memory(proc=None):
 
 
 def size_text(n):
-    """Bytes as a message gives them: MiB below a GiB, GiB with one decimal from there."""
+    """Bytes as a message gives them: KiB below a MiB, MiB below a GiB, GiB with one decimal."""
+    if n < 2**20:
+        return f"{n / 2**10:,.0f} KiB"
     return f"{n / 2**20:,.0f} MiB" if n < 2**30 else f"{n / 2**30:,.1f} GiB"
 
 

@@ -28,7 +28,8 @@ Errors take LibreTranslate's form, {"error": "..."}, naming the field: 400 for a
 for a missing or wrong API key, 408 for a body slower than --body-timeout, 413 for a body over the
 limit, 421 for a Host a loopback server does not answer to (access.py), 429 (with Retry-After) when
 the queue is full or a limit a minute is passed (limits.py), 503 while the server stops
-(stopping.py: a request read after SIGTERM), 500 for a bug of ours: its body says only that, with
+(stopping.py: a request read after SIGTERM) and, with Retry-After, when a batch's caches would pass
+the memory the process may fill (capacity.py), 500 for a bug of ours: its body says only that, with
 an id, and the log has the traceback under that id. Whatever a client sends is a 4xx, never a 500.
 """
 import asyncio
@@ -273,6 +274,10 @@ class Server:
         except asyncio.CancelledError:
             self.scheduler.cancel(future)
             raise
+        except MemoryError as exc:      # a batch's caches past the memory (decoding/checks.py): not a bug
+            raise BadRequest(f"the server's memory cannot hold this decoding now ({' '.join(str(exc).split())}); "
+                             "retry later, or send fewer or shorter texts", 503,
+                             {"Retry-After": str(RETRY_AFTER_S)}) from None
 
     def _document(self, text, fmt, name, where="q"):
         """A text's Document, split by the rules of its model's source language. where: the
