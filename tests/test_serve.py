@@ -288,6 +288,56 @@ def test_the_scheduler_answers_each_text_with_its_offline_translation(model_dir,
         scheduler.stop()
 
 
+def test_under_a_memory_budget_waves_wait_for_room_and_every_answer_is_its_offline_translation(model_dir):
+    """A budget of about four sentences' caches and encoding (at beam 4): the waves the rows would
+    admit wait at the head of the queue until others finish; what the decoding holds (the streams'
+    caches, spares and prepared weights, the model's workspace) never passes the budget, and each
+    text still gets the offline translation of its own text."""
+    from transformer.streaming import DecodingStream, encoder_bytes, wave_bytes
+
+    served = load_models([model_dir], load=load_for_inference)
+    cfg = served["en-es"].model.cfg
+    one = wave_bytes(cfg, 1, 4, 10, 2 * 10 + 10, "fp32") + encoder_bytes(cfg, 1, 10)   # 10 tokens, beam 4
+    budget = 4 * one
+    scheduler = Scheduler(served, batch_size=16, memory=budget)
+    held = []
+    real_add = DecodingStream.add
+
+    def add(stream, *args, **kwargs):
+        waves = real_add(stream, *args, **kwargs)
+        held.append(scheduler.held())
+        return waves
+
+    texts = sentences(40, seed=21)
+    want = offline(model_dir, texts)
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(DecodingStream, "add", add)
+            futures = [scheduler.submit("en-es", [text], served["en-es"].options()) for text in texts]
+            got = [future.result(120) for future in futures]
+    finally:
+        scheduler.stop()
+    assert got == [[w] for w in want]
+    assert scheduler.memory_waits > 0 and held and max(held) <= budget, (scheduler.memory_waits, max(held), budget)
+
+
+def test_a_sentence_past_the_whole_budget_is_refused_alone(model_dir):
+    from transformer.serve.scheduler import TooLarge
+
+    served = load_models([model_dir], load=load_for_inference)
+    scheduler = Scheduler(served, memory=1024)
+    try:
+        with pytest.raises(TooLarge, match=r"^a sentence of \d+ tokens at beam 4 needs \d+ KiB for its decoding, "
+                                           r"more than the 1 KiB the server's decoding may hold$"):
+            scheduler.submit("en-es", ["red cat runs"], served["en-es"].options()).result(60)
+        # the thread goes on: with room, the next is answered
+        scheduler.memory = None
+        assert scheduler.submit("en-es", ["red cat runs"], served["en-es"].options()).result(60) == \
+            offline(model_dir, ["red cat runs"])
+    finally:
+        scheduler.stop()
+
+
 def _never_ending(model_dir):
     """The served models with EOS's logit pushed down: every sentence decodes to its length limit."""
     served = load_models([model_dir], load=load_for_inference)

@@ -206,6 +206,52 @@ def test_a_batch_past_the_memory_is_503_naming_it_and_the_server_goes_on(model_d
     assert ok_status == 200 and ok_body["translatedText"], ok_body
 
 
+def test_a_sentence_past_the_decodings_whole_memory_is_413_and_the_others_are_answered(model_dir):
+    from aiohttp.test_utils import TestClient, TestServer
+
+    app, scheduler = build(load_models([model_dir], load=load_for_inference), memory=48 << 10)
+
+    async def go():
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            long = await client.post("/translate", json={"q": " ".join(["red cat runs"] * 12), **ENG_SPA})
+            short = await client.post("/translate", json={"q": "red cat", **ENG_SPA})
+            return (long.status, await long.json()), (short.status, await short.json())
+    try:
+        (status, body), (ok_status, ok_body) = asyncio.run(go())
+    finally:
+        scheduler.stop()
+    assert status == 413 and re.fullmatch(r"a sentence of \d+ tokens at beam 4 needs \d+ KiB for its decoding, more "
+                                          r"than the 48 KiB the server's decoding may hold; send shorter texts, or a "
+                                          r"smaller beam", body["error"]), body
+    assert ok_status == 200 and ok_body["translatedText"], ok_body
+
+
+def test_the_decodings_memory_is_what_the_process_may_fill_less_what_it_holds(model_dir, monkeypatch):
+    from transformer import cgroups
+    from transformer.serve import capacity
+    from transformer.streaming import stream_row_bytes
+
+    served = load_models([model_dir], load=load_for_inference)
+    monkeypatch.setattr(cgroups, "usable_memory", lambda: (1 << 30, "cgroup"))
+    monkeypatch.setattr(capacity, "resident_memory", lambda: 300 << 20)
+    buffers = 256 * stream_row_bytes(served["en-es"].model.cfg)
+    assert capacity.decoding_budget(served, 256) == (1 << 30) - (300 << 20) - buffers
+    assert capacity.decoding_budget(served, 256, "batch") is None
+    app, scheduler = build(served, batch_size=64)
+    scheduler.stop()
+    assert scheduler.memory == (1 << 30) - (300 << 20) - buffers
+    monkeypatch.setattr(cgroups, "usable_memory", lambda: (None, None))
+    assert capacity.decoding_budget(served, 256) is None
+
+
+def test_the_resident_memory_is_the_kernels_vmrss():
+    from transformer.serve import capacity
+
+    with open("/proc/self/status") as f:
+        rss = int(next(line for line in f if line.startswith("VmRSS")).split()[1]) * 1024
+    assert abs(capacity.resident_memory() - rss) < 16 << 20 and rss > 0
+
+
 # -- the scheduler no client can stop ------------------------------------------------------------------
 
 class Stub:

@@ -6,7 +6,7 @@ import pytest
 
 import transformer as T
 from transformer import decoding
-from transformer.streaming import DecodingStream
+from transformer.streaming import DecodingStream, NoRoom, _nbytes, wave_bytes
 
 from test_decoding import MARIAN, make_model
 
@@ -159,6 +159,89 @@ def test_the_workspaces_kept_for_later_waves_stay_bounded():
     assert len(got) == 20
     sizes = [sum(a.nbytes for a in ws.values() if isinstance(a, np.ndarray)) for ws in stream._spare_workspaces]
     assert 1 <= len(sizes) <= 2 and sum(sizes) <= 2 * max(sizes)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("n, longest, beam", [(1, 3, 1), (1, 9, 4), (6, 9, 1), (6, 9, 3), (12, 20, 2)])
+def test_a_wave_is_admitted_as_no_less_than_its_workspace_holds(precision, n, longest, beam):
+    """The oracle: the arrays a wave's workspace holds once it is made (encoder output, caches,
+    step tables), against the bytes the stream admitted it as (wave_bytes)."""
+    model = make_model(seed=3, max_len=48)
+    rng = np.random.default_rng(n + longest + beam)
+    stream = DecodingStream(model, precision, rows=64)
+    waves = stream.add(_pieces(rng, model.cfg.src_vocab_size, n, longest), list(range(n)), beam=beam)
+    for wave in waves:
+        assert _nbytes(wave.workspace) <= wave.nbytes, (_nbytes(wave.workspace), wave.nbytes)
+    assert stream.held() == sum(wave.nbytes for wave in waves) + stream._prepared.nbytes()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_what_a_stream_holds_counts_what_numpy_gave_it(precision):
+    """The oracle: tracemalloc sees numpy's allocations. From before the stream is made to after
+    its waves have finished, it grew by its step buffers, its spare workspaces and its prepared
+    weights, which held() counts besides the buffers."""
+    import tracemalloc
+
+    from transformer.streaming import stream_row_bytes
+
+    model = make_model(seed=3, max_len=48)
+    model.params.freeze()
+    rng = np.random.default_rng(7)
+    workspace = model.ws.nbytes()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        stream = DecodingStream(model, precision, rows=64)
+        for n in (3, 8):
+            stream.add(_pieces(rng, model.cfg.src_vocab_size, n), list(range(n)), beam=2)
+        while stream.waves:
+            stream.run()
+        grew = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    counted = stream.held() + 64 * stream_row_bytes(model.cfg) + model.ws.nbytes() - workspace
+    assert stream._prepared.nbytes() > 0 and model.ws.nbytes() > workspace
+    assert grew - (64 << 10) <= counted <= grew, (grew, counted)      # and tens of KB of Python objects
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_encoding_a_wave_grows_the_models_workspace_by_no_more_than_encoder_bytes(wide, precision):
+    from transformer.streaming import encoder_bytes
+
+    rng = np.random.default_rng(11)
+    for n, longest in [(1, 4), (5, 12), (16, 30), (40, 45)]:
+        model = make_model(seed=3, max_len=64) if not wide else T.Seq2SeqTransformer(T.ModelConfig(
+            src_vocab_size=100, tgt_vocab_size=100, d_model=128, n_heads=2, d_ff=512, n_encoder_layers=3,
+            n_decoder_layers=3, max_len=64), seed=3)
+        stream = DecodingStream(model, precision, rows=256)
+        pieces = _pieces(rng, model.cfg.src_vocab_size, n, longest)
+        pieces[0] = pieces[0] + [5] * (longest - len(pieces[0]))        # the padded width is `longest`
+        stream.add(pieces, list(range(n)), beam=1)
+        assert 0 < model.ws.nbytes() <= encoder_bytes(model.cfg, n, longest), (n, longest)
+
+
+def test_a_wave_past_the_room_is_refused_before_anything_is_made_and_spares_give_way():
+    model = make_model(seed=3, max_len=48)
+    stream = DecodingStream(model, rows=64)
+    pieces = [[4, 5, 6, 7]] * 3
+    first, = stream.add(pieces, ["a", "b", "c"], beam=2)
+    with pytest.raises(NoRoom, match=r"^3 sentences at beam 2 would take \d+ KiB for their caches, more than the "
+                                     r"\d+ KiB left$") as refused:
+        stream.add(pieces, ["d", "e", "f"], beam=2, room=first.nbytes - 1)
+    need = refused.value.need          # its caches, and the encoder's bound past the workspace grown
+    assert need >= first.nbytes and len(stream.waves) == 1 and stream.rows_in_use() == 6
+    with pytest.raises(NoRoom):
+        stream.add(pieces, ["d", "e", "f"], beam=2, room=need - 1)
+    while stream.waves:
+        stream.run()
+    spare = sum(map(_nbytes, stream._spare_workspaces))
+    assert spare > 0 and stream.held() == spare + stream._prepared.nbytes()
+    # the spare workspace counts as room: it is let go when the wave needs it
+    again, = stream.add(pieces, ["g", "h", "i"], beam=2, room=need - spare)
+    assert stream._spare_workspaces == [] and stream.held() == again.nbytes + stream._prepared.nbytes()
+    with pytest.raises(NoRoom):
+        stream.add(pieces, ["j", "k", "l"], beam=2, room=0)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])

@@ -33,6 +33,16 @@ def dequantize(q, scale):
     return (q.astype(np.float32) * scale.astype(np.float32)[:, None]).astype(np.float32)
 
 
+def _nbytes(converted):
+    """Bytes of a converted entry: an array, a PackedMatrix (its data), or a tuple of them."""
+    if isinstance(converted, np.ndarray):
+        return converted.nbytes
+    if isinstance(converted, (tuple, list)):
+        return sum(map(_nbytes, converted))
+    data = getattr(converted, "data", None)
+    return data.nbytes if isinstance(data, np.ndarray) else 0
+
+
 class PreparedWeights:
     """{(precision, name, rows): converted matrix}, each with the fingerprint of its float32 source.
 
@@ -69,6 +79,10 @@ class PreparedWeights:
         if fresh and frozen is not None:
             self._entries[key] = held = (fingerprint, isa, held[2], frozen)
         return fingerprint, isa, held, fresh
+
+    def nbytes(self):
+        """Bytes its converted matrices hold (what decoding at a precision keeps beside the weights)."""
+        return sum(_nbytes(entry[2]) for entry in self._entries.values())
 
     def _keep(self, key, fingerprint, isa, converted):
         self._entries[key] = (fingerprint, isa, converted, self._frozen)

@@ -22,18 +22,48 @@ import time
 import numpy as np
 
 from . import _C
+from .cgroups import size_text
 from .data import collate
 from .decoding import (DecoderCache, _encode_once, _prepared, beam_args, greedy_args, step_groups)
+from .decoding.checks import row_bytes
+from .decoding.tuning import cache_dtype
 from .precision import check_precision
+
+
+class NoRoom(MemoryError):
+    """add(room=...) refused a wave whose workspaces would pass the room given: nothing was
+    allocated. need: the bytes it would take."""
+
+    def __init__(self, message, need):
+        super().__init__(message)
+        self.need = need
+
+
+def encoder_bytes(cfg, sentences, src_len):
+    """Bytes the model's own workspace may grow to for encoding `sentences` sources of `src_len`
+    positions (layers.Workspace keeps the largest shapes it has seen, per layer): at most
+    4 x d_ff + 12 x d_model + heads x src_len floats a token and encoder layer (measured 9 to 18
+    x d_model, tests/test_streaming.py), and a quarter more for the workspace's growth step."""
+    per_token = cfg.n_encoder_layers * (4 * cfg.d_ff + 12 * cfg.d_model + cfg.n_heads * src_len)
+    return 5 * sentences * src_len * per_token        # 4 bytes a float, x 1.25
+
+
+def wave_bytes(cfg, sentences, beam, src_len, steps, precision):
+    """Bytes a wave's workspace holds at most: each decoder row's (decoding.checks.row_bytes) and
+    each sentence's cached encoder keys and values at every decoder layer."""
+    cache = np.dtype(cache_dtype(precision)).itemsize
+    return sentences * beam * row_bytes(cfg, steps, precision) \
+        + sentences * src_len * 2 * cfg.n_decoder_layers * cfg.d_model * cache
 
 
 class Wave:
     """Sentences added together: their decoding loop (a DecoderLoop of the C side) and the tags
     the caller gave them."""
 
-    def __init__(self, loop, cache, workspace, tags):
+    def __init__(self, loop, cache, workspace, tags, nbytes=0):
         self.loop, self.cache, self.workspace, self.tags = loop, cache, workspace, tags
         self.delivered = np.zeros(len(tags), bool)
+        self.nbytes = nbytes            # wave_bytes: what it was admitted as
 
     @property
     def live(self):
@@ -92,24 +122,48 @@ class DecodingStream:
         """The rows the live waves take at their next step."""
         return sum(wave.loop.rows for wave in self.waves)
 
-    def add(self, pieces, tags, beam=1, max_len=None, no_repeat_ngram=0):
+    def held(self):
+        """Bytes its waves were admitted as (wave_bytes), its spare workspaces' and its prepared
+        weights' (converted for its precision by its first waves); not its step buffers."""
+        return sum(wave.nbytes for wave in self.waves) + sum(map(_nbytes, self._spare_workspaces)) \
+            + self._prepared.nbytes()
+
+    def add(self, pieces, tags, beam=1, max_len=None, no_repeat_ngram=0, room=None):
         """Start decoding `pieces` (source id lists); tags[i] comes back with piece i's tokens.
         beam 1: greedy decoding; else beam search of `beam` beams, with the model's generation
         settings as beam_search takes them; max_len and no_repeat_ngram as there. Returns the
         waves: one, or one per thread when the pieces are enough to split a step's rows across
         threads (step_groups; a wave is stepped whole by one thread, csrc/stream.h), the pieces
-        dealt to them in turn, as decoder_greedy deals sentences to its blocks."""
+        dealt to them in turn, as decoder_greedy deals sentences to its blocks.
+
+        room: None, or the bytes the new waves may take (wave_bytes, and what encoding them may
+        add to the model's workspace: encoder_bytes) besides what the stream holds (held) and the
+        model's workspace: the spare workspaces are let go to make room, and a wave past it raises
+        NoRoom before anything is allocated or encoded."""
         if len(tags) != len(pieces) or not pieces:
             raise ValueError(f"pieces and tags must be as many, at least one: got {len(pieces)} and {len(tags)}")
         need = len(pieces) * max(1, beam)
         if self.rows_in_use() + need > self.rows:
             raise ValueError(f"a wave of {need} rows does not fit: {self.rows_in_use()} of {self.rows} in use")
         parts = min(len(pieces), step_groups(self.model.cfg, self.precision, _C.get_num_threads(), need))
-        return [self._add([pieces[i] for i in range(k, len(pieces), parts)],
-                          [tags[i] for i in range(k, len(pieces), parts)], beam, max_len, no_repeat_ngram)
-                for k in range(parts)]
+        plans = [self._plan([pieces[i] for i in range(k, len(pieces), parts)], beam, max_len, no_repeat_ngram)
+                 for k in range(parts)]
+        if room is not None:
+            # its caches, and what encoding it may add to the model's workspace (shared by every
+            # wave, kept at its largest: counted by the caller's room once it holds it)
+            grown = max(encoder_bytes(self.model.cfg, plan[0].shape[0], plan[0].shape[1]) for plan in plans)
+            nbytes = sum(plan[-1] for plan in plans) + max(grown - self.model.ws.nbytes(), 0)
+            spares = sum(map(_nbytes, self._spare_workspaces))
+            if nbytes > room + spares:
+                raise NoRoom(f"{len(pieces)} sentence{'' if len(pieces) == 1 else 's'} at beam {beam} would take "
+                             f"{size_text(nbytes)} for their caches, more than the {size_text(max(room + spares, 0))} "
+                             "left", nbytes)
+            if nbytes > room:
+                self._spare_workspaces.clear()
+        return [self._start(plan, [tags[i] for i in range(k, len(pieces), parts)]) for k, plan in enumerate(plans)]
 
-    def _add(self, pieces, tags, beam, max_len, no_repeat_ngram):
+    def _plan(self, pieces, beam, max_len, no_repeat_ngram):
+        """The checked arguments of a wave of `pieces`, and the bytes it will hold (wave_bytes)."""
         model = self.model
         max_len, rules = model._generation_rules(max_len, None, None)
         src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), model.cfg.pad_id)[0]
@@ -124,6 +178,13 @@ class DecodingStream:
             src, limits, min_len, ngram, rules = greedy_args(model, src, max_len, 0, no_repeat_ngram,
                                                              rules["forced_eos"], rules["banned"])
             K, length_penalty = 1, 0.0
+        nbytes = wave_bytes(model.cfg, src.shape[0], K, src.shape[1], int(limits.max()), self.precision)
+        return src, K, limits, min_len, ngram, rules, length_penalty, nbytes
+
+    def _start(self, plan, tags):
+        """A wave of a plan (_plan): encoded, its caches made, live from the next run()."""
+        model = self.model
+        src, K, limits, min_len, ngram, rules, length_penalty, nbytes = plan
         workspace = self._spare_workspaces.pop() if self._spare_workspaces else {}
         workspace["prepared"] = self._prepared
         shared, src_pad = _encode_once(model, src, self.precision, workspace)
@@ -133,7 +194,7 @@ class DecodingStream:
                                        length_form=rules["length_form"], early_stopping=rules["early_stopping"])
         loop = cache._native.wave(limits, K, min_len=min_len, ngram=ngram, bos=cfg.bos_id, eos=cfg.eos_id,
                                   pad=cfg.pad_id, banned=rules["banned"], forced_eos=rules["forced_eos"], **extra)
-        wave = Wave(loop, cache, workspace, list(tags))
+        wave = Wave(loop, cache, workspace, list(tags), nbytes)
         self.waves.append(wave)
         return wave
 

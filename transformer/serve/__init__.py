@@ -85,19 +85,24 @@ def load_models(specs, beam=None, precision=None, max_len=None, no_repeat_ngram=
 
 def build(models, batch_tokens=4096, batch_size=64, max_queue=4096, char_limit=5000, max_texts=64,
           max_body=1 << 20, api_keys=None, batching="step", limits=None, access=None, stuck_after=60.0,
-          rates=None):
+          rates=None, memory="auto"):
     """(aiohttp application, scheduler) serving `models`. limits: a fields.Limits (in place of
     char_limit, max_texts, max_body); access: an access.Access (keys needed, CORS, Host names);
-    api_keys: a set of keys or a keys.Keys; rates: a limits.RateLimits (default: in memory)."""
+    api_keys: a set of keys or a keys.Keys; rates: a limits.RateLimits (default: in memory).
+    memory: the bytes the decoding's caches may hold at once ("auto": capacity.decoding_budget,
+    what the process may fill less what it holds; None: no bound)."""
     _aiohttp()
     from .app import Limits, Server
+    from .capacity import decoding_budget
     from .detect import Detector
     from .metrics import Metrics
-    from .scheduler import Scheduler
+    from .scheduler import Scheduler, max_rows
 
     metrics = Metrics()
+    if memory == "auto":
+        memory = decoding_budget(models, max_rows(models, batch_size), batching)
     scheduler = Scheduler(models, batch_tokens=batch_tokens, batch_size=batch_size, max_queue=max_queue,
-                          metrics=metrics, batching=batching, stuck_after=stuck_after)
+                          metrics=metrics, batching=batching, stuck_after=stuck_after, memory=memory)
     detector = Detector({served.source for served in models.values()})
     if len(detector.languages) > 1:     # source "auto" detects: its model loads now, not in a request
         detector.warm()

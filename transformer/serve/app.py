@@ -27,9 +27,10 @@ Handlers parse, validate and wait; the Scheduler owns the models. Endpoints:
 Errors take LibreTranslate's form, {"error": "..."}, naming the field: 400 for a bad request, 403
 for a missing or wrong API key, 408 for a body slower than --body-timeout, 413 for a body over the
 limit, 421 for a Host a loopback server does not answer to (access.py), 429 (with Retry-After) when
-the queue is full or a limit a minute is passed (limits.py), 503 while the server stops
-(stopping.py: a request read after SIGTERM) and, with Retry-After, when a batch's caches would pass
-the memory the process may fill (capacity.py), 500 for a bug of ours: its body says only that, with
+the queue is full or a limit a minute is passed (limits.py), 413 for a sentence whose decoding alone
+passes the memory the decoding may hold (capacity.py), 503 while the server stops (stopping.py: a
+request read after SIGTERM) and, with Retry-After, when a batch's caches would pass the memory the
+process may fill, 500 for a bug of ours: its body says only that, with
 an id, and the log has the traceback under that id. Whatever a client sends is a 4xx, never a 500.
 """
 import asyncio
@@ -53,7 +54,7 @@ from .keys import Keys
 from .limits import RateLimits, Refused
 from .markup import MarkupError
 from .pairs import Pairs
-from .scheduler import QueueFull, ShuttingDown, TooWide
+from .scheduler import QueueFull, ShuttingDown, TooLarge, TooWide
 from .stopping import STOPPING, Stopping
 
 __all__ = ["GUARD", "BadRequest", "Limits", "Server"]
@@ -274,6 +275,8 @@ class Server:
         except asyncio.CancelledError:
             self.scheduler.cancel(future)
             raise
+        except TooLarge as exc:         # one sentence past all the memory the decoding may hold
+            raise BadRequest(f"{exc}; send shorter texts, or a smaller beam", 413) from None
         except MemoryError as exc:      # a batch's caches past the memory (decoding/checks.py): not a bug
             raise BadRequest(f"the server's memory cannot hold this decoding now ({' '.join(str(exc).split())}); "
                              "retry later, or send fewer or shorter texts", 503,

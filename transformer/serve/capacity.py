@@ -6,8 +6,13 @@ batching, each model's stream holds step buffers for all of them from its first 
 container's limit (cgroups.usable_memory), would fail every request, so the server refuses to
 start and names the flag. Every row in flight at its longest (the model's max_len steps) would
 also hold its caches (decoding.checks.row_bytes): past the memory, the server starts and says so,
-since rows that long, all at once, are the exception.
+since rows that long, all at once, are the exception. What is left once the models are loaded and
+the buffers counted is the decoding's budget (decoding_budget): the scheduler admits a wave only
+into what is left of it (Scheduler.held, DecodingStream.add's room), and one past it waits for
+another to finish.
 """
+import os
+
 from .. import cgroups
 from ..decoding.checks import row_bytes
 from ..streaming import stream_row_bytes
@@ -33,3 +38,24 @@ def check_rows_memory(models, rows, batch_size, batching="step"):
                 f"would need {cgroups.size_text(longest)} for their caches and buffers, more than {room}: "
                 "enough requests that long at once could exhaust it; a smaller --batch-size bounds them")
     return None
+
+
+def resident_memory():
+    """Bytes this process holds in memory now (its resident set), or 0 where the system does not say."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def decoding_budget(models, rows, batching="step"):
+    """The bytes the waves' caches may hold at once (scheduler.Scheduler's memory): the memory this
+    process may fill, less what it holds now (the models loaded) and the streams' step buffers;
+    None where the memory is not known, or with batching "batch" (one batch at a time, checked
+    by the decoding itself)."""
+    total, _ = cgroups.usable_memory()
+    if total is None or batching != "step":
+        return None
+    buffers = sum(rows * stream_row_bytes(served.model.cfg) for served in models.values())
+    return max(total - resident_memory() - buffers, 0)

@@ -51,6 +51,8 @@ import logging
 import threading
 import time
 
+from ..cgroups import size_text
+from ..streaming import NoRoom
 from ..train import text_pieces
 
 BATCHING = ("step", "batch")
@@ -80,6 +82,10 @@ class ShuttingDown(RuntimeError):
 
 class TooWide(ValueError):
     """A beam wider than the decoder rows the server holds (HTTP 400, naming the limit)."""
+
+
+class TooLarge(MemoryError):
+    """A sentence whose decoding alone would pass the memory the server's waves may fill (HTTP 413)."""
 
 
 def _width(options):
@@ -138,12 +144,16 @@ class Scheduler:
     (or None)."""
 
     def __init__(self, models, batch_tokens=4096, batch_size=64, max_queue=4096, metrics=None, batching="step",
-                 stuck_after=60.0):
+                 stuck_after=60.0, memory=None):
         if batching not in BATCHING:
             raise ValueError(f"batching must be one of {', '.join(BATCHING)}, got {batching!r}")
         self.models, self.batching = models, batching
         self.batch_tokens, self.batch_size, self.max_queue = batch_tokens, batch_size, max_queue
         self.max_rows = max_rows(models, batch_size)
+        # "step": the bytes every stream's waves may hold at once (streaming.wave_bytes), or None:
+        # a wave past what is left waits for a wave to finish, a sentence past it all is refused
+        self.memory = memory
+        self.memory_waits = 0           # times a wave was put back to wait for memory
         self.metrics = metrics
         self._waiting = collections.deque()
         self._pending = []              # taken from the queue, not yet decoded (oldest first)
@@ -490,9 +500,13 @@ class Scheduler:
 
     def _start(self, stream, group, pieces):
         options = dict(group[1])
+        room = None if self.memory is None else self.memory - self.held()
         try:
             waves = stream.add([p.ids for p in pieces], pieces, beam=options["beam"], max_len=options["max_len"],
-                               no_repeat_ngram=options["no_repeat_ngram"])
+                               no_repeat_ngram=options["no_repeat_ngram"], room=room)
+        except NoRoom as exc:
+            self._no_room(stream, group, pieces, exc)
+            return
         except Exception as exc:        # a refused option: its requests hear it
             self._fail(pieces, exc)
             return
@@ -501,6 +515,30 @@ class Scheduler:
                 for slot, piece in enumerate(wave.tags):
                     piece.wave, piece.slot = wave, slot
                     self._decoding.add(piece)
+
+    def held(self):
+        """Bytes the decoding holds beyond the step buffers: every stream's (DecodingStream.held),
+        and each model's own workspace, which encoding its waves grew."""
+        models = {id(s.model): s.model for s in self._streams.values()}
+        return sum(s.held() for s in self._streams.values()) + sum(m.ws.nbytes() for m in models.values())
+
+    def _no_room(self, stream, group, pieces, exc):
+        """A wave past the memory left (--batch-size's rows, at their lengths): while other waves
+        decode, its pieces wait at the head of the queue for one to finish; with none, it is tried
+        in halves; a sentence alone past all of it is refused (TooLarge)."""
+        if any(s.waves for s in self._streams.values()):
+            self.memory_waits += 1
+            with self._condition:
+                self._pending[:0] = pieces
+            return
+        if len(pieces) > 1:
+            half = len(pieces) // 2
+            self._start(stream, group, pieces[:half])
+            self._start(stream, group, pieces[half:])
+            return
+        self._fail(pieces, TooLarge(f"a sentence of {len(pieces[0].ids)} tokens at beam {dict(group[1])['beam']} "
+                                    f"needs {size_text(exc.need)} for its decoding, more than the "
+                                    f"{size_text(self.memory)} the server's decoding may hold"))
 
     def _finish(self, piece, tokens):
         with self._condition:
