@@ -6,7 +6,7 @@ import pytest
 
 import transformer as T
 from transformer import decoding
-from transformer.streaming import DecodingStream, NoRoom, _nbytes, wave_bytes
+from transformer.streaming import DecodingStream, NoRoom, _nbytes
 
 from test_decoding import MARIAN, make_model
 
