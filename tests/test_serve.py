@@ -338,6 +338,37 @@ def test_a_sentence_past_the_whole_budget_is_refused_alone(model_dir):
         scheduler.stop()
 
 
+def test_another_streams_spare_workspaces_give_way_before_a_wave_is_refused(model_dir):
+    """Two streams of one model (int8 and fp32): the int8 wave leaves a spare workspace behind; an
+    fp32 sentence that fits only once that spare is let go is decoded, not refused."""
+    from transformer.streaming import DecodingStream, _nbytes, encoder_bytes
+
+    served = load_models([model_dir], load=load_for_inference)
+    scheduler = Scheduler(served)
+    text = ["red cat runs"]
+    try:
+        assert scheduler.submit("en-es", text, served["en-es"].options(precision="int8")).result(60) == \
+            offline_at(model_dir, text, "int8")
+        int8, = scheduler._streams.values()
+        spare = sum(map(_nbytes, int8._spare_workspaces))
+        assert spare > 0
+        probe = DecodingStream(served["en-es"].model, "fp32", rows=8)
+        ids = served["en-es"].src_tokenizer.encode(text[0])
+        plan = probe._plan([ids], 4, None, 0)
+        model = served["en-es"].model       # the fp32 stream's first wave: its prepared weights too
+        need = plan[-1] + encoder_bytes(model.cfg, 1, plan[0].shape[1]) + 4 * model.num_parameters()
+        scheduler.memory = scheduler.held() - spare + need
+        assert scheduler.submit("en-es", text, served["en-es"].options()).result(60) == offline(model_dir, text)
+        assert int8._spare_workspaces == []
+    finally:
+        scheduler.stop()
+
+
+def offline_at(model_dir, texts, precision):
+    model, src_tok, tgt_tok = load_for_inference(model_dir)
+    return translate_texts(model, src_tok, tgt_tok, texts, beam=4, precision=precision)
+
+
 def _never_ending(model_dir):
     """The served models with EOS's logit pushed down: every sentence decodes to its length limit."""
     served = load_models([model_dir], load=load_for_inference)

@@ -209,7 +209,9 @@ def test_a_batch_past_the_memory_is_503_naming_it_and_the_server_goes_on(model_d
 def test_a_sentence_past_the_decodings_whole_memory_is_413_and_the_others_are_answered(model_dir):
     from aiohttp.test_utils import TestClient, TestServer
 
-    app, scheduler = build(load_models([model_dir], load=load_for_inference), memory=48 << 10)
+    served = load_models([model_dir], load=load_for_inference)
+    # room for the prepared weights (at most 4 bytes a parameter) and 48 KiB of caches
+    app, scheduler = build(served, memory=4 * served["en-es"].model.num_parameters() + (48 << 10))
 
     async def go():
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
@@ -221,7 +223,7 @@ def test_a_sentence_past_the_decodings_whole_memory_is_413_and_the_others_are_an
     finally:
         scheduler.stop()
     assert status == 413 and re.fullmatch(r"a sentence of \d+ tokens at beam 4 needs \d+ KiB for its decoding, more "
-                                          r"than the 48 KiB the server's decoding may hold; send shorter texts, or a "
+                                          r"than the \d+ KiB the server's decoding may hold; send shorter texts, or a "
                                           r"smaller beam", body["error"]), body
     assert ok_status == 200 and ok_body["translatedText"], ok_body
 

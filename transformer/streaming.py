@@ -136,9 +136,9 @@ class DecodingStream:
         threads (step_groups; a wave is stepped whole by one thread, csrc/stream.h), the pieces
         dealt to them in turn, as decoder_greedy deals sentences to its blocks.
 
-        room: None, or the bytes the new waves may take (wave_bytes, and what encoding them may
-        add to the model's workspace: encoder_bytes) besides what the stream holds (held) and the
-        model's workspace: the spare workspaces are let go to make room, and a wave past it raises
+        room: None, or the bytes the new waves may take (wave_bytes; what encoding them may add to
+        the model's workspace, encoder_bytes; for the stream's first, its prepared weights, at most
+        4 bytes a parameter) besides what the stream holds (held) and the model's workspace: the spare workspaces are let go to make room, and a wave past it raises
         NoRoom before anything is allocated or encoded."""
         if len(tags) != len(pieces) or not pieces:
             raise ValueError(f"pieces and tags must be as many, at least one: got {len(pieces)} and {len(tags)}")
@@ -153,6 +153,8 @@ class DecodingStream:
             # wave, kept at its largest: counted by the caller's room once it holds it)
             grown = max(encoder_bytes(self.model.cfg, plan[0].shape[0], plan[0].shape[1]) for plan in plans)
             nbytes = sum(plan[-1] for plan in plans) + max(grown - self.model.ws.nbytes(), 0)
+            if not self._prepared.nbytes():     # the first wave prepares the weights for the precision
+                nbytes += 4 * self.model.num_parameters()
             spares = sum(map(_nbytes, self._spare_workspaces))
             if nbytes > room + spares:
                 raise NoRoom(f"{len(pieces)} sentence{'' if len(pieces) == 1 else 's'} at beam {beam} would take "

@@ -524,12 +524,19 @@ class Scheduler:
 
     def _no_room(self, stream, group, pieces, exc):
         """A wave past the memory left (--batch-size's rows, at their lengths): while other waves
-        decode, its pieces wait at the head of the queue for one to finish; with none, it is tried
-        in halves; a sentence alone past all of it is refused (TooLarge)."""
+        decode, its pieces wait at the head of the queue for one to finish; with none, the other
+        streams' spare workspaces are let go, then it is tried in halves; a sentence alone past
+        all of it is refused (TooLarge)."""
         if any(s.waves for s in self._streams.values()):
             self.memory_waits += 1
             with self._condition:
                 self._pending[:0] = pieces
+            return
+        spares = [s for s in self._streams.values() if s is not stream and s._spare_workspaces]
+        if spares:                      # other models' or precisions' spare workspaces go first
+            for other in spares:
+                other._spare_workspaces.clear()
+            self._start(stream, group, pieces)
             return
         if len(pieces) > 1:
             half = len(pieces) // 2
