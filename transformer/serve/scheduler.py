@@ -12,7 +12,8 @@ all requests wait in one queue. The thread decodes them in one of two ways:
   arrives during a long batch starts at the next step and is answered when it is done, not when
   the batch is. At most `batch_size` sentences and batch_size x 4 decoder rows (sentences x beam,
   as translate_texts bounds a batch) are in flight; a wave holds at most `batch_tokens` source
-  tokens (rows x longest x beam).
+  tokens (rows x longest x beam). With a memory budget (`memory`, serve/capacity.py), a wave is
+  admitted only into what is left of it, or waits for another wave to finish (_no_room).
 - "batch": batching between batches. The thread takes the oldest piece's group (model and
   options) and from it the oldest pieces that fit one batch (the same bounds), decodes that batch
   to its end, answers it, and takes the next: pieces that arrive meanwhile wait for it.
