@@ -138,8 +138,9 @@ class DecodingStream:
 
         room: None, or the bytes the new waves may take (wave_bytes; what encoding them may add to
         the model's workspace, encoder_bytes; for the stream's first, its prepared weights, at most
-        4 bytes a parameter) besides what the stream holds (held) and the model's workspace: the spare workspaces are let go to make room, and a wave past it raises
-        NoRoom before anything is allocated or encoded."""
+        4 bytes a parameter) besides what the stream holds (held) and the model's workspace: the
+        spare workspaces are let go to make room, and a wave past it raises NoRoom before anything
+        is allocated or encoded."""
         if len(tags) != len(pieces) or not pieces:
             raise ValueError(f"pieces and tags must be as many, at least one: got {len(pieces)} and {len(tags)}")
         need = len(pieces) * max(1, beam)
@@ -158,10 +159,10 @@ class DecodingStream:
             spares = sum(map(_nbytes, self._spare_workspaces))
             if nbytes > room + spares:
                 raise NoRoom(f"{len(pieces)} sentence{'' if len(pieces) == 1 else 's'} at beam {beam} would take "
-                             f"{size_text(nbytes)} for their caches, more than the {size_text(max(room + spares, 0))} "
-                             "left", nbytes)
+                             f"{size_text(nbytes)} for their decoding, more than the "
+                             f"{size_text(max(room + spares, 0))} left", nbytes)
             if nbytes > room:
-                self._spare_workspaces.clear()
+                self.let_spares_go()
         return [self._start(plan, [tags[i] for i in range(k, len(pieces), parts)]) for k, plan in enumerate(plans)]
 
     def _plan(self, pieces, beam, max_len, no_repeat_ngram):
@@ -222,6 +223,12 @@ class DecodingStream:
             self.waves.remove(wave)
             self._keep_spare(wave.workspace)
         return finished
+
+    def let_spares_go(self):
+        """Drop the workspaces kept for later waves; True if there were any."""
+        had = bool(self._spare_workspaces)
+        self._spare_workspaces.clear()
+        return had
 
     def _keep_spare(self, workspace):
         size = _nbytes(workspace)

@@ -18,6 +18,11 @@ from ..decoding.checks import row_bytes
 from ..streaming import stream_row_bytes
 
 
+def step_buffers(models, rows):
+    """Bytes of the step buffers each model's stream holds for `rows` rows, all models together."""
+    return sum(rows * stream_row_bytes(served.model.cfg) for served in models.values())
+
+
 def check_rows_memory(models, rows, batch_size, batching="step"):
     """MemoryError naming --batch-size when `rows` decoder rows of step buffers for every model
     pass the memory; else a warning (str) when those rows at their longest would, or None."""
@@ -25,8 +30,7 @@ def check_rows_memory(models, rows, batch_size, batching="step"):
     if total is None:
         return None
     room = cgroups.room_text(total, source)
-    buffers = sum(rows * stream_row_bytes(served.model.cfg) for served in models.values()) \
-        if batching == "step" else 0
+    buffers = step_buffers(models, rows) if batching == "step" else 0
     if buffers > total:
         each = "each model's stream" if len(models) > 1 else "the model's stream"
         raise MemoryError(f"--batch-size {batch_size}: {each} holds step buffers for {rows:,} decoder rows "
@@ -57,5 +61,4 @@ def decoding_budget(models, rows, batching="step"):
     total, _ = cgroups.usable_memory()
     if total is None or batching != "step":
         return None
-    buffers = sum(rows * stream_row_bytes(served.model.cfg) for served in models.values())
-    return max(total - resident_memory() - buffers, 0)
+    return max(total - resident_memory() - step_buffers(models, rows), 0)

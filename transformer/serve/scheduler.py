@@ -533,10 +533,8 @@ class Scheduler:
             with self._condition:
                 self._pending[:0] = pieces
             return
-        spares = [s for s in self._streams.values() if s is not stream and s._spare_workspaces]
-        if spares:                      # other models' or precisions' spare workspaces go first
-            for other in spares:
-                other._spare_workspaces.clear()
+        # other models' or precisions' spare workspaces go first (a list: every one is let go)
+        if any([s.let_spares_go() for s in self._streams.values() if s is not stream]):
             self._start(stream, group, pieces)
             return
         if len(pieces) > 1:
