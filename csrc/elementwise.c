@@ -606,7 +606,10 @@ void bias_act_forward(float *x, const float *bias, float *out, size_t N, size_t 
     if (tf_isa() >= TF_ISA_AVX512) fn = bias_act_rows_avx512;
     else if (tf_isa() >= TF_ISA_AVX2) fn = bias_act_rows_avx2;
 #endif
-    const int stream = ((uintptr_t)out & 3) == 0 && 3 * N * D * sizeof(float) > elementwise_stream_bytes();
+    /* out == x: the pre-activation's store and the activation's go to one address, in that order,
+     * which a non-temporal store (weakly ordered) would not keep */
+    const int stream = out != x && ((uintptr_t)out & 3) == 0
+                       && 3 * N * D * sizeof(float) > elementwise_stream_bytes();
     int team = tf_team((long)(N * D), act != TF_ACT_RELU ? GELU_GRAIN : COPY_GRAIN);
     if (team > (long)N) team = (int)N;
     #pragma omp parallel for schedule(static) num_threads(team)

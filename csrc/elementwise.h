@@ -31,7 +31,8 @@ void bias_add(float *x, const float *bias, size_t N, size_t D);
 /* dbias += sum over rows of dout (rows summed in a fixed order).  dout: [N, D]; dbias: [D]. */
 void bias_grad(const float *dout, float *dbias, size_t N, size_t D);
 
-/* x[i, :] += bias (x keeps the pre-activation); out = act(x).  x, out: [N, D]; bias: [D]. */
+/* x[i, :] += bias (x keeps the pre-activation); out = act(x).  x, out: [N, D]; bias: [D].  out may
+ * be x (x then holds act(x + bias): inference, where no backward reads the pre-activation). */
 void bias_act_forward(float *x, const float *bias, float *out, size_t N, size_t D, int act);
 /* dx = dout * act'(pre) (dx += ... when accumulate).  dout, pre, dx: [n]; dx may be dout when
  * not accumulating.  ReLU'(0) = 0. */

@@ -144,8 +144,9 @@ def bias_grad(dout, dbias):
 def bias_act_forward(x, bias, out, activation, reference=False):
     """Fused bias + activation: x += bias in place (x then holds the pre-activation, which
     act_backward needs), out = act(x). activation: 'relu' or 'gelu' (exact erf form, PyTorch's
-    default). x, out float32 [N, D]; bias [D]. out must not be x (nor overlap x or bias); bias must
-    not overlap x. GELU's SIMD paths are accurate to a few ulp (see csrc/elementwise.h).
+    default). x, out float32 [N, D]; bias [D]. out may be x itself (which then holds act(x + bias):
+    for inference, where no backward needs the pre-activation), but must not partially overlap x,
+    nor overlap bias; bias must not overlap x. GELU's SIMD paths are accurate to a few ulp (see csrc/elementwise.h).
     reference=True runs the naive one-thread C loop (double-precision libm GELU) instead."""
     cdef int act = _ew_activation(activation)
     _check_f32(x, "x", 2, True)
@@ -154,7 +155,7 @@ def bias_act_forward(x, bias, out, activation, reference=False):
     if bias.shape[0] != x.shape[1]:
         raise ValueError(f"bias must have shape [D] = ({x.shape[1]},), got {bias.shape}")
     _same_shape(x, "x", out, "out")
-    _ew_apart(out, "out", x, "x")
+    _ew_alias_or_apart(out, "out", x, "x")
     _ew_apart(out, "out", bias, "bias")
     _ew_apart(x, "x", bias, "bias")
     if x.size == 0:

@@ -629,6 +629,60 @@ def test_buffers_are_reused_across_batch_shapes():
     assert m.ws.nbytes() == size
 
 
+def _unshared_memory(m, src):
+    """The encoder's output with every layer on its own buffers, as a training pass keeps them."""
+    from transformer.model import _padding_mask
+    B, S = src.shape
+    m.ws.reset(("each layer its own", B, S))
+    return m.encoder.forward(m.src_embed.forward(src), B, S, _padding_mask(src, m.cfg.pad_id)).reshape(B, S, -1).copy()
+
+
+@pytest.mark.parametrize("norm_first, norm", [(False, "layer"), (True, "layer"), (False, "scale")])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "int8"])
+def test_inference_on_one_layers_buffers_gives_the_bits_of_a_buffer_set_a_layer(norm_first, norm, precision):
+    # encode and forward share one layer's buffers across a stack (Workspace.share_layers): each
+    # layer must have read its input before it writes the buffer that input is in
+    c = cfg(n_encoder_layers=3, n_decoder_layers=3, norm_first=norm_first, norm=norm, dropout=0.0)
+    m = T.Seq2SeqTransformer(c, seed=4)
+    src, tgt_in, _ = batch(c, B=4, S=9, Tt=7)
+    logits, _ = m.forward(src, tgt_in, return_attention=True, precision=precision)   # a buffer set a layer
+    np.testing.assert_array_equal(m.forward(src, tgt_in, precision=precision), logits)
+    if precision == "fp32":
+        np.testing.assert_array_equal(m.encode(src), _unshared_memory(m, src))
+
+
+def test_inference_holds_one_layers_buffers_whatever_the_depth():
+    sizes = {}
+    for layers in (1, 4):
+        c = cfg(n_encoder_layers=layers, n_decoder_layers=layers, dropout=0.0)
+        src, tgt_in, _ = batch(c, B=5, S=11, Tt=9)
+        m = T.Seq2SeqTransformer(c, seed=0)
+        m.encode(src)
+        encoded = m.ws.nbytes()
+        m.forward(src, tgt_in)
+        sizes[layers] = encoded, m.ws.nbytes()
+        m.loss_and_grads(src, tgt_in, tgt_in)
+        sizes[layers] += (m.ws.nbytes(),)
+    assert sizes[4][:2] == sizes[1][:2], sizes
+    assert sizes[4][2] > 2 * sizes[1][2], sizes     # training keeps every layer's
+
+
+def test_training_after_inference_gets_the_gradients_of_a_fresh_model():
+    # the shared buffers and the views made without gradient buffers must not reach training
+    c = cfg(n_encoder_layers=3, n_decoder_layers=3)
+    src, tgt_in, tgt_out = batch(c)
+    fresh = T.Seq2SeqTransformer(c, seed=2)
+    loss, grads = fresh.loss_and_grads(src, tgt_in, tgt_out)
+    m = T.Seq2SeqTransformer(c, seed=2)
+    m.encode(src)
+    m.forward(src, tgt_in)
+    again, after = m.loss_and_grads(src, tgt_in, tgt_out)
+    assert again == loss
+    for name in grads:
+        np.testing.assert_array_equal(after[name], grads[name], err_msg=name)
+    np.testing.assert_array_equal(m.forward(src, tgt_in), fresh.forward(src, tgt_in))
+
+
 def test_concurrent_calls_from_python_threads_are_serialised():
     """The kernels release the GIL and the model's buffers are shared: a lock keeps two Python
     threads calling one model from corrupting each other's results."""

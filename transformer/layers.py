@@ -43,10 +43,18 @@ class Workspace:
     Each (owner, name) keeps one flat backing array that only grows; a batch shape gets
     C-contiguous views into its first elements. So a trainer whose batch shapes vary from step to
     step (length-bucketed batches) allocates, and page-faults, only until the largest shape has
-    been seen, and memory stays bounded by that largest shape."""
+    been seen, and memory stays bounded by that largest shape.
+
+    An inference call (`reset(key, inference=True)`: no backward follows) keeps nothing for a
+    backward pass: each layer of a stack reads its input and writes its own buffers in turn, so
+    the owners `share_layers` maps to a stand-in (the same part of the stack's first layer) use
+    the stand-in's buffers, and a stack of N layers holds one layer's, not N (base, 6 encoder
+    layers at fp32: 22 x d_model floats a source token, from 107-113)."""
 
     def __init__(self):
         self.key = None
+        self.inference = False    # the call in progress has no backward (reset's inference)
+        self._stand_in = {}       # id(owner) -> the owner whose buffers it uses at inference
         self.generation = 0   # bumped on every new shape: layers re-make their cached views
         self.bf16 = False     # the call in progress: linear maps on bf16 operands (precision="bf16")
         self.bf16_attention = False   # and the attention products too (training, forward)
@@ -56,7 +64,20 @@ class Workspace:
         self._backing = {}
         self._views = {}
 
-    def reset(self, key):
+    def share_layers(self, layers):
+        """At inference, each layer's buffer owners (its `owners()`, position by position) use
+        those of layers[0]."""
+        first = layers[0].owners()
+        for layer in layers[1:]:
+            owners = layer.owners()
+            assert len(owners) == len(first)
+            for owner, stand_in in zip(owners, first):
+                self._stand_in[id(owner)] = stand_in
+
+    def reset(self, key, inference=False):
+        """A call of batch shape `key` begins; inference: no backward follows it."""
+        self.inference = inference
+        key = (key, inference)
         if key != self.key:
             self._views = {}
             self.key = key
@@ -75,6 +96,8 @@ class Workspace:
         return v
 
     def persistent(self, owner, name, shape):
+        if self.inference:
+            owner = self._stand_in.get(id(owner), owner)
         return self._get((id(owner), name), shape)
 
     def scratch(self, name, shape):
@@ -390,34 +413,41 @@ class MultiHeadAttention:
             kv5 = self.kv.reshape(B, Tk, 2, H, dh)
             self.k4 = kv5[:, :, 0].transpose(0, 2, 1, 3)
             self.v4 = kv5[:, :, 1].transpose(0, 2, 1, 3)
-            self.dq = ws.scratch("attn.dq", (B * Tq, D))
-            self.dkv = ws.scratch("attn.dkv", (B * Tk, 2 * D))
-            self.dq4 = self.dq.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
-            dkv5 = self.dkv.reshape(B, Tk, 2, H, dh)
-            self.dk4 = dkv5[:, :, 0].transpose(0, 2, 1, 3)
-            self.dv4 = dkv5[:, :, 1].transpose(0, 2, 1, 3)
-            # the fused kernel's views: rows of heads side by side
-            self.q2, self.k2, self.v2 = self.q, self.kv[:, :D], self.kv[:, D:]
-            self.dq2, self.dk2, self.dv2 = self.dq, self.dkv[:, :D], self.dkv[:, D:]
+            self.q2, self.k2, self.v2 = self.q, self.kv[:, :D], self.kv[:, D:]   # the fused kernel's views
         else:
             self.qkv = ws.persistent(self, "qkv", (B * Tq, 3 * D))
             qkv5 = self.qkv.reshape(B, Tq, 3, H, dh)
             self.q4 = qkv5[:, :, 0].transpose(0, 2, 1, 3)
             self.k4 = qkv5[:, :, 1].transpose(0, 2, 1, 3)
             self.v4 = qkv5[:, :, 2].transpose(0, 2, 1, 3)
-            self.dqkv = ws.scratch("attn.dqkv", (B * Tq, 3 * D))
-            dqkv5 = self.dqkv.reshape(B, Tq, 3, H, dh)
-            self.dq4 = dqkv5[:, :, 0].transpose(0, 2, 1, 3)
-            self.dk4 = dqkv5[:, :, 1].transpose(0, 2, 1, 3)
-            self.dv4 = dqkv5[:, :, 2].transpose(0, 2, 1, 3)
             self.q2, self.k2, self.v2 = self.qkv[:, :D], self.qkv[:, D:2 * D], self.qkv[:, 2 * D:]
-            self.dq2, self.dk2, self.dv2 = self.dqkv[:, :D], self.dqkv[:, D:2 * D], self.dqkv[:, 2 * D:]
         # softmax probabilities, written over the raw scores (backward needs only the probs)
         self.probs = ws.persistent(self, "probs", (B, H, Tq, Tk))
         # the context is written head by head straight into [B, T, H, dh] = [N, D]: the concat of 3.2.2
         self.ctx = ws.persistent(self, "ctx", (B * Tq, D))
         self.ctx4 = self.ctx.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
         self.out = ws.scratch("attn.out", (B * Tq, D))   # consumed by the caller at once
+        if not ws.inference:
+            self._setup_gradients(B, Tq, Tk)
+
+    def _setup_gradients(self, B, Tq, Tk):
+        """The gradient buffers and views of backward (not made for an inference call)."""
+        ws, H, dh, D = self.ws, self.n_heads, self.d_head, self.d_model
+        if self.cross:
+            self.dq = ws.scratch("attn.dq", (B * Tq, D))
+            self.dkv = ws.scratch("attn.dkv", (B * Tk, 2 * D))
+            self.dq4 = self.dq.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
+            dkv5 = self.dkv.reshape(B, Tk, 2, H, dh)
+            self.dk4 = dkv5[:, :, 0].transpose(0, 2, 1, 3)
+            self.dv4 = dkv5[:, :, 1].transpose(0, 2, 1, 3)
+            self.dq2, self.dk2, self.dv2 = self.dq, self.dkv[:, :D], self.dkv[:, D:]
+        else:
+            self.dqkv = ws.scratch("attn.dqkv", (B * Tq, 3 * D))
+            dqkv5 = self.dqkv.reshape(B, Tq, 3, H, dh)
+            self.dq4 = dqkv5[:, :, 0].transpose(0, 2, 1, 3)
+            self.dk4 = dqkv5[:, :, 1].transpose(0, 2, 1, 3)
+            self.dv4 = dqkv5[:, :, 2].transpose(0, 2, 1, 3)
+            self.dq2, self.dk2, self.dv2 = self.dqkv[:, :D], self.dqkv[:, D:2 * D], self.dqkv[:, 2 * D:]
         self.dctx = ws.scratch("attn.dctx", (B * Tq, D))
         self.dctx4 = self.dctx.reshape(B, Tq, H, dh).transpose(0, 2, 1, 3)
 
@@ -506,7 +536,8 @@ class FeedForward:
         n = x.shape[0]
         ws = self.ws
         self.pre = ws.persistent(self, "pre", (n, self.d_ff))     # x W1ᵀ + b1 (act_backward needs it)
-        self.hidden = ws.persistent(self, "hidden", (n, self.d_ff))
+        # at inference nothing needs the pre-activation: the activation overwrites it
+        self.hidden = self.pre if ws.inference else ws.persistent(self, "hidden", (n, self.d_ff))
         out = ws.scratch("ffn.out", (n, self.d_model))     # consumed by the caller at once
         self.x = x
         self.linear1.matmul(x, self.pre)
@@ -619,6 +650,10 @@ class EncoderLayer:
         self.norm_first = cfg.norm_first
         self.ws = ws
 
+    def owners(self):
+        """What holds this layer's buffers in the workspace (Workspace.share_layers)."""
+        return [self, self.self_attn, self.feed_forward, self.norm1, self.norm2]
+
     def forward(self, x, B, S, src_pad):
         # x [B*S, D] -> [B*S, D]
         ws = self.ws
@@ -699,6 +734,10 @@ class DecoderLayer:
         self.dropout3 = Dropout(p, stream)
         self.norm_first = cfg.norm_first
         self.ws = ws
+
+    def owners(self):
+        """As EncoderLayer.owners."""
+        return [self, self.self_attn, self.cross_attn, self.feed_forward, self.norm1, self.norm2, self.norm3]
 
     def forward(self, y, memory, B, T, S, tgt_pad, src_pad, causal=True):
         # y [B*T, D], memory [B*S, D] -> [B*T, D]; causal=False lets position i see every target

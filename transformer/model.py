@@ -151,6 +151,9 @@ class Seq2SeqTransformer:
             [DecoderLayer(P, G, f"transformer.decoder.layers.{i}", cfg, self.stream, self.ws)
              for i in range(cfg.n_decoder_layers)],
             self._norm("transformer.decoder.norm") if cfg.final_norm else None)
+        for stack in (self.encoder.layers, self.decoder.layers):
+            if stack:
+                self.ws.share_layers(stack)
         self.generator = Linear(tensor("generator.weight"), P["generator.bias"],
                                 gradient("generator.weight"), G["generator.bias"], self.ws, "generator.weight")
         # the stream's last site, so that every other site keeps the offset it had before it existed
@@ -254,7 +257,7 @@ class Seq2SeqTransformer:
             prepared = PreparedWeights(self._int8_seed)
         with self._lock:
             self.stream.training = False
-            self.ws.reset((B, S, 0))
+            self.ws.reset((B, S, 0), inference=True)
             self.ws.bf16 = precision == "bf16"
             self.ws.int8 = prepared if precision == "int8" else None
             try:
@@ -358,7 +361,7 @@ class Seq2SeqTransformer:
                 tables = None if prepared is None else tuple(
                     prepared.table(precision, f"{name}.weight", embed.table)
                     for name, embed in (("src_embed", self.src_embed), ("tgt_embed", self.tgt_embed)))
-                h = self._encode_decode(src, tgt_in, tables)
+                h = self._encode_decode(src, tgt_in, tables, inference=not return_attention)
                 generator = int8_generator(self.cfg)
                 if prepared is not None and generator != "int8":
                     self.ws.int8, self.ws.bf16 = None, generator == "bf16"
@@ -449,11 +452,13 @@ class Seq2SeqTransformer:
                 self.ws.bf16 = self.ws.bf16_attention = False
         return loss
 
-    def _encode_decode(self, src, tgt_in, tables=None):
-        """tables: (source, target) embedding tables to read instead of the parameters, or None."""
+    def _encode_decode(self, src, tgt_in, tables=None, inference=False):
+        """tables: (source, target) embedding tables to read instead of the parameters, or None;
+        inference: no backward follows (the layers of each stack share their buffers, so a layer's
+        attention weights are gone once the next has run)."""
         B, S = src.shape
         T = tgt_in.shape[1]
-        self.ws.reset((B, S, T))
+        self.ws.reset((B, S, T), inference)
         pad = self.cfg.pad_id
         src_pad = _padding_mask(src, pad)
         tgt_pad = _target_padding_mask(tgt_in, self.cfg)

@@ -41,10 +41,12 @@ class NoRoom(MemoryError):
 
 def encoder_bytes(cfg, sentences, src_len):
     """Bytes the model's own workspace may grow to for encoding `sentences` sources of `src_len`
-    positions (layers.Workspace keeps the largest shapes it has seen, per layer): at most
-    4 x d_ff + 12 x d_model + heads x src_len floats a token and encoder layer (measured 9 to 18
-    x d_model, tests/test_streaming.py), and a quarter more for the workspace's growth step."""
-    per_token = cfg.n_encoder_layers * (4 * cfg.d_ff + 12 * cfg.d_model + cfg.n_heads * src_len)
+    positions (layers.Workspace keeps the largest shapes it has seen; at inference the encoder's
+    layers share one layer's buffers): d_ff + 13 x d_model + heads x src_len + 8 floats a token,
+    whatever the number of layers (the embedding's output, a layer's activations, attention
+    weights and temporaries, the final norm's output; tests/test_streaming.py), and a quarter
+    more for the workspace's growth step."""
+    per_token = cfg.d_ff + 13 * cfg.d_model + cfg.n_heads * src_len + 8
     return 5 * sentences * src_len * per_token        # 4 bytes a float, x 1.25
 
 
