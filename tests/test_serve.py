@@ -338,10 +338,127 @@ def test_a_sentence_past_the_whole_budget_is_refused_alone(model_dir):
         scheduler.stop()
 
 
+def test_n_best_batches_are_admitted_by_memory_and_each_answer_is_its_own_sentences(model_dir):
+    """A budget of the prepared weights and about three sentences' n-best decoding, eight
+    sentences with alternatives among beam-4 requests: the n-best batch is cut to what fits,
+    waits while waves decode, and what its workspace holds never passes what it was admitted
+    as; what the decoding holds, its arrays counted one by one, never passes the budget; every
+    answer is its sentence's alone."""
+    from transformer.streaming import DecodingStream, encoder_bytes, plan_wave, workspace_bytes
+
+    served = load_models([model_dir], load=load_for_inference)
+    model, tokenizer = served["en-es"].model, served["en-es"].src_tokenizer
+    texts, others = sentences(8, seed=23), sentences(8, seed=24)
+    options = served["en-es"].options(alternatives=3)
+    chosen = dict(options)
+    longest = max((tokenizer.encode(text) for text in texts), key=len)
+    one = plan_wave(model, "fp32", [longest], 4, chosen["max_len"], chosen["no_repeat_ngram"])
+    budget = 2 * 4 * model.num_parameters() + 3 * (one[-1] + encoder_bytes(model.cfg, 1, one[0].shape[1]))
+    scheduler = Scheduler(served, batch_size=16, memory=budget)
+    sizes, held, past = [], [], []
+    real_steps, real_add = served["en-es"].alternatives_steps, DecodingStream.add
+
+    def arrays():
+        total = model.ws.nbytes()
+        for stream in scheduler._streams.values():
+            total += sum(workspace_bytes(wave.workspace) for wave in stream.waves) + stream._prepared.nbytes() + \
+                sum(map(workspace_bytes, stream._spare_workspaces))
+        for workspace in scheduler._alternatives_workspaces.values():
+            total += workspace_bytes(workspace) + workspace["prepared"].nbytes()
+        return total
+
+    def counted(pieces, **kwargs):
+        sizes.append(len(pieces))
+        steps = real_steps(pieces, **kwargs)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as end:
+                return end.value
+            held.append(arrays())
+            kept, admitted = workspace_bytes(scheduler._alternatives_workspaces["en-es"]), scheduler._alternatives.nbytes
+            if kept > admitted:
+                past.append((kept, admitted))
+            yield
+
+    def add(stream, *args, **kwargs):
+        waves = real_add(stream, *args, **kwargs)
+        held.append(arrays())
+        return waves
+
+    served["en-es"].alternatives_steps = counted
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(DecodingStream, "add", add)
+            wide = scheduler.submit("en-es", texts, options, join=list)
+            rest = [scheduler.submit("en-es", [text], served["en-es"].options()) for text in others]
+            answers = wide.result(120)
+            got = [future.result(120) for future in rest]
+    finally:
+        scheduler.stop()
+    alone = [served["en-es"].decode([tokenizer.encode(text)], **chosen)[0] for text in texts]
+    assert answers == [[hyps] for hyps in alone]
+    assert got == [[w] for w in offline(model_dir, others)]
+    assert sum(sizes) == len(texts) and max(sizes) < len(texts), sizes
+    assert not past, past
+    assert held and max(held) <= budget, (max(held), budget)
+
+
+def test_a_wave_waits_for_the_memory_a_running_n_best_batch_holds(model_dir):
+    """Room for an n-best batch or a beam-4 wave, not both: the wave sent during the batch waits
+    for it to end (its workspace is then let go for the wave), and both answers are their own."""
+    from transformer.streaming import encoder_bytes, plan_wave
+
+    served = _never_ending(model_dir)       # every sentence decodes to its limit: the batch takes 32 steps
+    model, tokenizer = served["en-es"].model, served["en-es"].src_tokenizer
+    wide_options = served["en-es"].options(alternatives=3, max_len=32)
+    texts = sentences(2, seed=25)
+    wide = plan_wave(model, "fp32", [tokenizer.encode(text) for text in texts], 4, 32, 0)
+    # what the batch is admitted as (at fp32 its prepared weights stay empty: the wave's first
+    # 4 bytes a parameter are left for its own); the wave, half the batch's rows, fits only without it
+    budget = 4 * model.num_parameters() + wide[-1] + encoder_bytes(model.cfg, 2, wide[0].shape[1])
+    scheduler = Scheduler(served, memory=budget)
+    done = []
+    try:
+        batch = scheduler.submit("en-es", texts, wide_options, join=list)
+        batch.add_done_callback(lambda _: done.append("alternatives"))
+        deadline = time.monotonic() + 30
+        while scheduler._alternatives is None or scheduler._alternatives.steps is None or not model.ws.nbytes():
+            assert time.monotonic() < deadline
+            time.sleep(0.0005)
+        wave = scheduler.submit("en-es", texts[:1], served["en-es"].options(max_len=32))
+        wave.add_done_callback(lambda _: done.append("wave"))
+        got, answers = wave.result(60), batch.result(60)
+    finally:
+        scheduler.stop(5)
+    assert done == ["alternatives", "wave"] and scheduler.memory_waits > 0, (done, scheduler.memory_waits)
+    assert got == translate_texts(model, tokenizer, served["en-es"].tgt_tokenizer, texts[:1], beam=4, max_len=32)
+    chosen = dict(wide_options)
+    assert answers == [[served["en-es"].decode([tokenizer.encode(text)], **chosen)[0]] for text in texts]
+    assert scheduler._alternatives_workspaces == {}
+
+
+def test_an_n_best_sentence_past_the_whole_budget_is_refused_alone(model_dir):
+    from transformer.serve.scheduler import TooLarge
+
+    served = load_models([model_dir], load=load_for_inference)
+    scheduler = Scheduler(served, memory=1024)
+    options = served["en-es"].options(alternatives=3)
+    try:
+        with pytest.raises(TooLarge, match=r"^a sentence of \d+ tokens at beam 4 needs [\d.]+ [KM]iB for its decoding, "
+                                           r"more than the 1 KiB the server's decoding may hold$"):
+            scheduler.submit("en-es", ["red cat runs"], options).result(60)
+        scheduler.memory = None     # the thread goes on
+        assert scheduler.submit("en-es", ["red cat runs"], options, join=list).result(60) == \
+            [[served["en-es"].decode([served["en-es"].src_tokenizer.encode("red cat runs")], **dict(options))[0]]]
+    finally:
+        scheduler.stop()
+
+
 def test_another_streams_spare_workspaces_give_way_before_a_wave_is_refused(model_dir):
     """Two streams of one model (int8 and fp32): the int8 wave leaves a spare workspace behind; an
     fp32 sentence that fits only once that spare is let go is decoded, not refused."""
-    from transformer.streaming import DecodingStream, _nbytes, encoder_bytes
+    from transformer.streaming import workspace_bytes, encoder_bytes, plan_wave
 
     served = load_models([model_dir], load=load_for_inference)
     scheduler = Scheduler(served)
@@ -350,12 +467,12 @@ def test_another_streams_spare_workspaces_give_way_before_a_wave_is_refused(mode
         assert scheduler.submit("en-es", text, served["en-es"].options(precision="int8")).result(60) == \
             offline_at(model_dir, text, "int8")
         int8, = scheduler._streams.values()
-        spare = sum(map(_nbytes, int8._spare_workspaces))
+        spare = sum(map(workspace_bytes, int8._spare_workspaces))
         assert spare > 0
-        probe = DecodingStream(served["en-es"].model, "fp32", rows=8)
         ids = served["en-es"].src_tokenizer.encode(text[0])
-        plan = probe._plan([ids], 4, None, 0)
-        model = served["en-es"].model       # the fp32 stream's first wave: its prepared weights too
+        model = served["en-es"].model
+        plan = plan_wave(model, "fp32", [ids], 4, None, 0)
+        # the fp32 stream's first wave: its prepared weights too
         need = plan[-1] + encoder_bytes(model.cfg, 1, plan[0].shape[1]) + 4 * model.num_parameters()
         scheduler.memory = scheduler.held() - spare + need
         assert scheduler.submit("en-es", text, served["en-es"].options()).result(60) == offline(model_dir, text)

@@ -6,7 +6,7 @@ import pytest
 
 import transformer as T
 from transformer import decoding
-from transformer.streaming import DecodingStream, NoRoom, _nbytes
+from transformer.streaming import DecodingStream, NoRoom, workspace_bytes
 
 from test_decoding import MARIAN, make_model
 
@@ -171,7 +171,7 @@ def test_a_wave_is_admitted_as_no_less_than_its_workspace_holds(precision, n, lo
     stream = DecodingStream(model, precision, rows=64)
     waves = stream.add(_pieces(rng, model.cfg.src_vocab_size, n, longest), list(range(n)), beam=beam)
     for wave in waves:
-        assert _nbytes(wave.workspace) <= wave.nbytes, (_nbytes(wave.workspace), wave.nbytes)
+        assert workspace_bytes(wave.workspace) <= wave.nbytes, (workspace_bytes(wave.workspace), wave.nbytes)
     assert stream.held() == sum(wave.nbytes for wave in waves) + stream._prepared.nbytes()
 
 
@@ -201,7 +201,7 @@ def test_what_a_stream_holds_counts_what_numpy_gave_it(precision):
         grew = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
-    parts = [stream._prepared.nbytes(), sum(map(_nbytes, stream._spare_workspaces)), model.ws.nbytes() - workspace,
+    parts = [stream._prepared.nbytes(), sum(map(workspace_bytes, stream._spare_workspaces)), model.ws.nbytes() - workspace,
              256 * stream_row_bytes(model.cfg)]
     assert min(parts) > 256 << 10, parts
     counted = stream.held() + parts[2] + parts[3]
@@ -239,7 +239,7 @@ def test_a_wave_past_the_room_is_refused_before_anything_is_made_and_spares_give
         stream.add(pieces, ["d", "e", "f"], beam=2, room=need - 1)
     while stream.waves:
         stream.run()
-    spare = sum(map(_nbytes, stream._spare_workspaces))
+    spare = sum(map(workspace_bytes, stream._spare_workspaces))
     assert spare > 0 and stream.held() == spare + stream._prepared.nbytes()
     # the spare workspace counts as room: it is let go when the wave needs it
     again, = stream.add(pieces, ["g", "h", "i"], beam=2, room=need - spare)

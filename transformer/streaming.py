@@ -58,6 +58,36 @@ def wave_bytes(cfg, sentences, beam, src_len, steps, precision):
         + sentences * src_len * 2 * cfg.n_decoder_layers * cfg.d_model * cache
 
 
+def plan_wave(model, precision, pieces, beam, max_len, no_repeat_ngram):
+    """The checked arguments of a wave of `pieces` (source id lists) decoded at `beam` (1: greedy)
+    with the model's generation settings, and the bytes it will hold (wave_bytes), last."""
+    max_len, rules = model._generation_rules(max_len, None, None)
+    src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), model.cfg.pad_id)[0]
+    if beam > 1:
+        options = model._beam_options(beam, None, None, None)
+        src, K, limits, min_len, ngram, rules = beam_args(
+            model, src, options["beam_size"], max_len, options["length_penalty"], 0, no_repeat_ngram,
+            precision, rules["forced_eos"], rules["banned"], options["renormalize"],
+            options["length_form"], options["early_stopping"])
+        length_penalty = options["length_penalty"]
+    else:
+        src, limits, min_len, ngram, rules = greedy_args(model, src, max_len, 0, no_repeat_ngram,
+                                                         rules["forced_eos"], rules["banned"])
+        K, length_penalty = 1, 0.0
+    nbytes = wave_bytes(model.cfg, src.shape[0], K, src.shape[1], int(limits.max()), precision)
+    return src, K, limits, min_len, ngram, rules, length_penalty, nbytes
+
+
+def starting_bytes(model, plans, prepared):
+    """What starting the waves of `plans` (plan_wave) adds besides their own bytes: what encoding
+    the widest may add to the model's workspace (shared by every wave, kept at its largest: the
+    caller counts it once it holds it), and when `prepared` (their PreparedWeights, or None) holds
+    nothing yet, the weights they will prepare for their precision, at most 4 bytes a parameter."""
+    grown = max(encoder_bytes(model.cfg, plan[0].shape[0], plan[0].shape[1]) for plan in plans)
+    first = 0 if prepared is not None and prepared.nbytes() else 4 * model.num_parameters()
+    return max(grown - model.ws.nbytes(), 0) + first
+
+
 class Wave:
     """Sentences added together: their decoding loop (a DecoderLoop of the C side) and the tags
     the caller gave them."""
@@ -127,7 +157,7 @@ class DecodingStream:
     def held(self):
         """Bytes its waves were admitted as (wave_bytes), its spare workspaces' and its prepared
         weights' (converted for its precision by its first waves); not its step buffers."""
-        return sum(wave.nbytes for wave in self.waves) + sum(map(_nbytes, self._spare_workspaces)) \
+        return sum(wave.nbytes for wave in self.waves) + sum(map(workspace_bytes, self._spare_workspaces)) \
             + self._prepared.nbytes()
 
     def add(self, pieces, tags, beam=1, max_len=None, no_repeat_ngram=0, room=None):
@@ -149,16 +179,11 @@ class DecodingStream:
         if self.rows_in_use() + need > self.rows:
             raise ValueError(f"a wave of {need} rows does not fit: {self.rows_in_use()} of {self.rows} in use")
         parts = min(len(pieces), step_groups(self.model.cfg, self.precision, _C.get_num_threads(), need))
-        plans = [self._plan([pieces[i] for i in range(k, len(pieces), parts)], beam, max_len, no_repeat_ngram)
-                 for k in range(parts)]
+        plans = [plan_wave(self.model, self.precision, [pieces[i] for i in range(k, len(pieces), parts)], beam,
+                           max_len, no_repeat_ngram) for k in range(parts)]
         if room is not None:
-            # its caches, and what encoding it may add to the model's workspace (shared by every
-            # wave, kept at its largest: counted by the caller's room once it holds it)
-            grown = max(encoder_bytes(self.model.cfg, plan[0].shape[0], plan[0].shape[1]) for plan in plans)
-            nbytes = sum(plan[-1] for plan in plans) + max(grown - self.model.ws.nbytes(), 0)
-            if not self._prepared.nbytes():     # the first wave prepares the weights for the precision
-                nbytes += 4 * self.model.num_parameters()
-            spares = sum(map(_nbytes, self._spare_workspaces))
+            nbytes = sum(plan[-1] for plan in plans) + starting_bytes(self.model, plans, self._prepared)
+            spares = sum(map(workspace_bytes, self._spare_workspaces))
             if nbytes > room + spares:
                 raise NoRoom(f"{len(pieces)} sentence{'' if len(pieces) == 1 else 's'} at beam {beam} would take "
                              f"{size_text(nbytes)} for their decoding, more than the "
@@ -167,27 +192,8 @@ class DecodingStream:
                 self.let_spares_go()
         return [self._start(plan, [tags[i] for i in range(k, len(pieces), parts)]) for k, plan in enumerate(plans)]
 
-    def _plan(self, pieces, beam, max_len, no_repeat_ngram):
-        """The checked arguments of a wave of `pieces`, and the bytes it will hold (wave_bytes)."""
-        model = self.model
-        max_len, rules = model._generation_rules(max_len, None, None)
-        src = collate([(ids, [], []) for ids in pieces], range(len(pieces)), model.cfg.pad_id)[0]
-        if beam > 1:
-            options = model._beam_options(beam, None, None, None)
-            src, K, limits, min_len, ngram, rules = beam_args(
-                model, src, options["beam_size"], max_len, options["length_penalty"], 0, no_repeat_ngram,
-                self.precision, rules["forced_eos"], rules["banned"], options["renormalize"],
-                options["length_form"], options["early_stopping"])
-            length_penalty = options["length_penalty"]
-        else:
-            src, limits, min_len, ngram, rules = greedy_args(model, src, max_len, 0, no_repeat_ngram,
-                                                             rules["forced_eos"], rules["banned"])
-            K, length_penalty = 1, 0.0
-        nbytes = wave_bytes(model.cfg, src.shape[0], K, src.shape[1], int(limits.max()), self.precision)
-        return src, K, limits, min_len, ngram, rules, length_penalty, nbytes
-
     def _start(self, plan, tags):
-        """A wave of a plan (_plan): encoded, its caches made, live from the next run()."""
+        """A wave of a plan (plan_wave): encoded, its caches made, live from the next run()."""
         model = self.model
         src, K, limits, min_len, ngram, rules, length_penalty, nbytes = plan
         workspace = self._spare_workspaces.pop() if self._spare_workspaces else {}
@@ -233,11 +239,12 @@ class DecodingStream:
         return had
 
     def _keep_spare(self, workspace):
-        size = _nbytes(workspace)
+        size = workspace_bytes(workspace)
         self._biggest_workspace = max(self._biggest_workspace, size)
-        if sum(map(_nbytes, self._spare_workspaces)) + size <= 2 * self._biggest_workspace:
+        if sum(map(workspace_bytes, self._spare_workspaces)) + size <= 2 * self._biggest_workspace:
             self._spare_workspaces.append(workspace)
 
 
-def _nbytes(workspace):
+def workspace_bytes(workspace):
+    """The bytes of a decoding workspace's arrays (its PreparedWeights not counted)."""
     return sum(a.nbytes for a in workspace.values() if isinstance(a, np.ndarray))

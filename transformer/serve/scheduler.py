@@ -53,7 +53,7 @@ import threading
 import time
 
 from ..cgroups import size_text
-from ..streaming import NoRoom
+from ..streaming import NoRoom, plan_wave, starting_bytes, workspace_bytes
 from ..train import text_pieces
 
 BATCHING = ("step", "batch")
@@ -116,11 +116,11 @@ class _Request:
 
 
 class _Alternatives:
-    """The n-best batch decoding now: its pieces, and its steps (a generator, None until its first
-    slice)."""
+    """The n-best batch decoding now: its pieces, its steps (a generator, None until its first
+    slice), and the bytes its workspace may hold while it decodes (wave_bytes, once admitted)."""
 
     def __init__(self, pieces):
-        self.pieces, self.steps = pieces, None
+        self.pieces, self.steps, self.nbytes = pieces, None, 0
 
 
 class _Piece:
@@ -408,6 +408,8 @@ class Scheduler:
         nobody waits for it; its sentences answered when it ends."""
         if batch.steps is None:
             batch.pieces.sort(key=lambda piece: len(piece.ids))
+            if not self._admit_alternatives(batch):
+                return
             name, options = batch.pieces[0].group
             batch.steps = self.models[name].alternatives_steps(
                 [piece.ids for piece in batch.pieces], workspace=self._alternatives_workspaces.setdefault(name, {}),
@@ -434,6 +436,60 @@ class Scheduler:
             self._answer(piece, text)
         if self.metrics is not None:
             self.metrics.queued(self.queue_length())
+
+    def _admit_alternatives(self, batch):
+        """Whether the n-best batch may start now, with a memory budget: as a stream's wave
+        (_no_room), while waves decode a batch past the memory left waits at the head of the
+        queue; with none, spare workspaces are let go, then the batch is cut in halves (the
+        longer half waits); a sentence alone past all of it is refused (TooLarge)."""
+        if self.memory is None:
+            return True
+        while True:
+            try:
+                wave, start = self._alternatives_bytes(batch.pieces)
+            except Exception as exc:        # a refused option: its requests hear it
+                self._alternatives = None
+                self._fail(batch.pieces, exc)
+                return False
+            if wave + start <= self.memory - self.held():
+                batch.nbytes = wave
+                return True
+            if any(s.waves for s in self._streams.values()):
+                self.memory_waits += 1
+                self._alternatives = None
+                with self._condition:
+                    self._pending[:0] = batch.pieces
+                return False
+            if any([s.let_spares_go() for s in self._streams.values()]) or self._let_alternatives_go(batch):
+                continue
+            if len(batch.pieces) == 1:
+                self._alternatives = None
+                self._fail(batch.pieces, self._too_large(batch.pieces[0], wave + start))
+                return False
+            half = len(batch.pieces) // 2
+            with self._condition:
+                self._pending[:0] = batch.pieces[half:]
+            batch.pieces = batch.pieces[:half]
+
+    def _alternatives_bytes(self, pieces):
+        """(its wave's bytes, what starting it adds: streaming.starting_bytes) for an n-best batch
+        of `pieces`, past what the workspace it reuses holds."""
+        name, options = pieces[0].group
+        chosen = dict(options)
+        model = self.models[name].model
+        workspace = self._alternatives_workspaces.get(name, {})
+        plan = plan_wave(model, chosen["precision"], [p.ids for p in pieces], _width(options), chosen["max_len"],
+                         chosen["no_repeat_ngram"])
+        return plan[-1], starting_bytes(model, [plan], workspace.get("prepared")) - \
+            min(workspace_bytes(workspace), plan[-1])
+
+    def _let_alternatives_go(self, batch=None):
+        """Drop the workspaces n-best batches keep for the next (not `batch`'s); True if any."""
+        keep = None if batch is None else batch.pieces[0].group[0]
+        gone = [name for name in self._alternatives_workspaces if name != keep]
+        for name in gone:
+            del self._alternatives_workspaces[name]
+        return bool(gone)
 
     def _others_wait(self):
         """Whether anything but the n-best batch waits for the thread (read without the lock: a
@@ -518,23 +574,37 @@ class Scheduler:
                     self._decoding.add(piece)
 
     def held(self):
-        """Bytes the decoding holds beyond the step buffers: every stream's (DecodingStream.held),
-        and each model's own workspace, which encoding its waves grew."""
+        """Bytes the decoding holds beyond the step buffers: every stream's (DecodingStream.held);
+        the n-best batches' workspaces (the live batch's at least what it was admitted as) and
+        prepared weights; and each model's own workspace, which encoding grew."""
         models = {id(s.model): s.model for s in self._streams.values()}
-        return sum(s.held() for s in self._streams.values()) + sum(m.ws.nbytes() for m in models.values())
+        batch = self._alternatives
+        live = None if batch is None or batch.steps is None else batch.pieces[0].group[0]
+        alternatives = 0
+        for name, workspace in self._alternatives_workspaces.items():
+            models[id(self.models[name].model)] = self.models[name].model
+            arrays = workspace_bytes(workspace)
+            alternatives += max(arrays, batch.nbytes) if name == live else arrays
+            if "prepared" in workspace:
+                alternatives += workspace["prepared"].nbytes()
+        return sum(s.held() for s in self._streams.values()) + alternatives + \
+            sum(m.ws.nbytes() for m in models.values())
 
     def _no_room(self, stream, group, pieces, exc):
         """A wave past the memory left (--batch-size's rows, at their lengths): while other waves
-        decode, its pieces wait at the head of the queue for one to finish; with none, the other
-        streams' spare workspaces are let go, then it is tried in halves; a sentence alone past
-        all of it is refused (TooLarge)."""
-        if any(s.waves for s in self._streams.values()):
+        or an n-best batch decode, its pieces wait at the head of the queue for one to finish; with
+        none, the other streams' spare workspaces and the n-best batches' are let go, then it is
+        tried in halves; a sentence alone past all of it is refused (TooLarge)."""
+        if any(s.waves for s in self._streams.values()) or \
+                (self._alternatives is not None and self._alternatives.steps is not None):
             self.memory_waits += 1
             with self._condition:
                 self._pending[:0] = pieces
             return
-        # other models' or precisions' spare workspaces go first (a list: every one is let go)
-        if any([s.let_spares_go() for s in self._streams.values() if s is not stream]):
+        # other models' or precisions' spare workspaces go first (a list: every one is let go),
+        # and those the n-best batches keep
+        if any([s.let_spares_go() for s in self._streams.values() if s is not stream]) or \
+                (self._alternatives is None and self._let_alternatives_go()):
             self._start(stream, group, pieces)
             return
         if len(pieces) > 1:
@@ -542,9 +612,12 @@ class Scheduler:
             self._start(stream, group, pieces[:half])
             self._start(stream, group, pieces[half:])
             return
-        self._fail(pieces, TooLarge(f"a sentence of {len(pieces[0].ids)} tokens at beam {dict(group[1])['beam']} "
-                                    f"needs {size_text(exc.need)} for its decoding, more than the "
-                                    f"{size_text(self.memory)} the server's decoding may hold"))
+        self._fail(pieces, self._too_large(pieces[0], exc.need))
+
+    def _too_large(self, piece, need):
+        return TooLarge(f"a sentence of {len(piece.ids)} tokens at beam {_width(piece.group[1])} needs "
+                        f"{size_text(need)} for its decoding, more than the {size_text(self.memory)} the "
+                        f"server's decoding may hold")
 
     def _finish(self, piece, tokens):
         with self._condition:
