@@ -653,16 +653,16 @@ def test_inference_on_one_layers_buffers_gives_the_bits_of_a_buffer_set_a_layer(
 
 def test_inference_holds_one_layers_buffers_whatever_the_depth():
     sizes = {}
-    for layers in (1, 4):
-        c = cfg(n_encoder_layers=layers, n_decoder_layers=layers, dropout=0.0)
+    for depth in (1, 4):
+        c = cfg(n_encoder_layers=depth, n_decoder_layers=depth, dropout=0.0)
         src, tgt_in, _ = batch(c, B=5, S=11, Tt=9)
         m = T.Seq2SeqTransformer(c, seed=0)
         m.encode(src)
         encoded = m.ws.nbytes()
         m.forward(src, tgt_in)
-        sizes[layers] = encoded, m.ws.nbytes()
+        sizes[depth] = encoded, m.ws.nbytes()
         m.loss_and_grads(src, tgt_in, tgt_in)
-        sizes[layers] += (m.ws.nbytes(),)
+        sizes[depth] += (m.ws.nbytes(),)
     assert sizes[4][:2] == sizes[1][:2], sizes
     assert sizes[4][2] > 2 * sizes[1][2], sizes     # training keeps every layer's
 
