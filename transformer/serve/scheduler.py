@@ -604,7 +604,7 @@ class Scheduler:
         # other models' or precisions' spare workspaces go first (a list: every one is let go),
         # and those the n-best batches keep
         if any([s.let_spares_go() for s in self._streams.values() if s is not stream]) or \
-                (self._alternatives is None and self._let_alternatives_go()):
+                self._let_alternatives_go():
             self._start(stream, group, pieces)
             return
         if len(pieces) > 1:
