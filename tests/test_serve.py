@@ -417,6 +417,18 @@ def test_a_wave_waits_for_the_memory_a_running_n_best_batch_holds(model_dir):
     # what the batch is admitted as (at fp32 its prepared weights stay empty: the wave's first
     # 4 bytes a parameter are left for its own); the wave, half the batch's rows, fits only without it
     budget = 4 * model.num_parameters() + wide[-1] + encoder_bytes(model.cfg, 2, wide[0].shape[1])
+    steps = served["en-es"].alternatives_steps
+
+    def slow(*args, **kwargs):      # 5 ms a step: the batch still decodes when the wave arrives
+        inner = steps(*args, **kwargs)
+        while True:
+            try:
+                next(inner)
+            except StopIteration as end:
+                return end.value
+            time.sleep(0.005)
+            yield
+    served["en-es"].alternatives_steps = slow
     scheduler = Scheduler(served, memory=budget)
     done = []
     try:
