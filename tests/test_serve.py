@@ -356,7 +356,7 @@ def test_n_best_batches_are_admitted_by_memory_and_each_answer_is_its_own_senten
     budget = 2 * 4 * model.num_parameters() + 3 * (one[-1] + encoder_bytes(model.cfg, 1, one[0].shape[1]))
     scheduler = Scheduler(served, batch_size=16, memory=budget)
     sizes, held, past = [], [], []
-    real_steps, real_add = served["en-es"].alternatives_steps, DecodingStream.add
+    real_add = DecodingStream.add
 
     def arrays():
         total = model.ws.nbytes()
@@ -367,26 +367,18 @@ def test_n_best_batches_are_admitted_by_memory_and_each_answer_is_its_own_senten
             total += workspace_bytes(workspace) + workspace["prepared"].nbytes()
         return total
 
-    def counted(pieces, **kwargs):
-        sizes.append(len(pieces))
-        steps = real_steps(pieces, **kwargs)
-        while True:
-            try:
-                next(steps)
-            except StopIteration as end:
-                return end.value
-            held.append(arrays())
-            kept, admitted = workspace_bytes(scheduler._alternatives_workspaces["en-es"]), scheduler._alternatives.nbytes
-            if kept > admitted:
-                past.append((kept, admitted))
-            yield
+    def probe():
+        held.append(arrays())
+        kept, admitted = workspace_bytes(scheduler._alternatives_workspaces["en-es"]), scheduler._alternatives.nbytes
+        if kept > admitted:
+            past.append((kept, admitted))
 
     def add(stream, *args, **kwargs):
         waves = real_add(stream, *args, **kwargs)
         held.append(arrays())
         return waves
 
-    served["en-es"].alternatives_steps = counted
+    watch_alternatives(served, started=lambda pieces: sizes.append(len(pieces)), step=probe)
     try:
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(DecodingStream, "add", add)
@@ -417,18 +409,7 @@ def test_a_wave_waits_for_the_memory_a_running_n_best_batch_holds(model_dir):
     # what the batch is admitted as (at fp32 its prepared weights stay empty: the wave's first
     # 4 bytes a parameter are left for its own); the wave, half the batch's rows, fits only without it
     budget = 4 * model.num_parameters() + wide[-1] + encoder_bytes(model.cfg, 2, wide[0].shape[1])
-    steps = served["en-es"].alternatives_steps
-
-    def slow(*args, **kwargs):      # 5 ms a step: the batch still decodes when the wave arrives
-        inner = steps(*args, **kwargs)
-        while True:
-            try:
-                next(inner)
-            except StopIteration as end:
-                return end.value
-            time.sleep(0.005)
-            yield
-    served["en-es"].alternatives_steps = slow
+    watch_alternatives(served, step=lambda: time.sleep(0.005))   # the batch still decodes when the wave arrives
     scheduler = Scheduler(served, memory=budget)
     done = []
     try:
@@ -504,6 +485,31 @@ def _never_ending(model_dir):
     model = served["en-es"].model
     model.params.data["generator.bias"][model.cfg.eos_id] -= 1e4
     return served
+
+
+def watch_alternatives(served, started=None, step=None, closed=None):
+    """The model's n-best batches watched: started(pieces) as one begins, step() after each of its
+    decoder steps (a probe, or a pause), closed() once it ends or is closed."""
+    decode_steps = served["en-es"].alternatives_steps
+
+    def watched(pieces, **kwargs):
+        if started is not None:
+            started(pieces)
+        inner = decode_steps(pieces, **kwargs)
+        try:
+            while True:
+                try:
+                    next(inner)
+                except StopIteration as end:
+                    return end.value
+                if step is not None:
+                    step()
+                yield
+        finally:
+            inner.close()
+            if closed is not None:
+                closed()
+    served["en-es"].alternatives_steps = watched
 
 
 @pytest.mark.parametrize("batching", ["step", "batch"])

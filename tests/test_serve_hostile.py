@@ -17,7 +17,8 @@ import pytest
 
 aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
 
-from test_serve import OUTSIDE, Running, _never_ending, model_dir, offline, post, sentences  # noqa: E402,F401
+from test_serve import (OUTSIDE, Running, _never_ending, model_dir, offline, post, sentences,  # noqa: E402,F401
+                        watch_alternatives)
 from transformer.checkpoint import load_for_inference  # noqa: E402
 from transformer.serve import build, load_models  # noqa: E402
 from transformer.serve.scheduler import Scheduler  # noqa: E402
@@ -514,22 +515,7 @@ def test_an_alternatives_request_cancelled_mid_batch_is_no_longer_decoded(model_
     and the next request is answered."""
     served = _never_ending(model_dir)
     steps, closed = [], []
-    decode_steps = served["en-es"].alternatives_steps
-
-    def counted(*args, **kwargs):
-        inner = decode_steps(*args, **kwargs)
-        try:
-            while True:
-                try:
-                    next(inner)
-                except StopIteration as end:
-                    return end.value
-                steps.append(1)
-                yield
-        finally:
-            inner.close()
-            closed.append(True)
-    served["en-es"].alternatives_steps = counted
+    watch_alternatives(served, step=lambda: steps.append(1), closed=lambda: closed.append(True))
     scheduler = Scheduler(served, batch_size=1024, batch_tokens=1 << 20)
     try:
         wide = scheduler.submit("en-es", sentences(16, seed=52), served["en-es"].options(alternatives=255, max_len=100))
