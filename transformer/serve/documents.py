@@ -10,6 +10,7 @@ answer holds each sentence's own translation in its place. HTML (format "html") 
 runs to the same splitter (markup.py).
 """
 import html
+import io
 import re
 
 _LINES = re.compile(r"(\n)")
@@ -36,17 +37,25 @@ class Document:
 
     def __init__(self, markup=False, xml=False):
         self.parts = []             # str (kept as it is) or int (a sentence's index)
+        self._kept = None           # what keep() gathers until the next sentence
         self.sentences = []
         self.markup = markup
         self.nbsp = "&#160;" if xml else "&nbsp;"
 
     def keep(self, raw):
-        if not raw:
-            return
-        if self.parts and isinstance(self.parts[-1], str):
-            self.parts[-1] += raw
-        else:
-            self.parts.append(raw)
+        """raw kept as it is. What is kept between two sentences is written to one buffer and
+        becomes one part at the next sentence (or render): adding each to the last part copied it
+        whole, and a file of a million blank lines or tags took minutes (quadratic); a part each
+        would hold some 60 bytes for every 3-byte tag."""
+        if raw:
+            if self._kept is None:
+                self._kept = io.StringIO()
+            self._kept.write(raw)
+
+    def _close_kept(self):
+        if self._kept is not None:
+            self.parts.append(self._kept.getvalue())
+            self._kept = None
 
     def add_text(self, text, language, segment=None, escape=False):
         """The sentences of a plain text, and the whitespace around them kept (escaped for HTML
@@ -64,12 +73,14 @@ class Document:
                     continue
                 start = len(piece) - len(piece.lstrip())
                 keep(piece[:start])
+                self._close_kept()
                 self.parts.append(len(self.sentences))
                 self.sentences.append(core)
                 keep(piece[start + len(core):])
 
     def render(self, translations):
         """The text with sentence i replaced by translations[i]."""
+        self._close_kept()
         if self.markup:
             translations = [_escape(t, self.nbsp) for t in translations]
         return "".join(part if isinstance(part, str) else translations[part] for part in self.parts)
