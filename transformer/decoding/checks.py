@@ -49,7 +49,9 @@ def _check_decode_args(model, src, max_len, min_len, no_repeat_ngram):
         limits = np.full(src.shape[0], max_len, np.int64)
     if no_repeat_ngram < 0:
         raise ValueError(f"no_repeat_ngram must be >= 0 (0: off), got {no_repeat_ngram}")
-    return src, limits, int(min_len), int(no_repeat_ngram)
+    # an n-gram longer than the model's positions occurs in no output, once or twice: such an n bans
+    # nothing, as cfg.max_len + 2 bans nothing, and that one fits the C loop's integers (2 ** 63 did not)
+    return src, limits, int(min_len), int(min(no_repeat_ngram, cfg.max_len + 2))
 
 
 def row_bytes(cfg, steps, precision="fp32"):

@@ -28,12 +28,15 @@ Errors take LibreTranslate's form, {"error": "..."}, naming the field: 400 for a
 for a missing or wrong API key, 408 for a body slower than --body-timeout, 413 for a body over the
 limit, 421 for a Host a loopback server does not answer to (access.py), 429 (with Retry-After) when
 the queue is full or a limit a minute is passed (limits.py), 413 for a sentence whose decoding alone
-passes the memory the decoding may hold (capacity.py), 503 while the server stops (stopping.py: a
-request read after SIGTERM) and, with Retry-After, when a batch's caches would pass the memory the
-process may fill, 500 for a bug of ours: its body says only that, with
-an id, and the log has the traceback under that id. Whatever a client sends is a 4xx, never a 500.
+passes the memory the decoding may hold (capacity.py), and for texts of more pieces than the whole
+queue holds, 503 while the server stops (stopping.py: a request read after SIGTERM) and, with
+Retry-After, when a batch's caches would pass the memory the process may fill, 500 for a bug of
+ours: its body says only that, with an id, and the log has the traceback under that id. Whatever a
+client sends is a 4xx, never a 500; a client that closes its connection while its body is read is
+counted as 499, not logged as ours.
 """
 import asyncio
+import errno
 import inspect
 import logging
 import os
@@ -53,13 +56,17 @@ from .formats import FORMATS, FormatError, extension, read as read_file
 from .keys import Keys
 from .limits import RateLimits, Refused
 from .markup import MarkupError
+from .office import Busy
 from .pairs import Pairs
-from .scheduler import QueueFull, ShuttingDown, TooLarge, TooWide
+from .scheduler import QueueFull, ShuttingDown, TooLarge, TooMany, TooWide
 from .stopping import STOPPING, Stopping
 
 __all__ = ["GUARD", "BadRequest", "Limits", "Server"]
 
 RETRY_AFTER_S = 1
+# what /metrics counts for a request whose client closed its connection before the body came
+# (nginx's 499): no answer reaches it, and it is not a 500 of ours
+CLIENT_GONE = 499
 LOG = logging.getLogger("transformer.serve")
 STATIC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "static")   # the page and its assets
 FRONTEND_TIMEOUT_MS = 500           # LibreTranslate's default frontendTimeout
@@ -186,6 +193,13 @@ class Server:
                 raise
         except asyncio.CancelledError:
             raise
+        except ConnectionResetError:    # the client went away while its body was read: nobody to answer
+            response = _error("the client closed the connection", CLIENT_GONE)
+        except OSError as exc:
+            if exc.errno != errno.ENAMETOOLONG or not request.path.startswith("/static/"):
+                response = _error(f"internal error, id {_internal_error(request)}", 500)
+            else:                       # a static path no file system holds
+                response = _error("no such file", 404)
         except Exception:               # a bug of ours: the server goes on, the log has what happened
             response = _error(f"internal error, id {_internal_error(request)}", 500)
         finally:
@@ -270,6 +284,8 @@ class Server:
             raise BadRequest("the server is stopping", 503) from None
         except TooWide as exc:
             raise BadRequest(str(exc)) from None
+        except TooMany as exc:          # past the whole queue: a retry would be refused the same way
+            raise BadRequest(f"{exc}; send fewer or shorter texts", 413) from None
         try:
             return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
@@ -409,9 +425,12 @@ class Server:
         q = fields.get("q")
         if isinstance(q, list) and all(isinstance(text, str) for text in q):
             q = "\n".join(q)
-        if not isinstance(q, str) or not q.strip():
-            raise BadRequest("missing field q (the text whose language to detect)" if not q else
-                             f"q must be a string, got {type(q).__name__}")
+        if not q:
+            raise BadRequest("missing field q (the text whose language to detect)")
+        if not isinstance(q, str):
+            raise BadRequest(f"q must be a string or a list of strings, got {type(q).__name__}")
+        if not q.strip():
+            raise BadRequest("q holds only whitespace: no text whose language to detect")
         char_limit = self._char_limit(key)
         if char_limit and len(q) > char_limit:
             raise BadRequest(f"q holds {len(q)} characters; at most {char_limit} a request (--char-limit)")
@@ -453,12 +472,18 @@ class Server:
             document = await asyncio.to_thread(read_file, data, uploaded, self._splitting[name])
         except FormatError as exc:
             raise BadRequest(f"file: {exc}") from None
-        if len(document.sentences) > self.scheduler.max_queue:
-            raise BadRequest(f"the file holds {len(document.sentences)} sentences; the queue takes at most "
-                             f"{self.scheduler.max_queue} (--max-queue)", 413)
-        await self._charge(request, key, sum(len(sentence) for sentence in document.sentences))
-        translated = (await self._documents([(name, detected)], [document], self._defaults.get))[0]
-        rendered = await asyncio.to_thread(document.render, translated)      # an archive: off the loop
+        except Busy as exc:             # other archives hold the unpacked bytes the server allows
+            raise BadRequest(f"file: {exc}; retry later", 503, {"Retry-After": str(RETRY_AFTER_S)}) from None
+        try:
+            if len(document.sentences) > self.scheduler.max_queue:
+                raise BadRequest(f"the file holds {len(document.sentences)} sentences; the queue takes at most "
+                                 f"{self.scheduler.max_queue} (--max-queue)", 413)
+            await self._charge(request, key, sum(len(sentence) for sentence in document.sentences))
+            translated = (await self._documents([(name, detected)], [document], self._defaults.get))[0]
+            rendered = await asyncio.to_thread(document.render, translated)      # an archive: off the loop
+        finally:
+            if hasattr(document, "release"):    # an archive's unpacked members (office.py)
+                document.release()
         stored = self.files.put(rendered, uploaded, self.models[name].target, ext)
         response = web.json_response({"translatedFileUrl": f"{request.scheme}://{request.host}/download_file/{stored}"})
         response.sentences = len(document.sentences)

@@ -10,6 +10,9 @@ an error message shows at most a few dozen characters of what was sent."""
 import asyncio
 import json
 
+from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
+
 FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
 # The longest language code a request may name (a BCP-47 tag with script, region and variants is
 # far shorter): the language tables cache what they are asked, so a longer one is refused, not kept.
@@ -97,12 +100,29 @@ async def _within(limits, read):
                          "(--body-timeout)", 408, {"Connection": "close"}) from None
 
 
+# aiohttp's ways of refusing a body it cannot decode: a Content-Encoding whose data is not that
+# encoding (RequestPayloadError), an unknown charset (LookupError), a multipart body without a
+# boundary (ValueError), a part with a header given twice or malformed (BadHttpMessage), an unknown
+# Content-Transfer-Encoding (RuntimeError)
+UNREADABLE = (ValueError, LookupError, RuntimeError, AssertionError, HttpProcessingError, web.RequestPayloadError)
+
+
+async def _body(limits, read, what):
+    """_within(limits, read), a body aiohttp cannot decode refused as a 400 naming `what`."""
+    try:
+        return await _within(limits, read)
+    except (BadRequest, UnicodeDecodeError):
+        raise
+    except UNREADABLE as exc:
+        raise BadRequest(f"the {what} cannot be read ({' '.join(str(exc).split())[:80]})") from None
+
+
 async def read_fields(request, limits, json_only=False):
     """The request's fields: a JSON object (application/json), or the query string's and a form's
     (LibreTranslate's request.values: the query string wins a field given in both)."""
     kind = request.content_type
     if kind == "application/json" or json_only:
-        body = await _within(limits, request.read())
+        body = await _body(limits, request.read(), "request body")
         try:
             data = json.loads(body.decode("utf-8"), object_pairs_hook=_object)
         except UnicodeDecodeError:
@@ -120,11 +140,11 @@ async def read_fields(request, limits, json_only=False):
     data = {}
     if kind in FORMS:
         try:
-            form = await _within(limits, request.post())
+            form = await _body(limits, request.post(), "form")
             _multi(form, data, "form")
         except UnicodeDecodeError:
             raise BadRequest("the form is not valid UTF-8") from None
-    elif request.can_read_body and await _within(limits, request.content.read(1)):
+    elif request.can_read_body and await _body(limits, request.content.read(1), "request body"):
         raise BadRequest(f"unsupported Content-Type {shown(kind)}: send application/json, a form or the query string")
     _add_query(request, data)
     return data
@@ -213,12 +233,14 @@ def format_of(fields):
 
 
 MAX_FIELD = 4096                # bytes of a /translate_file field other than the file
+MAX_PARTS = 32                  # fields of its form, the file included (a client sends 3 to 5)
 
 
 async def read_upload(request, limits):
     """POST /translate_file's multipart form: (fields, (file name, its bytes)). The file is read
     in chunks and refused (413) past limits.max_file_size, whatever --max-body says; the other
-    fields are short text, each given once; the query string adds its fields as for /translate."""
+    fields are short text (MAX_FIELD bytes), each given once, at most MAX_PARTS of them; the query
+    string adds its fields as for /translate."""
     missing = "Invalid request: missing file parameter (a multipart field file, with a file name)"
     if request.content_type == "application/x-www-form-urlencoded":
         raise BadRequest(missing)            # a form without a file is sent this way
@@ -227,12 +249,15 @@ async def read_upload(request, limits):
                          f"{shown(request.content_type)}")
 
     async def read():
-        fields, upload = {}, None
+        fields, upload, parts = {}, None, 0
         reader = await request.multipart()
         while True:
             part = await reader.next()
             if part is None:
                 break
+            parts += 1
+            if parts > MAX_PARTS:       # --max-body does not bound a multipart body: this does
+                raise BadRequest(f"the form has more than {MAX_PARTS} fields (file, source, target, api_key ...)")
             name = getattr(part, "name", None)
             if name is None or not hasattr(part, "read_chunk"):
                 raise BadRequest("a part of the form has no field name")
@@ -259,12 +284,7 @@ async def read_upload(request, limits):
                     raise BadRequest(f"field {field_name(name)} is not valid UTF-8") from None
         return fields, upload
 
-    try:
-        fields, upload = await _within(limits, read())
-    except BadRequest:
-        raise
-    except (ValueError, AssertionError, LookupError) as exc:    # aiohttp's ways of refusing a body
-        raise BadRequest(f"the multipart body cannot be read ({str(exc)[:80]})") from None
+    fields, upload = await _body(limits, read(), "multipart body")
     _add_query(request, fields)
     if upload is None:
         raise BadRequest(missing)

@@ -93,7 +93,9 @@ def read_key_file(path):
 
 
 def _digest(key):
-    return hashlib.sha256(key.encode("utf-8")).digest()
+    # surrogateescape: a header's bytes that are not UTF-8 (aiohttp keeps them as lone surrogates)
+    # make a digest of no valid key, not a UnicodeEncodeError
+    return hashlib.sha256(key.encode("utf-8", "surrogateescape")).digest()
 
 
 class Keys:
@@ -133,6 +135,7 @@ class Keys:
         digest = _digest(candidate)
         for table in (self._table, self._plain):
             found = table.get(digest)
-            if found is not None and hmac.compare_digest(found[0].encode("utf-8"), candidate.encode("utf-8")):
+            if found is not None and hmac.compare_digest(found[0].encode("utf-8"),
+                                                         candidate.encode("utf-8", "surrogateescape")):
                 return found[1]
         return None

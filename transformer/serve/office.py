@@ -15,11 +15,15 @@ what comes before its share.
 A file is refused (FormatError: HTTP 400) when it is not a zip, lacks the part its format needs,
 has more than MAX_MEMBERS members or more than MAX_UNPACKED bytes unpacked (a zip bomb: counted as
 it is read, whatever the archive declares), or has a part that is not well-formed UTF-8 XML or
-declares a DOCTYPE (entity expansion).
+declares a DOCTYPE (entity expansion). An archive is held unpacked until its translation is
+written; all the archives being translated at once hold at most UNPACKED_AT_ONCE bytes, and one
+past what is left of it is refused (Busy: HTTP 503 with Retry-After), so that many small uploads
+of 64 MB each unpacked cannot fill the server's memory.
 """
 import html
 import io
 import re
+import threading
 import zipfile
 from xml.parsers import expat
 
@@ -28,6 +32,7 @@ from .markup import MarkupError
 
 MAX_MEMBERS = 10_000
 MAX_UNPACKED = 64 << 20          # bytes of every member together, unpacked
+UNPACKED_AT_ONCE = 256 << 20     # bytes of every archive being translated, unpacked, all together
 
 # (the parts translated (a pattern of names), the part that must be there, the paragraph
 # elements, the text elements: None for every character data inside a paragraph)
@@ -47,8 +52,46 @@ class OfficeError(ValueError):
     pass
 
 
+class Busy(RuntimeError):
+    """The archives being translated hold UNPACKED_AT_ONCE bytes: this one waits for a retry."""
+
+
+_held = [0]                     # bytes every OfficeDocument not yet released holds unpacked
+_held_lock = threading.Lock()
+
+
+def _take(n):
+    """Count n more bytes held unpacked; False (nothing counted) when that passes UNPACKED_AT_ONCE."""
+    with _held_lock:
+        if _held[0] + n > UNPACKED_AT_ONCE:
+            return False
+        _held[0] += n
+        return True
+
+
+def _give(n):
+    with _held_lock:
+        _held[0] -= n
+
+
+def held_unpacked():
+    """Bytes the archives being translated hold unpacked now."""
+    return _held[0]
+
+
 def _unpack(data):
-    """[(ZipInfo, bytes)] of the archive, bounded (MAX_MEMBERS, MAX_UNPACKED)."""
+    """[(ZipInfo, bytes)] of the archive, bounded (MAX_MEMBERS, MAX_UNPACKED), and its bytes counted
+    as held (_take; the caller gives them back): Busy past UNPACKED_AT_ONCE."""
+    taken = [0]
+    try:
+        members = _read_members(data, taken)
+    except BaseException:
+        _give(taken[0])
+        raise
+    return members, taken[0]
+
+
+def _read_members(data, taken):
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
         infos = archive.infolist()
@@ -68,6 +111,10 @@ def _unpack(data):
         total += len(content)
         if total > MAX_UNPACKED:
             raise OfficeError(f"the archive unpacks to more than {MAX_UNPACKED} bytes (a zip bomb?)")
+        if not _take(len(content)):
+            raise Busy(f"the files being translated hold {held_unpacked() >> 20} MiB unpacked, and this one "
+                       f"would pass the {UNPACKED_AT_ONCE >> 20} MiB they may hold at once")
+        taken[0] += len(content)
         members.append((info, content))
     return members
 
@@ -147,8 +194,24 @@ class OfficeDocument:
     """An office file's paragraphs: sentences, and render(translations) -> the file's bytes."""
 
     def __init__(self, data, ext, language):
+        self.held = 0
+        self.members, self.held = _unpack(data)
+        try:
+            self._read(ext, language)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self):
+        """Its unpacked members no longer counted as held (UNPACKED_AT_ONCE): once it is rendered."""
+        held, self.held = self.held, 0
+        _give(held)
+
+    def __del__(self):
+        self.release()
+
+    def _read(self, ext, language):
         pattern, needed, paragraph_tags, text_tags = KINDS[ext]
-        self.members = _unpack(data)
         names = {info.filename for info, _ in self.members}
         if needed not in names:
             raise OfficeError(f"the archive has no {needed}: not a {ext} file")

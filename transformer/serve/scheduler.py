@@ -23,7 +23,8 @@ With batch_size 1 both decode one sentence at a time (what the peers' servers do
 it joined at: the engine's batched greedy and beam search are row-independent
 (tests/test_streaming.py; tests/test_serve.py checks every answer against the offline translation
 of its own sentence). The queue is bounded in pieces: a request that would pass `max_queue` is
-refused (QueueFull), never held in unbounded memory. A request whose client went away (cancel) has
+refused (QueueFull), never held in unbounded memory; one of more pieces than the queue holds at all is
+refused as such (TooMany), since retrying it cannot help. A request whose client went away (cancel) has
 its waiting pieces dropped, and its pieces in the running batch leave it at the next step. stop()
 refuses new requests, finishes everything accepted, and ends the thread.
 
@@ -75,6 +76,10 @@ LOG = logging.getLogger("transformer.serve")
 
 class QueueFull(RuntimeError):
     """The queue holds max_queue pieces: the request is refused (HTTP 429 with Retry-After)."""
+
+
+class TooMany(ValueError):
+    """A request of more pieces than the queue holds even when empty (HTTP 413: retrying cannot help)."""
 
 
 class ShuttingDown(RuntimeError):
@@ -197,6 +202,9 @@ class Scheduler:
         if not pieces:
             future.set_result([join([]) for _ in texts])
             return future
+        if len(pieces) > self.max_queue:
+            raise TooMany(f"the texts make {len(pieces)} pieces (sentences cut to the model's positions); "
+                          f"the queue takes at most {self.max_queue} (--max-queue)")
         group = (model_name, options)
         with self._condition:
             if self._stopping:
