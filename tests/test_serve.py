@@ -20,7 +20,7 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
 
 from transformer.checkpoint import load_for_inference  # noqa: E402
-from transformer.serve import load_models  # noqa: E402
+from transformer.serve import build, load_models  # noqa: E402
 from transformer.serve.scheduler import QueueFull, Scheduler  # noqa: E402
 from transformer.train import translate_texts  # noqa: E402
 
@@ -957,10 +957,37 @@ def test_bench_serve_runs_every_engine_and_summarises(tmp_path):
 
 
 def test_a_request_past_the_queue_bound_gets_429_with_retry_after(model_dir):
+    """A full queue: 429, retry later. A request the queue could not hold even empty: 413 (a retry
+    would be refused the same way: tests/test_serve_fuzzed.py)."""
+    from aiohttp.test_utils import TestClient, TestServer
+
+    app, scheduler = build(load_models([model_dir], load=load_for_inference), max_queue=2)
+
+    def full(*args, **kwargs):
+        raise QueueFull("the queue holds 2 sentences and takes at most 2")
+    submit, scheduler.submit = scheduler.submit, full
+
+    async def go():
+        async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+            refused = await client.post("/translate", json={"q": ["a", "b"], "source": "eng", "target": "spa"})
+            scheduler.submit = submit
+            answered = await client.post("/translate", json={"q": ["a", "b"], "source": "eng", "target": "spa"})
+            return (refused.status, await refused.json(), refused.headers.get("Retry-After"),
+                    answered.status, await answered.json())
+    try:
+        status, body, retry, ok, answer = asyncio.run(go())
+    finally:
+        scheduler.stop()
+    assert status == 429 and retry == "1" and body["error"] == (
+        "too many requests waiting: the queue holds 2 sentences and takes at most 2; retry later"), body
+    assert ok == 200 and len(answer["translatedText"]) == 2
+
+
+def test_a_request_past_the_whole_queue_gets_413_naming_max_queue(model_dir):
     running = Running("--model", model_dir, "--max-queue", "2")
     try:
         status, body, headers = post(running.url, "/translate", {"q": ["a", "b", "c"], "source": "eng", "target": "spa"})
-        assert status == 429 and headers["Retry-After"] == "1" and "takes at most 2" in body["error"]
+        assert status == 413 and "Retry-After" not in headers and "the queue takes at most 2 (--max-queue)" in body["error"]
         status, body, _ = post(running.url, "/translate", {"q": ["a", "b"], "source": "eng", "target": "spa"})
         assert status == 200 and len(body["translatedText"]) == 2
     finally:
