@@ -267,3 +267,25 @@ def test_detect_says_what_is_wrong_with_q(model_dir, q, says):
         return response.status, await response.json()
     status, body = serving(model_dir, calls)
     assert status == 400 and body["error"].startswith(says), body
+
+
+@pytest.mark.parametrize("value", [0, False, [], {}])
+def test_a_format_that_is_not_a_string_is_400_not_read_as_text(model_dir, value):
+    async def calls(client, port):
+        response = await client.post("/translate", json={"q": "red cat", "format": value, **ENG_SPA})
+        return response.status, await response.json()
+    status, body = serving(model_dir, calls)
+    assert status == 400 and "format is not supported (format: text or html)" in body["error"], body
+
+
+def test_an_origin_gets_cors_wherever_it_gets_the_key_exemption():
+    """Scheme and host are case-blind and a trailing / says nothing: --cors-origins compares origins
+    as --require-api-key-origin does (one got the exemption, not the CORS headers)."""
+    from transformer.serve.access import Access
+
+    access = Access(cors_origins=("https://App.Example/",), key_origin="https://app.example")
+    for origin in ("https://app.example", "HTTPS://APP.EXAMPLE/", " https://app.example"):
+        assert not access.needs_key("translate", origin)
+        assert access.cors_headers(origin)["Access-Control-Allow-Origin"] == origin
+    assert access.cors_headers("https://app.example.evil") == {}
+    assert access.needs_key("translate", "https://app.example.evil")

@@ -52,7 +52,7 @@ class Access:
             raise ValueError(f"--require-key-for takes {', '.join(KEY_ROUTES)}, got {', '.join(sorted(unknown))}")
         self.require_key_for = frozenset(require_key_for)
         self.key_origin = None if key_origin is None else _origin(key_origin)
-        self.cors_origins = tuple(origin.rstrip("/") for origin in cors_origins)
+        self.cors_origins = tuple(origin if origin == "*" else _normal(origin) for origin in cors_origins)
         self.allowed_hosts = None if allowed_hosts is None else frozenset(h.lower() for h in allowed_hosts)
 
     def needs_key(self, route, origin):
@@ -60,7 +60,7 @@ class Access:
         header, or None) must give a key, when keys are asked for."""
         if route not in self.require_key_for:
             return False
-        return self.key_origin is None or origin is None or origin.strip().rstrip("/").lower() != self.key_origin
+        return self.key_origin is None or origin is None or _normal(origin) != self.key_origin
 
     def host_allowed(self, header):
         """Whether a request with this Host header (None: none sent, as HTTP/1.0 may) is answered."""
@@ -73,7 +73,7 @@ class Access:
             return {}
         if "*" in self.cors_origins:
             allowed = "*"
-        elif origin.rstrip("/") in self.cors_origins:
+        elif _normal(origin) in self.cors_origins:     # as needs_key compares it
             allowed = origin
         else:
             return {}
@@ -84,9 +84,14 @@ class Access:
                 "Access-Control-Max-Age": str(CORS_MAX_AGE_S)}
 
 
+def _normal(origin):
+    """An origin as compared: scheme and host are case-blind, and a trailing / says nothing more."""
+    return origin.strip().rstrip("/").lower()
+
+
 def _origin(text):
     """--require-api-key-origin's value as browsers send Origin: scheme://host[:port], lower case."""
-    origin = text.strip().rstrip("/").lower()
+    origin = _normal(text)
     if not re.fullmatch(r"[a-z][a-z0-9+.-]*://[^/\s?#*]+", origin):
         raise ValueError(f"--require-api-key-origin {text[:60]!r}: an origin is scheme://host[:port], as a "
                          "browser's Origin header gives it (e.g. https://translate.example.org)")

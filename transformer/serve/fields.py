@@ -225,8 +225,10 @@ def alternatives_of(fields):
 
 def format_of(fields):
     """LibreTranslate's format: "text" (the default) or "html"."""
-    value = fields.get("format") or "text"
-    if not isinstance(value, str) or value not in ("text", "html"):
+    value = fields.get("format")
+    if value is None or value == "":
+        return "text"
+    if not isinstance(value, str) or value not in ("text", "html"):     # 0, false, [] are not "text"
         raise BadRequest(f"{value if isinstance(value, str) and len(value) <= SHOWN else shown(value)} format is "
                          "not supported (format: text or html)")
     return value
