@@ -79,6 +79,17 @@ def held_unpacked():
     return _held[0]
 
 
+def _hold(n, taken):
+    """n more bytes held (fewer, for n < 0) by the archive whose count is taken[0]; Busy past
+    UNPACKED_AT_ONCE."""
+    if n > 0 and not _take(n):
+        raise Busy(f"the files being translated hold {held_unpacked() >> 20} MiB unpacked, and this one "
+                   f"would pass the {UNPACKED_AT_ONCE >> 20} MiB they may hold at once")
+    if n < 0:
+        _give(-n)
+    taken[0] += n
+
+
 def _unpack(data):
     """[(ZipInfo, bytes)] of the archive, bounded (MAX_MEMBERS, MAX_UNPACKED), and its bytes counted
     as held (_take; the caller gives them back): Busy past UNPACKED_AT_ONCE."""
@@ -103,6 +114,7 @@ def _read_members(data, taken):
     for info in infos:
         if info.file_size + total > MAX_UNPACKED:
             raise OfficeError(f"the archive unpacks to more than {MAX_UNPACKED} bytes (a zip bomb?)")
+        _hold(info.file_size, taken)        # before reading: a refusal costs no unpacking
         try:
             with archive.open(info) as f:
                 content = f.read(MAX_UNPACKED - total + 1)
@@ -111,10 +123,7 @@ def _read_members(data, taken):
         total += len(content)
         if total > MAX_UNPACKED:
             raise OfficeError(f"the archive unpacks to more than {MAX_UNPACKED} bytes (a zip bomb?)")
-        if not _take(len(content)):
-            raise Busy(f"the files being translated hold {held_unpacked() >> 20} MiB unpacked, and this one "
-                       f"would pass the {UNPACKED_AT_ONCE >> 20} MiB they may hold at once")
-        taken[0] += len(content)
+        _hold(len(content) - info.file_size, taken)     # what the archive declared was not what it held
         members.append((info, content))
     return members
 
