@@ -289,3 +289,72 @@ def test_an_origin_gets_cors_wherever_it_gets_the_key_exemption():
         assert access.cors_headers(origin)["Access-Control-Allow-Origin"] == origin
     assert access.cors_headers("https://app.example.evil") == {}
     assert access.needs_key("translate", "https://app.example.evil")
+
+
+def test_slow_files_wait_for_their_own_threads_and_detection_goes_on(model_dir, monkeypatch):
+    """Eight uploads whose reading takes a second each (an e-book of millions of tags takes a
+    minute) held the loop's six default threads, and /detect waited for them: files now read on
+    threads of their own (FILE_THREADS), and past FILE_JOBS uploads at once the next gets 503."""
+    from transformer.serve import app as app_module
+
+    read = app_module.read_file
+
+    def slow(*args):
+        time.sleep(1.0)
+        return read(*args)
+    monkeypatch.setattr(app_module, "read_file", slow)
+    monkeypatch.setattr(app_module, "FILE_JOBS", 6)
+
+    async def calls(client, port):
+        uploads = [asyncio.ensure_future(client.post("/translate_file", data=_upload_form(b"red cat.", "a.txt")))
+                   for _ in range(7)]
+        await asyncio.sleep(0.3)
+        began = time.monotonic()
+        detected = await client.post("/detect", json={"q": "red cat runs"})
+        waited = time.monotonic() - began
+        answers = [await u for u in uploads]
+        return detected.status, waited, sorted(a.status for a in answers), [a.headers.get("Retry-After") for a in answers]
+    status, waited, statuses, retry = serving(model_dir, calls)
+    assert status == 200 and waited < 0.9, waited
+    assert statuses == [200] * 6 + [503] and retry.count("1") == 1, statuses
+
+
+def test_a_late_body_of_an_answered_request_gets_no_second_answer(model_dir):
+    """GET /health with a Content-Length whose body comes a moment after the answer: those bytes are
+    its body, not a new request's headers. The header clock took them for one and answered 408 to
+    no request, --header-timeout later. The next request on the connection is answered as usual."""
+    from test_serve import Running
+
+    running = Running("--model", model_dir, "--header-timeout", "1")
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as connection:
+            connection.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\n")
+            first = _one_answer(connection)
+            time.sleep(0.3)
+            connection.sendall(b"hello")
+            connection.settimeout(2.0)
+            try:
+                extra = connection.recv(65536)
+            except socket.timeout:
+                extra = b""
+            connection.settimeout(10)
+            connection.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            second = _one_answer(connection)
+    finally:
+        running.stop()
+    assert first.startswith(b"HTTP/1.1 200") and extra == b"" and second.startswith(b"HTTP/1.1 200"), (
+        first[:40], extra[:120], second[:40])
+
+
+def _one_answer(connection):
+    answer = b""
+    while True:
+        head, ended, rest = answer.partition(CRLF * 2)
+        if ended:
+            length = int(next(line.split(b":")[1] for line in head.split(CRLF) if line.lower().startswith(b"content-length")))
+            if len(rest) >= length:
+                return answer
+        chunk = connection.recv(65536)
+        if not chunk:
+            return answer
+        answer += chunk

@@ -36,6 +36,7 @@ client sends is a 4xx, never a 500; a client that closes its connection while it
 counted as 499, not logged as ours.
 """
 import asyncio
+import concurrent.futures
 import errno
 import inspect
 import logging
@@ -64,6 +65,8 @@ from .stopping import STOPPING, Stopping
 __all__ = ["GUARD", "BadRequest", "Limits", "Server"]
 
 RETRY_AFTER_S = 1
+FILE_THREADS = 2        # threads that read and write uploaded files (Server.file_threads)
+FILE_JOBS = 16          # uploads in flight at once, past it 503: each holds up to --max-file-size
 # what /metrics counts for a request whose client closed its connection before the body came
 # (nginx's 499): no answer reaches it, and it is not a 500 of ours
 CLIENT_GONE = 499
@@ -138,6 +141,11 @@ class Server:
         self.guard = Guard(limits.max_connections, limits.header_timeout)   # listen() puts it in front
         self.guard.busy = lambda handler: handler in self.stopping.busy
         self.files = Files(limits.file_expiry)   # the translated files, until downloaded or expired
+        # files are read and written on threads of their own: a slow one (an e-book chapter of
+        # millions of tags takes a minute to parse) waits for these, not the loop's default threads,
+        # which detect languages for every request with source "auto" (six of them once did)
+        self.file_threads = concurrent.futures.ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="transformer-files")
+        self.file_jobs = 0                   # uploads being read, translated or written
 
     def app(self):
         bounds = {"client_max_size": self.limits.max_body}
@@ -158,6 +166,7 @@ class Server:
 
         async def remove_files(app):
             self.files.close()
+            self.file_threads.shutdown(wait=False)
             self.rates.close()
         app.on_cleanup.append(remove_files)
         return app
@@ -204,6 +213,8 @@ class Server:
             response = _error(f"internal error, id {_internal_error(request)}", 500)
         finally:
             self.stopping.leave(request.protocol)
+        if request.content_length:      # what of its body has not come yet is its body, not a request
+            self.guard.answered(request.protocol, request.content_length - request.content.total_bytes)
         if self.stopping.since is not None:
             response.force_close()       # Connection: close: the client sends nothing more here
         response.headers.update(cors)
@@ -468,8 +479,19 @@ class Server:
             raise BadRequest(f"Invalid request: {exc}") from None
         sample = data[:4096].decode("utf-8", "ignore")      # source "auto" detects on the file's start
         name, detected = (await self._routes(fields, [sample]))[0]
+        if self.file_jobs >= FILE_JOBS:
+            raise BadRequest(f"the server is translating {self.file_jobs} files, as many as it takes at once; "
+                             "retry later", 503, {"Retry-After": str(RETRY_AFTER_S)})
+        self.file_jobs += 1
         try:
-            document = await asyncio.to_thread(read_file, data, uploaded, self._splitting[name])
+            return await self._translate_file(request, fields, key, uploaded, data, ext, name, detected)
+        finally:
+            self.file_jobs -= 1
+
+    async def _translate_file(self, request, fields, key, uploaded, data, ext, name, detected):
+        loop = asyncio.get_running_loop()
+        try:
+            document = await loop.run_in_executor(self.file_threads, read_file, data, uploaded, self._splitting[name])
         except FormatError as exc:
             raise BadRequest(f"file: {exc}") from None
         except Busy as exc:             # other archives hold the unpacked bytes the server allows
@@ -480,7 +502,7 @@ class Server:
                                  f"{self.scheduler.max_queue} (--max-queue)", 413)
             await self._charge(request, key, sum(len(sentence) for sentence in document.sentences))
             translated = (await self._documents([(name, detected)], [document], self._defaults.get))[0]
-            rendered = await asyncio.to_thread(document.render, translated)      # an archive: off the loop
+            rendered = await loop.run_in_executor(self.file_threads, document.render, translated)   # off the loop
         finally:
             if hasattr(document, "release"):    # an archive's unpacked members (office.py)
                 document.release()

@@ -96,6 +96,13 @@ class Guard:
         if guarded is not None:
             guarded.headers_arrived()
 
+    def answered(self, handler, body_left):
+        """A request on `handler` was answered with `body_left` bytes of its body not yet come:
+        when they come they are that body's, not a new request's headers (no clock for them)."""
+        guarded = self.open.get(handler)
+        if guarded is not None:
+            guarded.body_left = max(int(body_left), 0)
+
     def lost(self, guarded):
         if self.open.get(guarded.inner) is guarded:
             del self.open[guarded.inner]
@@ -111,6 +118,7 @@ class _Guarded(asyncio.Protocol):
         self.active = self.loop.time()      # the last time bytes came
         self.since = None                   # when the headers now arriving began (None: none are)
         self.timer = None
+        self.body_left = 0                  # bytes of an answered request's body still to come
 
     def connection_made(self, transport):
         self.transport = transport
@@ -118,6 +126,15 @@ class _Guarded(asyncio.Protocol):
 
     def data_received(self, data):
         self.active = self.loop.time()
+        if self.body_left and not self.guard.busy(self.inner):
+            # the rest of a body its handler did not read (a GET with a Content-Length, or one
+            # answered before its body came): aiohttp reads it away; only what follows it is a
+            # new request (a clock for these bytes answered 408 to no request, 10 s later)
+            body = min(len(data), self.body_left)
+            self.body_left -= body
+            if body == len(data):
+                self.inner.data_received(data)
+                return
         if self.since is None and not self.guard.busy(self.inner) and self.guard.header_timeout:
             self.since = self.active            # a new request's first bytes: its headers' clock starts
             self.timer = self.loop.call_later(self.guard.header_timeout, self._too_slow)
