@@ -358,3 +358,28 @@ def _one_answer(connection):
         if not chunk:
             return answer
         answer += chunk
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"FOO / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+    b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: abc\r\n\r\n",
+    b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Long: " + b"a" * 9000 + b"\r\n\r\n",
+    b"POST /translate HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+])
+def test_what_aiohttp_s_parser_refuses_is_answered_in_the_error_form(model_dir, request_bytes):
+    from test_serve import Running
+
+    running = Running("--model", model_dir)
+    try:
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as connection:
+            connection.sendall(request_bytes)
+            answer = _one_answer(connection)
+        with socket.create_connection(("127.0.0.1", running.port), timeout=10) as connection:
+            connection.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            after = _one_answer(connection)
+    finally:
+        running.stop()
+    head, _, body = answer.partition(CRLF * 2)
+    assert head.split(CRLF)[0].split()[1].startswith(b"4") and b"application/json" in head, answer[:300]
+    assert json.loads(body)["error"].startswith("the request is not HTTP this server reads ("), body
+    assert after.startswith(b"HTTP/1.1 200")

@@ -18,6 +18,8 @@ import asyncio
 import json
 import resource
 
+from aiohttp import web, web_protocol
+
 DESCRIPTOR_RESERVE = 64         # descriptors kept for what is not a connection: files, sockets, threads
 # asyncio accepts up to the listen backlog (128) at once before any of them reaches the factory,
 # and the idle connections the factory closes free their descriptors only on the loop's next turn,
@@ -74,7 +76,7 @@ class Guard:
                                             f"the server holds {len(self.open)} connections, each busy with a "
                                             "request, and takes no more (--max-connections); retry later",
                                             "Retry-After: 1\r\n"))
-            guarded = _Guarded(self, make())
+            guarded = _Guarded(self, _json_errors(make()))
             self.open[guarded.inner] = guarded
             return guarded
         return protocol
@@ -106,6 +108,30 @@ class Guard:
     def lost(self, guarded):
         if self.open.get(guarded.inner) is guarded:
             del self.open[guarded.inner]
+
+
+def _json_errors(handler):
+    """aiohttp's RequestHandler `handler`, its own answers to what its parser refuses (a bad method,
+    Content-Length or chunk, a header past 8,190 bytes, a duplicate Host: before any middleware
+    runs) given in LibreTranslate's error form, {"error": ...}, as every other 4xx, not text/plain.
+    (Its class has __slots__: the instance takes a subclass's method by its class, not an attribute.)"""
+    if type(handler) is web_protocol.RequestHandler:
+        handler.__class__ = _JsonErrors
+    return handler
+
+
+class _JsonErrors(web_protocol.RequestHandler):
+    __slots__ = ()
+
+    def handle_error(self, request, status=500, exc=None, message=None):
+        response = super().handle_error(request, status, exc, message)   # logs it; the connection closes after
+        if not 400 <= response.status < 500:
+            return response
+        reason = " ".join(str(message or getattr(exc, "message", "") or response.reason).split())
+        answer = web.json_response({"error": f"the request is not HTTP this server reads ({reason[:120]})"},
+                                   status=response.status)
+        answer.force_close()
+        return answer
 
 
 class _Guarded(asyncio.Protocol):
