@@ -57,7 +57,7 @@ class Busy(RuntimeError):
 
 
 _held = [0]                     # bytes every OfficeDocument not yet released holds unpacked
-_held_lock = threading.Lock()
+_held_lock = threading.RLock()      # reentrant: a finalizer (__del__) may give back inside _take
 
 
 def _take(n):
