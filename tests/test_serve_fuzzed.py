@@ -1,9 +1,12 @@
 """What a fuzzing session against `transformer serve` found (2026-12-06), each case held here: a body
 aiohttp cannot decode, a key header that is not UTF-8, an integer past C's, a static path past the
 file system's, a client gone mid-body (each was a 500); a file of a million kept runs (minutes of
-CPU); uploads that together held gigabytes unpacked, or a form of any number of fields; a request
-of more pieces than the whole queue told to retry (429). The tiny model of test_serve.py serves them,
-in process, so that the log and the server's state can be read."""
+CPU); uploads that together held gigabytes unpacked, a form of any number of fields, slow files on
+the loop's default threads; a request of more pieces than the whole queue told to retry (429); a
+second answer (408) to the late body of an answered request; aiohttp's own refusals in text/plain;
+origins compared two ways; a format of 0 read as text. The tiny model of test_serve.py serves them:
+in process where the log or the server's state is read, else as `transformer serve` (the
+connection guard and aiohttp's parser sit in front of a real server only)."""
 import asyncio
 import io
 import json
