@@ -20,6 +20,7 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
 
 from test_serve import model_dir  # noqa: E402,F401
+from test_serve_hostile import _answer_of  # noqa: E402
 from transformer.checkpoint import load_for_inference  # noqa: E402
 from transformer.serve import build, load_models  # noqa: E402
 from transformer.serve import office  # noqa: E402
@@ -332,7 +333,7 @@ def test_a_late_body_of_an_answered_request_gets_no_second_answer(model_dir):
     try:
         with socket.create_connection(("127.0.0.1", running.port), timeout=10) as connection:
             connection.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5\r\n\r\n")
-            first = _one_answer(connection)
+            first = _answer_of(connection)
             time.sleep(0.3)
             connection.sendall(b"hello")
             connection.settimeout(2.0)
@@ -342,25 +343,12 @@ def test_a_late_body_of_an_answered_request_gets_no_second_answer(model_dir):
                 extra = b""
             connection.settimeout(10)
             connection.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            second = _one_answer(connection)
+            second = _answer_of(connection)
     finally:
         running.stop()
     assert first.startswith(b"HTTP/1.1 200") and extra == b"" and second.startswith(b"HTTP/1.1 200"), (
         first[:40], extra[:120], second[:40])
 
-
-def _one_answer(connection):
-    answer = b""
-    while True:
-        head, ended, rest = answer.partition(CRLF * 2)
-        if ended:
-            length = int(next(line.split(b":")[1] for line in head.split(CRLF) if line.lower().startswith(b"content-length")))
-            if len(rest) >= length:
-                return answer
-        chunk = connection.recv(65536)
-        if not chunk:
-            return answer
-        answer += chunk
 
 
 @pytest.mark.parametrize("request_bytes", [
@@ -376,10 +364,10 @@ def test_what_aiohttp_s_parser_refuses_is_answered_in_the_error_form(model_dir, 
     try:
         with socket.create_connection(("127.0.0.1", running.port), timeout=10) as connection:
             connection.sendall(request_bytes)
-            answer = _one_answer(connection)
+            answer = _answer_of(connection)
         with socket.create_connection(("127.0.0.1", running.port), timeout=10) as connection:
             connection.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-            after = _one_answer(connection)
+            after = _answer_of(connection)
     finally:
         running.stop()
     head, _, body = answer.partition(CRLF * 2)

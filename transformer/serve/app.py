@@ -204,13 +204,11 @@ class Server:
             raise
         except ConnectionResetError:    # the client went away while its body was read: nobody to answer
             response = _error("the client closed the connection", CLIENT_GONE)
-        except OSError as exc:
-            if exc.errno != errno.ENAMETOOLONG or not request.path.startswith("/static/"):
+        except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.ENAMETOOLONG and request.path.startswith("/static/"):
+                response = _error("no such file", 404)      # a static path no file system holds
+            else:                       # a bug of ours: the server goes on, the log has what happened
                 response = _error(f"internal error, id {_internal_error(request)}", 500)
-            else:                       # a static path no file system holds
-                response = _error("no such file", 404)
-        except Exception:               # a bug of ours: the server goes on, the log has what happened
-            response = _error(f"internal error, id {_internal_error(request)}", 500)
         finally:
             self.stopping.leave(request.protocol)
         if request.content_length:      # what of its body has not come yet is its body, not a request

@@ -57,16 +57,7 @@ class Busy(RuntimeError):
 
 
 _held = [0]                     # bytes every OfficeDocument not yet released holds unpacked
-_held_lock = threading.RLock()      # reentrant: a finalizer (__del__) may give back inside _take
-
-
-def _take(n):
-    """Count n more bytes held unpacked; False (nothing counted) when that passes UNPACKED_AT_ONCE."""
-    with _held_lock:
-        if _held[0] + n > UNPACKED_AT_ONCE:
-            return False
-        _held[0] += n
-        return True
+_held_lock = threading.RLock()      # reentrant: a finalizer (__del__) may give back inside _hold
 
 
 def _give(n):
@@ -80,19 +71,19 @@ def held_unpacked():
 
 
 def _hold(n, taken):
-    """n more bytes held (fewer, for n < 0) by the archive whose count is taken[0]; Busy past
-    UNPACKED_AT_ONCE."""
-    if n > 0 and not _take(n):
-        raise Busy(f"the files being translated hold {held_unpacked() >> 20} MiB unpacked, and this one "
-                   f"would pass the {UNPACKED_AT_ONCE >> 20} MiB they may hold at once")
-    if n < 0:
-        _give(-n)
+    """n more bytes held (fewer, for n < 0) by the archive whose count is taken[0]; Busy, nothing
+    counted, when that passes UNPACKED_AT_ONCE."""
+    with _held_lock:
+        if n > 0 and _held[0] + n > UNPACKED_AT_ONCE:
+            raise Busy(f"the files being translated hold {_held[0] >> 20} MiB unpacked, and this one "
+                       f"would pass the {UNPACKED_AT_ONCE >> 20} MiB they may hold at once")
+        _held[0] += n
     taken[0] += n
 
 
 def _unpack(data):
     """[(ZipInfo, bytes)] of the archive, bounded (MAX_MEMBERS, MAX_UNPACKED), and its bytes counted
-    as held (_take; the caller gives them back): Busy past UNPACKED_AT_ONCE."""
+    as held (_hold; the caller gives them back): Busy past UNPACKED_AT_ONCE."""
     taken = [0]
     try:
         members = _read_members(data, taken)
