@@ -3,11 +3,14 @@ byte for byte (tags with their attributes, entities, comments, the doctype).
 
 Python's own html.parser reads the markup as browsers tokenise it (unclosed <p>, bare <, entities
 without a semicolon); each event's start in the source (getpos) cuts the markup into raw spans,
-so nothing is re-serialised. Left as they are, with what is inside them: <script>, <style>,
+so nothing is re-serialised. Only feed() reads it, never close(): what feed leaves unread is a
+construct never ended (a comment, tag or declaration without its end), kept as it is (finish).
+Left as they are, with what is inside them: <script>, <style>,
 <code>, <pre>, <textarea>, any element with translate="no" (HTML's own attribute; translate="yes"
 inside it translates again) or Google's class "notranslate". Attributes (title, alt) are not
 translated, as LibreTranslate leaves them.
 """
+import html
 from html.parser import HTMLParser
 
 KEEP = frozenset(("script", "style", "code", "pre", "textarea", "kbd", "samp", "var"))
@@ -27,7 +30,7 @@ class _Runs(HTMLParser):
         for i, ch in enumerate(markup):
             if ch == "\n":
                 self.lines.append(i + 1)
-        self.events = []            # (start offset, translatable text or None)
+        self.events = []            # (start offset, [translatable text's pieces] or None)
         self.open = []              # (tag, translates) of the open elements
 
     def _offset(self):
@@ -64,12 +67,36 @@ class _Runs(HTMLParser):
                 break
 
     def handle_data(self, data):
+        self._text(data, self._offset)
+
+    def _text(self, data, offset):
         translate = self._translating()
         if self.events and self.events[-1][1] is not None and translate:
-            start, text = self.events[-1]               # text split by a bare "<": one run
-            self.events[-1] = (start, text + data)
-        else:
-            self.events.append((self._offset(), data if translate else None))
+            self.events[-1][1].append(data)             # text split by a bare "<": one run
+        else:                                           # (pieces: adding to a string copied it: quadratic)
+            self.events.append((offset(), [data] if translate else None))
+
+    def finish(self, length):
+        """What feed() left unread (rawdata) as events, in place of close(). feed leaves a construct
+        whose end is nowhere after it (`<!--`, `<a b="`, `</a`, `<?`, `<!x` without their `-->` or
+        `>`), and what follows it; close() would read it as text up to the next < or > and search the
+        rest of the markup again for the next one's end: a megabyte of `<!--x>` took minutes
+        (quadratic; Python's parser before its 2025 fixes, 3.11.7 here). HTML ends such a construct
+        at the end of the document (the WHATWG tokenizer's EOF in a comment or a tag) and a browser
+        shows nothing of it: so it is kept as it is, and what follows it. Text feed holds back (a
+        character reference it may see cut at the end) is text; inside <script>, kept."""
+        rest = self.rawdata
+        if not rest:
+            return
+        start = length - len(rest)
+        cut = rest.find("<")
+        if cut != 0:
+            if self.cdata_elem is not None:
+                self.events.append((start, None))
+                return
+            self._text(html.unescape(rest if cut < 0 else rest[:cut]), lambda: start)
+        if cut >= 0:
+            self.events.append((start + cut, None))
 
     def _markup(self, *_):
         self.events.append((self._offset(), None))
@@ -84,15 +111,15 @@ def text_runs(markup):
     parser = _Runs(markup)
     try:
         parser.feed(markup)
-        parser.close()
     except (AssertionError, ValueError) as exc:    # the stdlib parser's ways of giving up
         raise MarkupError(f"html.parser cannot read it: {str(exc)[:80]}") from None
+    parser.finish(len(markup))
     events = parser.events
     runs = []
-    for i, (start, text) in enumerate(events):
+    for i, (start, pieces) in enumerate(events):
         end = events[i + 1][0] if i + 1 < len(events) else len(markup)
         if end > start:
-            runs.append((markup[start:end], text))
+            runs.append((markup[start:end], None if pieces is None else "".join(pieces)))
     if events and events[0][0] > 0:
         runs.insert(0, (markup[:events[0][0]], None))
     if not events and markup:
