@@ -258,8 +258,8 @@ def test_texts_of_more_pieces_than_the_whole_queue_are_413_not_retry_later(model
         return (many.status, await many.json(), many.headers.get("Retry-After")), few.status
     (status, body, retry), few = serving(model_dir, calls, caplog, max_queue=4)
     assert status == 413 and retry is None, body
-    assert body["error"] == ("the texts make 6 pieces (sentences cut to the model's positions); the queue takes "
-                             "at most 4 (--max-queue); send fewer or shorter texts"), body
+    assert body["error"] == ("the texts make at least 5 pieces (sentences cut to the model's positions); the queue "
+                             "takes at most 4 (--max-queue); send fewer or shorter texts"), body
     assert few == 200
 
 

@@ -48,7 +48,7 @@ import uuid
 from aiohttp import web
 
 from ..languages import alpha2, english_name
-from .documents import of_html, of_text
+from .documents import Budget, TooMuch, of_html, of_text
 from .access import Access
 from .connections import Guard
 from .fields import BadRequest, Limits, alternatives_of, format_of, read_fields, read_upload, shown, texts_of
@@ -67,6 +67,8 @@ __all__ = ["GUARD", "BadRequest", "Limits", "Server"]
 RETRY_AFTER_S = 1
 FILE_THREADS = 2        # threads that read and write uploaded files (Server.file_threads)
 FILE_JOBS = 16          # uploads in flight at once, past it 503: each holds up to --max-file-size
+FILE_READ_S = 10.0      # seconds reading one upload may take on a file thread, past it 413 (documents.Budget)
+OFF_LOOP_CHARS = 16384  # a request's texts past it are cut into subwords off the loop (some 25 ms of it)
 # what /metrics counts for a request whose client closed its connection before the body came
 # (nginx's 499): no answer reaches it, and it is not a 500 of ours
 CLIENT_GONE = 499
@@ -120,6 +122,15 @@ def _unique(texts, main, n):
     return out[:n]
 
 
+async def _off_loop_if_large(texts, work, executor=None):
+    """work() on a thread (executor, else the loop's default) when the texts hold more than
+    OFF_LOOP_CHARS characters, else here: cutting a megabyte into sentences or subwords held the
+    loop, and every other request, for a second or more."""
+    if sum(map(len, texts)) > OFF_LOOP_CHARS:
+        return await asyncio.get_running_loop().run_in_executor(executor, work)
+    return work()
+
+
 class Server:
     """The aiohttp application around a Scheduler. detector: a Detector of the served sources."""
 
@@ -141,9 +152,9 @@ class Server:
         self.guard = Guard(limits.max_connections, limits.header_timeout)   # listen() puts it in front
         self.guard.busy = lambda handler: handler in self.stopping.busy
         self.files = Files(limits.file_expiry)   # the translated files, until downloaded or expired
-        # files are read and written on threads of their own: a slow one (an e-book chapter of
-        # millions of tags takes a minute to parse) waits for these, not the loop's default threads,
-        # which detect languages for every request with source "auto" (six of them once did)
+        # files are read and written on threads of their own: a slow one (reading may take up to
+        # FILE_READ_S) waits for these, not the loop's default threads, which detect
+        # languages for every request with source "auto" (six of them once did)
         self.file_threads = concurrent.futures.ThreadPoolExecutor(FILE_THREADS, thread_name_prefix="transformer-files")
         self.file_jobs = 0                   # uploads being read, translated or written
 
@@ -282,10 +293,12 @@ class Server:
             return await asyncio.to_thread(self.pairs.route, fields, texts, self.detector.detect)
         return self.pairs.route(fields, texts, None)
 
-    async def _translate(self, name, texts, options, join=None):
-        """The translations of texts by the scheduler; a client that goes away cancels its part."""
+    async def _translate(self, name, texts, options, join=None, executor=None):
+        """The translations of texts by the scheduler; a client that goes away cancels its part.
+        Large texts are cut into subwords off the loop (executor: where)."""
         try:
-            future = self.scheduler.submit(name, texts, options, join=join)
+            pieces = await _off_loop_if_large(texts, lambda: self.scheduler.pieces(name, texts), executor)
+            future = self.scheduler.submit(name, texts, options, join=join, pieces=pieces)
         except QueueFull as exc:
             raise BadRequest(f"too many requests waiting: {exc}; retry later", 429,
                              {"Retry-After": str(RETRY_AFTER_S)}) from None
@@ -318,9 +331,10 @@ class Server:
         except MarkupError as exc:
             raise BadRequest(f"{where} is not HTML the server can read ({exc})") from None
 
-    async def _documents(self, routes, documents, options, join=None):
+    async def _documents(self, routes, documents, options, join=None, executor=None):
         """Each document's sentences' translations, in order: the sentences of every document a
-        model translates go to the scheduler as one request. options(name): its decoding options."""
+        model translates go to the scheduler as one request. options(name): its decoding options;
+        executor: where large texts are cut into subwords (_translate)."""
         first = routes[0][0]
         if all(name == first for name, _ in routes):          # one model (the usual case): one request
             jobs = {first: range(len(documents))}
@@ -331,10 +345,10 @@ class Server:
         flat = {name: [s for i in chosen for s in documents[i].sentences] for name, chosen in jobs.items()}
         flat = {name: sentences for name, sentences in flat.items() if sentences}
         if len(flat) <= 1:
-            done = {name: await self._translate(name, sentences, options(name), join)
+            done = {name: await self._translate(name, sentences, options(name), join, executor)
                     for name, sentences in flat.items()}
         else:
-            tasks = {name: asyncio.ensure_future(self._translate(name, sentences, options(name), join))
+            tasks = {name: asyncio.ensure_future(self._translate(name, sentences, options(name), join, executor))
                      for name, sentences in flat.items()}
             try:
                 await asyncio.gather(*tasks.values())
@@ -360,8 +374,9 @@ class Server:
         decoded = alternatives if fmt == "text" else 0       # LibreTranslate gives none for html
         await self._charge(request, key, sum(len(text) for text in texts))
         routes = await self._routes(fields, texts)
-        documents = [self._document(text, fmt, name, f"q[{i}]" if was_list else "q")
-                     for i, (text, (name, _)) in enumerate(zip(texts, routes))]
+        where = (lambda i: f"q[{i}]") if was_list else (lambda i: "q")
+        documents = await _off_loop_if_large(texts, lambda: [self._document(text, fmt, name, where(i))
+                                                             for i, (text, (name, _)) in enumerate(zip(texts, routes))])
         options = (lambda name: self.models[name].options(alternatives=decoded)) if decoded else self._defaults.get
         results = await self._documents(routes, documents, options, join=_join_alternatives if decoded else None)
         out, others = [], []
@@ -410,7 +425,7 @@ class Server:
             extras[field] = value
         options = served.options(**overrides, **extras)
         detailed = extras["scores"] or extras["attention"]
-        documents = [self._document(text, "text", name) for text in texts]
+        documents = await _off_loop_if_large(texts, lambda: [self._document(text, "text", name) for text in texts])
         results = await self._documents([(name, None)] * len(texts), documents, lambda _: options,
                                         join=_join_details if detailed else None)
         translations = []
@@ -488,18 +503,21 @@ class Server:
 
     async def _translate_file(self, request, fields, key, uploaded, data, ext, name, detected):
         loop = asyncio.get_running_loop()
+        queue = self.scheduler.max_queue
+        budget = Budget(queue, queue * self.models[name].model.cfg.max_len, FILE_READ_S)
         try:
-            document = await loop.run_in_executor(self.file_threads, read_file, data, uploaded, self._splitting[name])
+            document = await loop.run_in_executor(self.file_threads, read_file, data, uploaded, self._splitting[name],
+                                                  budget)
         except FormatError as exc:
             raise BadRequest(f"file: {exc}") from None
+        except TooMuch as exc:
+            raise BadRequest(f"file: {exc}", 413) from None
         except Busy as exc:             # other archives hold the unpacked bytes the server allows
             raise BadRequest(f"file: {exc}; retry later", 503, {"Retry-After": str(RETRY_AFTER_S)}) from None
         try:
-            if len(document.sentences) > self.scheduler.max_queue:
-                raise BadRequest(f"the file holds {len(document.sentences)} sentences; the queue takes at most "
-                                 f"{self.scheduler.max_queue} (--max-queue)", 413)
             await self._charge(request, key, sum(len(sentence) for sentence in document.sentences))
-            translated = (await self._documents([(name, detected)], [document], self._defaults.get))[0]
+            translated = (await self._documents([(name, detected)], [document], self._defaults.get,
+                                                executor=self.file_threads))[0]
             rendered = await loop.run_in_executor(self.file_threads, document.render, translated)   # off the loop
         finally:
             if hasattr(document, "release"):    # an archive's unpacked members (office.py)

@@ -12,12 +12,49 @@ runs to the same splitter (markup.py).
 import html
 import io
 import re
+import time
 
 _LINES = re.compile(r"(\n)")
 _WORD = re.compile(r"[^\W_]")         # a letter or digit: something to translate
 
 
 _SEGMENT = []
+
+
+class TooMuch(Exception):
+    """A file past what reading it may take (Budget): HTTP 413, the message says which bound. Not
+    a ValueError: the parsers' own ValueErrors mean markup they cannot read (HTTP 400)."""
+
+
+class Budget:
+    """What reading one uploaded file may take, checked as it is read, so that a file past it
+    costs no more than the bound: at most `sentences` sentences and `chars` characters of them
+    (what the queue takes: more is refused after reading anyway, and the subwords of a text of
+    tens of megabytes took minutes), and `seconds` of reading (the server has two file threads;
+    a 64 MiB e-book chapter of tags, 150 s), counted from start(): a file waiting for a file
+    thread is not reading yet. clock: time.monotonic, or a test's."""
+
+    def __init__(self, sentences, chars, seconds, clock=time.monotonic):
+        self.max_sentences, self.max_chars, self.seconds, self.clock = sentences, chars, seconds, clock
+        self.deadline = None
+        self.sentences = self.chars = 0
+
+    def start(self):
+        self.deadline = self.clock() + self.seconds
+
+    def sentence(self, text):
+        self.sentences += 1
+        self.chars += len(text)
+        if self.sentences > self.max_sentences:
+            raise TooMuch(f"the file holds more than {self.max_sentences} sentences; the queue takes at most "
+                          f"{self.max_sentences} (--max-queue)")
+        if self.chars > self.max_chars:
+            raise TooMuch(f"the file's sentences hold more than {self.max_chars} characters; at most the queue's "
+                          "pieces (--max-queue) times the model's positions")
+
+    def check(self):
+        if self.deadline is not None and self.clock() > self.deadline:
+            raise TooMuch(f"reading the file takes more than {self.seconds:g} s (what the server gives a file)")
 
 
 def _segment():
@@ -33,9 +70,11 @@ def _segment():
 class Document:
     """A text as parts kept verbatim and sentences: render(translations) puts each sentence's
     translation in its place. markup: the translations are escaped for HTML (&, <, >); xml: for
-    XHTML, whose no-break space is &#160; (XML knows no &nbsp;)."""
+    XHTML, whose no-break space is &#160; (XML knows no &nbsp;). budget: what reading it may take
+    (Budget), or None."""
 
-    def __init__(self, markup=False, xml=False):
+    def __init__(self, markup=False, xml=False, budget=None):
+        self.budget = budget
         self.parts = []             # str (kept as it is) or int (a sentence's index)
         self._kept = None           # what keep() gathers until the next sentence
         self.sentences = []
@@ -63,6 +102,8 @@ class Document:
         segment = segment or _segment()
         keep = (lambda raw: self.keep(_escape(raw, self.nbsp))) if escape else self.keep
         for line in _LINES.split(text) if "\n" in text else (text,):
+            if self.budget is not None:
+                self.budget.check()
             if not line.strip():
                 keep(line)
                 continue
@@ -74,6 +115,8 @@ class Document:
                 start = len(piece) - len(piece.lstrip())
                 keep(piece[:start])
                 self._close_kept()
+                if self.budget is not None:
+                    self.budget.sentence(core)
                 self.parts.append(len(self.sentences))
                 self.sentences.append(core)
                 keep(piece[start + len(core):])
@@ -98,15 +141,15 @@ def of_text(text, language):
     return document
 
 
-def of_html(markup, language, xml=False):
+def of_html(markup, language, xml=False, budget=None):
     """An HTML text's Document: the text of its elements split into sentences, every tag,
     attribute, entity and comment kept, and the elements that are not to be translated left as
     they are (markup.py). xml: XHTML (an e-book's chapter), a no-break space written &#160;."""
     from .markup import text_runs
 
-    document = Document(markup=True, xml=xml)
+    document = Document(markup=True, xml=xml, budget=budget)
     segment = _segment()
-    for raw, text in text_runs(markup):
+    for raw, text in text_runs(markup, None if budget is None else budget.check):
         if text is None or not text.strip():
             document.keep(raw)
         else:

@@ -61,17 +61,20 @@ class FileDocument:
         return ((BOM if self.bom else "") + self.document.render(flat)).encode("utf-8")
 
 
-def read(data, name, language):
+def read(data, name, language, budget=None):
     """The FileDocument of a file's bytes `data` named `name` (its extension says its format), its
-    text split by the rules of `language` (a two-letter code)."""
+    text split by the rules of `language` (a two-letter code). budget: what reading it may take
+    (documents.Budget: TooMuch past it), or None."""
     ext = extension(name)
     if not data:
         raise FormatError("the file is empty")
+    if budget is not None:
+        budget.start()
     if ext in (".docx", ".pptx", ".odt", ".epub"):
         from .office import OfficeDocument, OfficeError
 
         try:
-            return OfficeDocument(data, ext, language)
+            return OfficeDocument(data, ext, language, budget)
         except OfficeError as exc:
             raise FormatError(str(exc)) from None
     try:
@@ -83,25 +86,25 @@ def read(data, name, language):
     bom = text.startswith(BOM)
     text = text[1:] if bom else text
     if ext == ".txt":
-        document = Document()
+        document = Document(budget=budget)
         document.add_text(text, language)
     elif ext in (".html", ".htm"):
         try:
-            document = of_html(text, language)
+            document = of_html(text, language, budget=budget)
         except MarkupError as exc:
             raise FormatError(f"the file is not HTML the server can read ({exc})") from None
     else:
-        document = _subtitles(text, language, vtt=ext == ".vtt")
+        document = _subtitles(text, language, ext == ".vtt", budget)
     return FileDocument(document, bom)
 
 
-def _subtitles(text, language, vtt):
+def _subtitles(text, language, vtt, budget=None):
     """A .srt or .vtt file's Document: blocks are runs of non-blank lines; in a block with a timing
     line, what follows it is the cue's text; every other line is kept as it is."""
     lines = _LINE.findall(text)
     if vtt and not (lines and lines[0].startswith("WEBVTT") and lines[0][6:7] in ("", " ", "\t", "\r", "\n")):
         raise FormatError("the file is not WebVTT: its first line is not WEBVTT")
-    document = Document(markup=vtt)
+    document = Document(markup=vtt, budget=budget)
     segment = _segment()
     cues, block = 0, []
     for line in lines + [""]:
@@ -134,7 +137,7 @@ def _cue_text(document, lines, language, segment, markup):
         document.add_text(text, language, segment)
     else:
         try:
-            runs = text_runs(text)
+            runs = text_runs(text, document.budget and document.budget.check)
         except MarkupError as exc:
             raise FormatError(f"a cue's text cannot be read ({exc})") from None
         for raw, run in runs:

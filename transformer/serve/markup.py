@@ -24,8 +24,9 @@ class MarkupError(ValueError):
 
 
 class _Runs(HTMLParser):
-    def __init__(self, markup):
+    def __init__(self, markup, check=None):
         super().__init__(convert_charrefs=True)
+        self.check = check
         self.lines = [0]
         for i, ch in enumerate(markup):
             if ch == "\n":
@@ -34,6 +35,8 @@ class _Runs(HTMLParser):
         self.open = []              # (tag, translates) of the open elements
 
     def _offset(self):
+        if self.check is not None:      # each event: a file's reading is bounded (documents.Budget)
+            self.check()
         line, column = self.getpos()
         return self.lines[line - 1] + column
 
@@ -105,10 +108,11 @@ class _Runs(HTMLParser):
     handle_entityref = handle_charref = _markup         # not called: convert_charrefs
 
 
-def text_runs(markup):
+def text_runs(markup, check=None):
     """[(raw, text)] covering `markup` in order: raw is the span of the source, text its
-    unescaped text when it is to be translated, else None (kept as raw)."""
-    parser = _Runs(markup)
+    unescaped text when it is to be translated, else None (kept as raw). check(): called at each
+    tag or run, raises to stop the reading."""
+    parser = _Runs(markup, check)
     try:
         parser.feed(markup)
     except (AssertionError, ValueError) as exc:    # the stdlib parser's ways of giving up

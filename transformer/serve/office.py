@@ -119,8 +119,9 @@ def _read_members(data, taken):
     return members
 
 
-def _paragraphs(xml, part, paragraph_tags, text_tags):
-    """[[(start, end, text)]]: each paragraph's runs, as byte offsets into `xml` and their text."""
+def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
+    """[[(start, end, text)]]: each paragraph's runs, as byte offsets into `xml` and their text.
+    check(): called at each element, raises to stop the reading."""
     if xml.startswith((b"\xff\xfe", b"\xfe\xff")) or re.match(rb"<\?xml[^>]*encoding=[\"'](?!utf-8)", xml, re.I):
         raise OfficeError(f"{part} is not UTF-8 XML")
     parser = expat.ParserCreate()
@@ -135,6 +136,8 @@ def _paragraphs(xml, part, paragraph_tags, text_tags):
             run.clear()
 
     def start(tag, attrs):
+        if check is not None:
+            check()
         close(parser.CurrentByteIndex)
         stack.append(tag)
         if tag in paragraph_tags:
@@ -193,11 +196,11 @@ def spread(translation, lengths):
 class OfficeDocument:
     """An office file's paragraphs: sentences, and render(translations) -> the file's bytes."""
 
-    def __init__(self, data, ext, language):
+    def __init__(self, data, ext, language, budget=None):
         self.held = 0
         self.members, self.held = _unpack(data)
         try:
-            self._read(ext, language)
+            self._read(ext, language, budget)
         except BaseException:
             self.release()
             raise
@@ -210,7 +213,7 @@ class OfficeDocument:
     def __del__(self):
         self.release()
 
-    def _read(self, ext, language):
+    def _read(self, ext, language, budget):
         pattern, needed, paragraph_tags, text_tags = KINDS[ext]
         names = {info.filename for info, _ in self.members}
         if needed not in names:
@@ -221,21 +224,22 @@ class OfficeDocument:
             if not pattern.fullmatch(info.filename):
                 continue
             if paragraph_tags is None:
-                self.parts[info.filename] = self._xhtml(content, info.filename, language)
+                self.parts[info.filename] = self._xhtml(content, info.filename, language, budget)
                 continue
             paragraphs = []
-            for runs in _paragraphs(content, info.filename, paragraph_tags, text_tags):
-                document = Document()
+            check = None if budget is None else budget.check
+            for runs in _paragraphs(content, info.filename, paragraph_tags, text_tags, check):
+                document = Document(budget=budget)
                 document.add_text("".join(text for _, _, text in runs).replace("\n", " "), language, segment)
                 paragraphs.append((runs, document, len(self.sentences)))
                 self.sentences += document.sentences
             self.parts[info.filename] = paragraphs
 
-    def _xhtml(self, content, part, language):
+    def _xhtml(self, content, part, language, budget):
         """An e-book's chapter: (its Document, its first sentence's index)."""
         try:
             text = content.decode("utf-8")
-            document = of_html(text, language, xml=True)
+            document = of_html(text, language, xml=True, budget=budget)
         except UnicodeDecodeError:
             raise OfficeError(f"{part} is not UTF-8") from None
         except MarkupError as exc:

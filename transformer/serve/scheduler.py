@@ -179,13 +179,30 @@ class Scheduler:
         self._thread.start()
 
     # -- the handlers' side ------------------------------------------------------------------------
-    def submit(self, model_name, texts, options, join=None):
+    def pieces(self, model_name, texts):
+        """(pieces, owners): the source ids of `texts` cut to the model's positions, and the text
+        each piece is of; TooMany past the whole queue, said as soon as it is. It reads only the
+        model's tokenizer: a handler may call it off the loop for a large request (the subwords of
+        a megabyte take a second and a half) and give them to submit."""
+        served = self.models[model_name]
+        pieces, owners = [], []
+        for index, text in enumerate(texts):
+            for part in text_pieces(served.model, served.src_tokenizer, text):
+                pieces.append(part)
+                owners.append(index)
+            if len(pieces) > self.max_queue:
+                raise TooMany(f"the texts make {'at least ' if index + 1 < len(texts) else ''}{len(pieces)} "
+                              "pieces (sentences cut to the model's positions); the queue takes at most "
+                              f"{self.max_queue} (--max-queue)")
+        return pieces, owners
+
+    def submit(self, model_name, texts, options, join=None, pieces=None):
         """A concurrent.futures.Future of the translations of `texts` (list of str), in order.
         options: the decoding options (a hashable tuple of (key, value) pairs: ServedModel.options).
         join(parts): a text's result from its pieces' (default: their texts joined by spaces, as
-        translate_texts joins them; an empty text has no pieces)."""
+        translate_texts joins them; an empty text has no pieces). pieces: what
+        self.pieces(model_name, texts) gave, if the caller made them."""
         join = join or " ".join
-        served = self.models[model_name]
         chosen = dict(options)
         beam = _width(options)
         if beam > self.max_rows:
@@ -193,18 +210,11 @@ class Scheduler:
             raise TooWide(f"{said} must be at most {self.max_rows} (the decoder rows the server holds: "
                           f"--batch-size x 4), got {beam}")
         future = concurrent.futures.Future()
-        pieces, owners = [], []
-        for index, text in enumerate(texts):
-            for part in text_pieces(served.model, served.src_tokenizer, text):
-                pieces.append(part)
-                owners.append(index)
+        pieces, owners = pieces or self.pieces(model_name, texts)
         request = _Request(owners, len(texts), future, join)
         if not pieces:
             future.set_result([join([]) for _ in texts])
             return future
-        if len(pieces) > self.max_queue:
-            raise TooMany(f"the texts make {len(pieces)} pieces (sentences cut to the model's positions); "
-                          f"the queue takes at most {self.max_queue} (--max-queue)")
         group = (model_name, options)
         with self._condition:
             if self._stopping:

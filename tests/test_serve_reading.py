@@ -1,0 +1,158 @@
+"""What reading one uploaded file may take (documents.Budget): at most the queue's sentences and
+characters, and FILE_READ_S seconds, checked as each format is read, so that a file past a bound
+costs no more than the bound (an e-book of 64 MiB of tags had a file thread for 150 s, a text of
+three million sentences for 10 s before its 413). And a large request's subwords are cut off the
+loop. The tiny model of test_serve.py serves the server's cases."""
+import io
+import threading
+import zipfile
+
+import pytest
+
+aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
+
+from test_serve import model_dir  # noqa: E402,F401
+from test_serve_fuzzed import _upload_form, serving  # noqa: E402
+from transformer.serve.documents import Budget, TooMuch  # noqa: E402
+from transformer.serve.formats import read  # noqa: E402
+
+W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
+
+
+def _zip(members):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, content in members.items():
+            archive.writestr(name, content)
+    return buffer.getvalue()
+
+
+def _docx(body):
+    return _zip({"[Content_Types].xml": "<Types/>", "word/document.xml": f"<w:document {W}><w:body>{body}</w:body></w:document>"})
+
+
+def _epub(chapter):
+    return _zip({"META-INF/container.xml": "<container/>", "OEBPS/c1.xhtml": chapter})
+
+
+def _srt(cues):
+    return "".join(f"{i + 1}\n00:00:01,000 --> 00:00:02,000\n{cue}\n\n" for i, cue in enumerate(cues)).encode()
+
+
+def _vtt(cues):
+    return b"WEBVTT\n\n" + _srt(cues)
+
+
+# a file of n sentences in each format, and the name that says its format
+FILES = {
+    "a.txt": lambda n: "\n".join(["the cat runs."] * n).encode(),
+    "a.html": lambda n: "".join(["<p>the cat runs.</p>"] * n).encode(),
+    "a.srt": lambda n: _srt(["the cat runs."] * n),
+    "a.vtt": lambda n: _vtt(["the cat runs."] * n),
+    "a.docx": lambda n: _docx("".join(["<w:p><w:r><w:t>the cat runs.</w:t></w:r></w:p>"] * n)),
+    "a.epub": lambda n: _epub("<html><body>" + "".join(["<p>the cat runs.</p>"] * n) + "</body></html>"),
+}
+
+
+class Ticks:
+    """A clock that moves a second each time it is read: a budget of s seconds allows some s
+    checks, whatever the machine's speed."""
+
+    def __init__(self):
+        self.now = 0
+
+    def __call__(self):
+        self.now += 1
+        return self.now
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_each_format_stops_at_the_sentence_past_the_queue(name):
+    assert len(read(FILES[name](8), name, "en", Budget(8, 10 ** 6, 10 ** 6)).sentences) == 8
+    with pytest.raises(TooMuch, match=r"more than 8 sentences; the queue takes at most 8 \(--max-queue\)"):
+        read(FILES[name](9), name, "en", Budget(8, 10 ** 6, 10 ** 6))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_each_format_stops_at_the_characters_past_the_bound(name):
+    read(FILES[name](4), name, "en", Budget(100, 4 * len("the cat runs."), 10 ** 6))
+    with pytest.raises(TooMuch, match="sentences hold more than 51 characters"):
+        read(FILES[name](4), name, "en", Budget(100, 4 * len("the cat runs.") - 1, 10 ** 6))
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_each_format_checks_the_clock_as_it_reads(name):
+    """A budget of 50 ticks: a file of 200 sentences (lines, tags, cues, elements) is past it."""
+    assert len(read(FILES[name](2), name, "en", Budget(10 ** 4, 10 ** 6, 50, clock=Ticks())).sentences) == 2
+    with pytest.raises(TooMuch, match="reading the file takes more than 50 s"):
+        read(FILES[name](200), name, "en", Budget(10 ** 4, 10 ** 6, 50, clock=Ticks()))
+
+
+@pytest.mark.parametrize("name, data", [("a.epub", _epub("<b>" * 1000)), ("a.html", b"<b>" * 1000),
+                                        ("a.docx", _docx("<w:p/>" * 1000))])
+def test_markup_without_a_sentence_is_bounded_by_the_clock(name, data):
+    with pytest.raises(TooMuch, match="takes more than 50 s"):
+        read(data, name, "en", Budget(10 ** 4, 10 ** 6, 50, clock=Ticks()))
+
+
+def test_the_clock_starts_when_reading_starts_not_when_the_budget_is_made():
+    clock = Ticks()
+    budget = Budget(10 ** 4, 10 ** 6, 5, clock=clock)
+    clock.now = 10 ** 6                     # a file waited for a file thread
+    assert budget.check() is None
+    read(b"the cat runs.", "a.txt", "en", budget)
+
+
+def test_a_file_past_the_bounds_is_413_on_the_server_and_the_server_goes_on(model_dir, caplog, monkeypatch):
+    """An e-book chapter of a million tags (3 MB unpacked, a 10 KB upload) read for 0.3 s, not
+    the 7 s it takes; a text of 5,000 sentences refused at the 4,097th, not after the last."""
+    from transformer.serve import app as app_module
+
+    monkeypatch.setattr(app_module, "FILE_READ_S", 0.3)
+    tags = _epub("<html><body>" + "<b>" * 1_000_000 + "</body></html>")
+    lines = "\n".join(["the cat runs."] * 5000).encode()
+
+    async def calls(client, port):
+        answers = []
+        for data, name in ((tags, "a.epub"), (lines, "a.txt"), (b"red cat.", "a.txt")):
+            response = await client.post("/translate_file", data=_upload_form(data, name))
+            answers.append((response.status, await response.json()))
+        return answers
+    (slow, slow_body), (many, many_body), (fine, _) = serving(model_dir, calls, caplog)
+    assert slow == 413 and slow_body["error"] == "file: reading the file takes more than 0.3 s (what the server gives a file)"
+    assert many == 413 and "more than 4096 sentences; the queue takes at most 4096 (--max-queue)" in many_body["error"]
+    assert fine == 200
+
+
+def test_a_large_request_is_cut_into_sentences_and_subwords_off_the_loop_and_a_small_one_on_it(model_dir, caplog,
+                                                                                                 monkeypatch):
+    """Cutting a megabyte into subwords took the loop a second and a half, every other request
+    waiting; into sentences, one more second."""
+    from transformer.serve import app as app_module
+    from transformer.serve.scheduler import Scheduler
+
+    on_loop = []                    # (what, characters, on the loop's thread)
+    pieces, of_text = Scheduler.pieces, app_module.of_text
+
+    def spied_pieces(self, name, texts):
+        on_loop.append(("subwords", sum(map(len, texts)), threading.current_thread() is threading.main_thread()))
+        return pieces(self, name, texts)
+
+    def spied_of_text(text, language):
+        on_loop.append(("sentences", len(text), threading.current_thread() is threading.main_thread()))
+        return of_text(text, language)
+    monkeypatch.setattr(Scheduler, "pieces", spied_pieces)
+    monkeypatch.setattr(app_module, "of_text", spied_of_text)
+    monkeypatch.setattr(app_module, "OFF_LOOP_CHARS", 200)
+    small, big = "the red cat runs.", " ".join(["the red cat runs."] * 20)
+
+    async def calls(client, port):
+        answers = []
+        for q in (small, big):
+            response = await client.post("/translate", json={"q": q, "source": "eng", "target": "spa"})
+            answers.append((response.status, await response.json()))
+        return answers
+    answers = serving(model_dir, calls, caplog, max_queue=64)
+    assert [status for status, _ in answers] == [200, 200], answers
+    assert on_loop == [("sentences", len(small), True), ("subwords", len(small), True),
+                       ("sentences", len(big), False), ("subwords", len(big) - 19, False)], on_loop
