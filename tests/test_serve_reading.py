@@ -76,7 +76,7 @@ def test_each_format_stops_at_the_sentence_past_the_queue(name):
 @pytest.mark.parametrize("name", FILES)
 def test_each_format_stops_at_the_characters_past_the_bound(name):
     read(FILES[name](4), name, "en", Budget(100, 4 * len("the cat runs."), 10 ** 6))
-    with pytest.raises(TooMuch, match="sentences hold more than 51 characters"):
+    with pytest.raises(TooMuch, match=r"sentences hold more than 51 characters, more than the queue.s pieces can hold"):
         read(FILES[name](4), name, "en", Budget(100, 4 * len("the cat runs.") - 1, 10 ** 6))
 
 
@@ -156,3 +156,31 @@ def test_a_large_request_is_cut_into_sentences_and_subwords_off_the_loop_and_a_s
     assert [status for status, _ in answers] == [200, 200], answers
     assert on_loop == [("sentences", len(small), True), ("subwords", len(small), True),
                        ("sentences", len(big), False), ("subwords", len(big) - 19, False)], on_loop
+
+
+def test_a_docx_of_too_many_paragraphs_is_refused_at_the_one_past_the_queue_not_after_the_last(monkeypatch):
+    """expat read the whole part before a paragraph was counted: 25 s for 1.8 million of them."""
+    from transformer.serve import office
+
+    monkeypatch.setattr(office, "READ_AT_ONCE", 4096)
+    clock = Ticks()
+    data = FILES["a.docx"](10_000)          # 40,000 elements
+    with pytest.raises(TooMuch, match="more than 8 sentences"):
+        read(data, "a.docx", "en", Budget(8, 10 ** 6, 10 ** 9, clock=clock))
+    assert clock.now < 1000, clock.now      # the elements read: the first 4 KiB's, not the 40,000
+
+
+@pytest.mark.parametrize("at_once", [1, 2, 3, 5, 7, 64])
+def test_paragraphs_read_a_piece_at_a_time_are_those_read_at_once(monkeypatch, at_once):
+    """Nested paragraphs given in order, byte offsets counted across the pieces, a character of
+    several bytes cut between two pieces."""
+    from transformer.serve import office
+
+    xml = (f"<w:document {W}><w:body><w:p><w:t>é outer </w:t><w:p><w:t>inner ü</w:t></w:p><w:t>tail ✓</w:t></w:p>"
+           "<w:p/><w:p><w:t>next</w:t></w:p></w:body></w:document>").encode()
+    whole = [[(xml.index("é outer".encode()), xml.index(b"</w:t><w:p>"), "é outer "),
+              (xml.index(b"tail"), xml.index("tail ✓".encode()) + len("tail ✓".encode()), "tail ✓")],
+             [(xml.index(b"inner"), xml.index(b"inner") + len("inner ü".encode()), "inner ü")],
+             [(xml.index(b"next"), xml.index(b"next") + 4, "next")]]
+    monkeypatch.setattr(office, "READ_AT_ONCE", at_once)
+    assert list(office._paragraphs(xml, "word/document.xml", {"w:p"}, {"w:t"})) == whole

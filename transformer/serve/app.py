@@ -69,6 +69,10 @@ FILE_THREADS = 2        # threads that read and write uploaded files (Server.fil
 FILE_JOBS = 16          # uploads in flight at once, past it 503: each holds up to --max-file-size
 FILE_READ_S = 10.0      # seconds reading one upload may take on a file thread, past it 413 (documents.Budget)
 OFF_LOOP_CHARS = 16384  # a request's texts past it are cut into subwords off the loop (some 25 ms of it)
+# a file's characters at most: the queue's pieces at the model's positions, at 4 characters a
+# subword (what English BPE averages, space included); past it 413 as it is read. The subwords of
+# a 64 MiB sentence took two minutes and a gigabyte
+CHARS_PER_SUBWORD = 4
 # what /metrics counts for a request whose client closed its connection before the body came
 # (nginx's 499): no answer reaches it, and it is not a 500 of ours
 CLIENT_GONE = 499
@@ -504,7 +508,7 @@ class Server:
     async def _translate_file(self, request, fields, key, uploaded, data, ext, name, detected):
         loop = asyncio.get_running_loop()
         queue = self.scheduler.max_queue
-        budget = Budget(queue, queue * self.models[name].model.cfg.max_len, FILE_READ_S)
+        budget = Budget(queue, queue * self.models[name].model.cfg.max_len * CHARS_PER_SUBWORD, FILE_READ_S)
         try:
             document = await loop.run_in_executor(self.file_threads, read_file, data, uploaded, self._splitting[name],
                                                   budget)

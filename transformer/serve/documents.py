@@ -49,8 +49,8 @@ class Budget:
             raise TooMuch(f"the file holds more than {self.max_sentences} sentences; the queue takes at most "
                           f"{self.max_sentences} (--max-queue)")
         if self.chars > self.max_chars:
-            raise TooMuch(f"the file's sentences hold more than {self.max_chars} characters; at most the queue's "
-                          "pieces (--max-queue) times the model's positions")
+            raise TooMuch(f"the file's sentences hold more than {self.max_chars} characters, more than the queue's "
+                          "pieces can hold (--max-queue)")
 
     def check(self):
         if self.deadline is not None and self.clock() > self.deadline:

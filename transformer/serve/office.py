@@ -119,9 +119,14 @@ def _read_members(data, taken):
     return members
 
 
+READ_AT_ONCE = 1 << 20           # bytes of a part expat reads before its finished paragraphs are given
+
+
 def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
-    """[[(start, end, text)]]: each paragraph's runs, as byte offsets into `xml` and their text.
-    check(): called at each element, raises to stop the reading."""
+    """Each paragraph's runs [(start, end, text)], as byte offsets into `xml` and their text, in
+    order, given as they are read (a megabyte at a time): a file of more paragraphs than the
+    server takes is refused at the one past it, not after reading them all. check(): called at
+    each element, raises to stop the reading."""
     if xml.startswith((b"\xff\xfe", b"\xfe\xff")) or re.match(rb"<\?xml[^>]*encoding=[\"'](?!utf-8)", xml, re.I):
         raise OfficeError(f"{part} is not UTF-8 XML")
     parser = expat.ParserCreate()
@@ -167,11 +172,18 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
     parser.StartDoctypeDeclHandler = doctype
     parser.CommentHandler = parser.ProcessingInstructionHandler = other
     parser.StartCdataSectionHandler = parser.EndCdataSectionHandler = other
-    try:
-        parser.Parse(xml, True)
-    except expat.ExpatError as exc:
-        raise OfficeError(f"{part} is not well-formed XML ({exc})") from None
-    return [runs for runs in paragraphs if any(text.strip() for _, _, text in runs)]
+    given = 0                   # paragraphs before it are given (and dropped)
+    for at in range(0, max(len(xml), 1), READ_AT_ONCE):
+        try:
+            parser.Parse(xml[at:at + READ_AT_ONCE], at + READ_AT_ONCE >= len(xml))
+        except expat.ExpatError as exc:
+            raise OfficeError(f"{part} is not well-formed XML ({exc})") from None
+        finished = open_paragraphs[0] if open_paragraphs else len(paragraphs)  # in order: not past an open one
+        for i in range(given, finished):
+            runs, paragraphs[i] = paragraphs[i], None
+            if any(text.strip() for _, _, text in runs):
+                yield runs
+        given = finished
 
 
 def spread(translation, lengths):
