@@ -1,6 +1,7 @@
 """Hostile uploads against a real `transformer serve`: each sent alone while a client sends a small
-/translate every 50 ms; one JSON line per upload: its answer and time, and the small requests'
-worst latency meanwhile (how long the server's loop was held).
+/translate every 50 ms; one JSON line per upload: its answer and time, the small requests' worst
+latency meanwhile (how long the server's loop was held), and the server's peak resident memory so
+far (VmHWM: it only grows, so each upload's own peak shows where it rises).
 
     python benchmarks/serve_hostile_files.py SRC-TGT=MODEL_DIR [CODE]
 
@@ -51,6 +52,11 @@ UPLOADS = [
 ]
 
 
+def peak_rss_mb(pid):
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) // 1024 for line in status if line.startswith("VmHWM:"))
+
+
 async def one(session, url, label, name, data):
     done, latencies = asyncio.Event(), []
 
@@ -93,8 +99,10 @@ async def main():
             for _ in range(3):
                 async with session.post(url + "/translate", json=SMALL) as response:
                     await response.read()
+            print(json.dumps({"code": CODE or "installed", "idle_peak_rss_mb": peak_rss_mb(server.pid)}), flush=True)
             for upload in UPLOADS:
-                print(json.dumps(await one(session, url, *upload)), flush=True)
+                record = await one(session, url, *upload)
+                print(json.dumps({**record, "server_peak_rss_mb": peak_rss_mb(server.pid)}), flush=True)
     finally:
         server.terminate()
         server.wait(30)
