@@ -107,6 +107,7 @@ def test_a_file_past_the_bounds_is_413_on_the_server_and_the_server_goes_on(mode
     """An e-book chapter of a million tags (3 MB unpacked, a 10 KB upload) read for 0.3 s, not
     the 7 s it takes; a text of 5,000 sentences refused at the 4,097th, not after the last."""
     from transformer.serve import app as app_module
+    from transformer.serve import office
 
     monkeypatch.setattr(app_module, "FILE_READ_S", 0.3)
     tags = _epub("<html><body>" + "<b>" * 1_000_000 + "</body></html>")
@@ -120,6 +121,7 @@ def test_a_file_past_the_bounds_is_413_on_the_server_and_the_server_goes_on(mode
         return answers
     (slow, slow_body), (many, many_body), (fine, _) = serving(model_dir, calls, caplog)
     assert slow == 413 and slow_body["error"] == "file: reading the file takes more than 0.3 s (what the server gives a file)"
+    assert office.held_unpacked() == 0      # the refused e-book's unpacked bytes given back
     assert many == 413 and "more than 4096 sentences; the queue takes at most 4096 (--max-queue)" in many_body["error"]
     assert fine == 200
 
