@@ -59,3 +59,63 @@ def test_a_megabyte_of_constructs_never_ended_is_read_in_linear_time(unit):
 def test_markup_html_parser_gives_up_on_is_a_markup_error():
     with pytest.raises(MarkupError, match="html.parser cannot read it"):
         text_runs("<p>a<![foo[ x ]]>b</p>")
+
+
+def test_runs_start_where_their_text_is_past_lines_of_any_length_and_number():
+    """Offsets come from the parser's (line, column): lines counted on a block at a time, not
+    from a table of every line's start (gigabytes for 64 million newlines)."""
+    markup = ("<p>\n" * 70_000 + "<b>the cat</b><!--" + "x" * 200_000 + "-->\n<i>a &amp; b</i>" + "\n" * 3
+              + "<p " + "\n" * 100_000 + ">red tree</p>")
+    runs = text_runs(markup)
+    assert "".join(raw for raw, _ in runs) == markup
+    texts = [(raw, text) for raw, text in runs if text is not None and text.strip()]
+    assert texts == [("the cat", "the cat"), ("a &amp; b", "a & b"), ("red tree", "red tree")]
+    assert all(raw.startswith("<") or not raw.strip() for raw, text in runs if text is None)
+
+
+def test_a_start_tag_past_a_mebibyte_is_refused_before_its_attributes_are_listed():
+    """16 MB of `b=c ` in one tag held 3.3 GB as html.parser's list of pairs."""
+    with pytest.raises(MarkupError, match="a start tag longer than 1048576 characters"):
+        text_runs("<a " + "b=c " * (1 << 19) + ">t")
+    image = '<img src="data:image/png;base64,' + "A" * 500_000 + '"><p>the cat</p>'
+    assert texts(image) == ["the cat"]
+
+
+def test_end_tags_of_elements_never_opened_are_read_in_linear_time():
+    """`</i>` with 100,000 `<b>` open searched them all: quadratic (52 KB took 3 s)."""
+    markup = "<b>" * 100_000 + "a" + "</i>" * 100_000 + "</b>" * 100_000 + "the cat"
+    began = time.process_time()
+    assert texts(markup) == ["a", "the cat"]
+    assert time.process_time() - began < 8.0
+
+
+def test_a_run_of_bare_less_thans_is_checked_as_it_grows():
+    calls = []
+    text_runs("<" * 100_000, lambda: calls.append(1))
+    assert len(calls) >= 20
+
+
+def _kept_merged(runs):
+    out = []
+    for raw, text in runs:
+        if out and text is None and out[-1][1] is None:
+            out[-1] = (out[-1][0] + raw, None)      # kept spans side by side: the same bytes kept
+        else:
+            out.append((raw, text))
+    return out
+
+
+@pytest.mark.parametrize("feed", [1, 3, 7])
+def test_markup_fed_a_piece_at_a_time_reads_as_fed_whole(monkeypatch, feed):
+    """The same runs to translate whatever the pieces (spans kept side by side may be cut
+    differently; they are kept as they are either way)."""
+    from transformer.serve import markup
+
+    documents = MALFORMED + [
+        '<!DOCTYPE html><p class="x" title="a>b">the big cat runs. a dog!<br><b>red &amp; tree</b></p>'
+        '<!-- the dog --><script>var s = "</b>";</script><div translate="no">x <span translate="yes">y</span></div>',
+        "<p>a < b &amp c &#x41;&nbsp;d</p><pre>kept</pre><textarea></textarea x>z",
+    ]
+    whole = [_kept_merged(text_runs(document)) for document in documents]
+    monkeypatch.setattr(markup, "FEED", feed)
+    assert [_kept_merged(text_runs(document)) for document in documents] == whole

@@ -3,17 +3,25 @@ byte for byte (tags with their attributes, entities, comments, the doctype).
 
 Python's own html.parser reads the markup as browsers tokenise it (unclosed <p>, bare <, entities
 without a semicolon); each event's start in the source (getpos) cuts the markup into raw spans,
-so nothing is re-serialised. Only feed() reads it, never close(): what feed leaves unread is a
-construct never ended (a comment, tag or declaration without its end), kept as it is (finish).
-Left as they are, with what is inside them: <script>, <style>,
-<code>, <pre>, <textarea>, any element with translate="no" (HTML's own attribute; translate="yes"
-inside it translates again) or Google's class "notranslate". Attributes (title, alt) are not
-translated, as LibreTranslate leaves them.
+so nothing is re-serialised. Only feed() reads it, a piece at a time, never close(): what feed
+leaves unread is a construct never ended (a comment, tag or declaration without its end), kept as
+it is (finish). Left as they are, with what is inside them: <script>, <style>, <code>, <pre>,
+<textarea>, any element with translate="no" (HTML's own attribute; translate="yes" inside it
+translates again) or Google's class "notranslate". Attributes (title, alt) are not translated, as
+LibreTranslate leaves them.
 """
+import collections
 import html
+import re
 from html.parser import HTMLParser
 
 KEEP = frozenset(("script", "style", "code", "pre", "textarea", "kbd", "samp", "var"))
+# Markup is fed a piece at a time, so that a start tag is seen growing: html.parser matches a whole
+# tag's attributes with one regular expression, whose stack held 3.3 GB for 16 MB of `b=c `. One
+# longer than MAX_TAG (an inline image's data URI fits) is refused.
+FEED = 1 << 16
+MAX_TAG = 1 << 20
+_START_TAG = re.compile(r"<[a-zA-Z]")
 VOID = frozenset(("area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source",
                   "track", "wbr"))
 
@@ -26,19 +34,40 @@ class MarkupError(ValueError):
 class _Runs(HTMLParser):
     def __init__(self, markup, check=None):
         super().__init__(convert_charrefs=True)
-        self.check = check
-        self.lines = [0]
-        for i, ch in enumerate(markup):
-            if ch == "\n":
-                self.lines.append(i + 1)
+        self.markup, self.check = markup, check
+        self.line, self.line_start = 1, 0     # the last line an event was on, and its offset
         self.events = []            # (start offset, [translatable text's pieces] or None)
         self.open = []              # (tag, translates) of the open elements
+        self.opened = collections.Counter()   # tag -> how many of self.open
+        self.pieces = 0             # text pieces added to a run, for check()
 
     def _offset(self):
         if self.check is not None:      # each event: a file's reading is bounded (documents.Budget)
             self.check()
         line, column = self.getpos()
-        return self.lines[line - 1] + column
+        return self._start_of(line) + column
+
+    def _start_of(self, line):
+        """The offset of `line`'s first character, counted on from the last line asked (events
+        come in order): the newlines a block at a time, and within the block by bisection. A table
+        of every line's start held gigabytes for a chapter of 64 million newlines."""
+        markup, k, at = self.markup, line - self.line, self.line_start
+        while k > 0 and at < len(markup):
+            end = min(at + 65536, len(markup))
+            n = markup.count("\n", at, end)
+            if n < k:
+                k, at = k - n, end
+                continue
+            low, high = at, end - 1     # the k-th newline from `at`: the least i with k of them in [at, i]
+            while low < high:
+                middle = (low + high) // 2
+                if markup.count("\n", at, middle + 1) >= k:
+                    high = middle
+                else:
+                    low = middle + 1
+            k, at = 0, low + 1
+        self.line, self.line_start = line, at
+        return at
 
     def _translating(self):
         return self.open[-1][1] if self.open else True
@@ -48,6 +77,7 @@ class _Runs(HTMLParser):
         if tag in VOID:
             return
         self.open.append((tag, self._translates(tag, dict(attrs))))
+        self.opened[tag] += 1
 
     def handle_startendtag(self, tag, attrs):
         self.events.append((self._offset(), None))
@@ -64,8 +94,12 @@ class _Runs(HTMLParser):
 
     def handle_endtag(self, tag):
         self.events.append((self._offset(), None))
+        if not self.opened[tag]:                        # not open: searching the open ones was quadratic
+            return
         for i in range(len(self.open) - 1, -1, -1):     # close it, and what was left open inside it
             if self.open[i][0] == tag:
+                for closed, _ in self.open[i:]:
+                    self.opened[closed] -= 1
                 del self.open[i:]
                 break
 
@@ -76,6 +110,9 @@ class _Runs(HTMLParser):
         translate = self._translating()
         if self.events and self.events[-1][1] is not None and translate:
             self.events[-1][1].append(data)             # text split by a bare "<": one run
+            self.pieces += 1
+            if self.check is not None and self.pieces % 4096 == 0:   # a run of millions of bare "<"
+                self.check()
         else:                                           # (pieces: adding to a string copied it: quadratic)
             self.events.append((offset(), [data] if translate else None))
 
@@ -91,6 +128,8 @@ class _Runs(HTMLParser):
         rest = self.rawdata
         if not rest:
             return
+        if self.check is not None:
+            self.check()
         start = length - len(rest)
         cut = rest.find("<")
         if cut != 0:
@@ -114,7 +153,15 @@ def text_runs(markup, check=None):
     tag or run, raises to stop the reading."""
     parser = _Runs(markup, check)
     try:
-        parser.feed(markup)
+        at, size = 0, FEED
+        while at < len(markup):
+            piece = markup[at:at + size]
+            parser.feed(piece)
+            at += len(piece)
+            held = len(parser.rawdata)      # what the parser waits on: a construct not ended yet
+            if held > MAX_TAG and parser.cdata_elem is None and _START_TAG.match(parser.rawdata):
+                raise MarkupError(f"a start tag longer than {MAX_TAG} characters")
+            size = max(FEED, held)          # it reads what it holds again: pieces as large keep that linear
     except (AssertionError, ValueError) as exc:    # the stdlib parser's ways of giving up
         raise MarkupError(f"html.parser cannot read it: {str(exc)[:80]}") from None
     parser.finish(len(markup))

@@ -132,6 +132,13 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
     parser = expat.ParserCreate()
     paragraphs, stack, open_paragraphs = [], [], []
     run = []                # [start, text pieces] of the character data being read
+    calls = [0]             # handler calls but the elements', for check(): 64 MiB of newlines in a
+                            # w:t, or of comments, had no element to check at
+
+    def checked():
+        calls[0] += 1
+        if check is not None and calls[0] % 4096 == 0:
+            check()
 
     def close(at):
         if run:
@@ -156,6 +163,7 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
             open_paragraphs.pop()
 
     def data(text):
+        checked()
         if not open_paragraphs or (text_tags is not None and (not stack or stack[-1] not in text_tags)):
             return
         if not run:
@@ -166,6 +174,7 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
         raise OfficeError(f"{part} declares a DOCTYPE")
 
     def other(*_):
+        checked()
         close(parser.CurrentByteIndex)
 
     parser.StartElementHandler, parser.EndElementHandler, parser.CharacterDataHandler = start, end, data
@@ -174,6 +183,8 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
     parser.StartCdataSectionHandler = parser.EndCdataSectionHandler = other
     given = 0                   # paragraphs before it are given (and dropped)
     for at in range(0, max(len(xml), 1), READ_AT_ONCE):
+        if check is not None:
+            check()
         try:
             parser.Parse(xml[at:at + READ_AT_ONCE], at + READ_AT_ONCE >= len(xml))
         except expat.ExpatError as exc:
