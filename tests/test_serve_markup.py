@@ -119,3 +119,21 @@ def test_markup_fed_a_piece_at_a_time_reads_as_fed_whole(monkeypatch, feed):
     whole = [_kept_merged(text_runs(document)) for document in documents]
     monkeypatch.setattr(markup, "FEED", feed)
     assert [_kept_merged(text_runs(document)) for document in documents] == whole
+
+
+def test_a_lines_offset_counted_on_from_the_last_is_the_tables():
+    """Lines asked in order, some a few on (found one by one), some thousands on (counted in
+    halves of a block), against a table of every line's start."""
+    import random
+
+    from transformer.serve.markup import _Runs
+
+    rng = random.Random(0)
+    markup = "".join(rng.choice(["\n", "a", "<b>", " " * 100, "\n" * 70, "\n" * 5000]) for _ in range(20_000))
+    table = [0] + [i + 1 for i, ch in enumerate(markup) if ch == "\n"]
+    runs, line = _Runs(markup), 1
+    while line < len(table):
+        assert runs._start_of(line) == table[line - 1], line
+        line += rng.choice([0, 1, 2, 17, 65, 300, 4000, 70_000])
+    block = "a" * 100 + "\n" * 100 + "b" * 10_000      # the block read holds just the newlines asked
+    assert _Runs(block)._start_of(101) == 200

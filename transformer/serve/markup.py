@@ -45,27 +45,30 @@ class _Runs(HTMLParser):
         if self.check is not None:      # each event: a file's reading is bounded (documents.Budget)
             self.check()
         line, column = self.getpos()
-        return self._start_of(line) + column
+        return (self.line_start if line == self.line else self._start_of(line)) + column
 
     def _start_of(self, line):
         """The offset of `line`'s first character, counted on from the last line asked (events
-        come in order): the newlines a block at a time, and within the block by bisection. A table
-        of every line's start held gigabytes for a chapter of 64 million newlines."""
+        come in order): a few lines on, found one by one; many, counted in halves of a block, so
+        each character is read a bounded number of times. A table of every line's start held
+        gigabytes for a chapter of 64 million newlines."""
         markup, k, at = self.markup, line - self.line, self.line_start
-        while k > 0 and at < len(markup):
-            end = min(at + 65536, len(markup))
+        while k > 64 and at < len(markup):
+            end = min(at + min(64 * k, 1 << 20), len(markup))
             n = markup.count("\n", at, end)
-            if n < k:
+            if n < k:                   # the line starts past this block
                 k, at = k - n, end
                 continue
-            low, high = at, end - 1     # the k-th newline from `at`: the least i with k of them in [at, i]
-            while low < high:
-                middle = (low + high) // 2
-                if markup.count("\n", at, middle + 1) >= k:
-                    high = middle
+            while k > 64 and end - at > 64:     # it starts in [at, end]: keep the half it starts in
+                middle = (at + end) // 2
+                n = markup.count("\n", at, middle)
+                if n < k:
+                    k, at = k - n, middle
                 else:
-                    low = middle + 1
-            k, at = 0, low + 1
+                    end = middle
+            break
+        for _ in range(k):
+            at = markup.index("\n", at) + 1
         self.line, self.line_start = line, at
         return at
 
