@@ -3,28 +3,19 @@ characters, and FILE_READ_S seconds, checked as each format is read, so that a f
 costs no more than the bound (an e-book of 64 MiB of tags had a file thread for 150 s, a text of
 three million sentences for 10 s before its 413). And a large request's subwords are cut off the
 loop. The tiny model of test_serve.py serves the server's cases."""
-import io
 import threading
-import zipfile
 
 import pytest
 
 aiohttp = pytest.importorskip("aiohttp", reason='needs the [serve] extra: pip install ".[serve]"')
 
 from test_serve import model_dir  # noqa: E402,F401
+from test_serve_files import _zip  # noqa: E402
 from test_serve_fuzzed import _upload_form, serving  # noqa: E402
 from transformer.serve.documents import Budget, TooMuch  # noqa: E402
 from transformer.serve.formats import read  # noqa: E402
 
 W = 'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"'
-
-
-def _zip(members):
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, content in members.items():
-            archive.writestr(name, content)
-    return buffer.getvalue()
 
 
 def _docx(body):
