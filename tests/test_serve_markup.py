@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from transformer.serve.markup import MarkupError, text_runs
+from transformer.serve.markup import FEED, MarkupError, iter_runs, text_runs
 
 MALFORMED = ["<", "a < b", "x <", "<<<", "</", "</a", "</a b='", "<!", "<!--", "<!--x>", "<!-- -- ", "<?", "<?x",
              "<a", "<a b='", '<a b="c', "<a\nb", "<a/", "<!DOCTYPE", "<!x", "&", "&amp", "&#", "&#x", "fish &amp",
@@ -79,6 +79,46 @@ def test_a_start_tag_past_a_mebibyte_is_refused_before_its_attributes_are_listed
         text_runs("<a " + "b=c " * (1 << 19) + ">t")
     image = '<img src="data:image/png;base64,' + "A" * 500_000 + '"><p>the cat</p>'
     assert texts(image) == ["the cat"]
+
+
+def test_more_elements_open_at_once_than_max_open_are_refused_and_as_many_are_read(monkeypatch):
+    """20 million `<b>` never closed held 1.1 GB of open elements within a file's 10 s."""
+    from transformer.serve import markup
+
+    assert markup.MAX_OPEN >= 1_000_000         # a long page's paragraphs without </p> stay open
+    monkeypatch.setattr(markup, "MAX_OPEN", 1000)
+    assert texts("<b>" * 1000 + "the cat") == ["the cat"]
+    with pytest.raises(MarkupError, match="more than 1000 elements open at once"):
+        text_runs("<p>" + "<b>" * 1000 + "the cat")
+    closed = "<b>a</b>" * 1001 + "<br><img>" * 1001      # closed and void ones are not open
+    assert len(texts(closed)) == 1001
+
+
+def test_runs_are_given_as_the_markup_is_read_not_after():
+    """A run is given once the next event starts: after the first piece, not the whole markup."""
+    calls = []
+    runs = iter_runs("<br/>" * 100_000, lambda: calls.append(1))
+    assert next(runs) == ("<br/>", None)
+    assert len(calls) <= FEED // 5 + 1, len(calls)          # one piece's tags
+    assert sum(1 for _ in runs) == 100_000 - 1
+
+
+def test_reading_a_chapter_of_tags_holds_memory_of_a_piece_not_of_its_tags():
+    """Events and runs were held for the whole markup: about 45 bytes a byte of `<br/>` (some 200
+    a tag), 12 MB for these 256 KiB; what is held now is the kept bytes and one piece's events."""
+    import tracemalloc
+
+    from transformer.serve.documents import of_html
+
+    markup = "<br/>" * ((256 << 10) // 5)
+    tracemalloc.start()
+    try:
+        document = of_html(markup, "en")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert document.render([]) == markup
+    assert peak < 32 * len(markup), peak
 
 
 def test_end_tags_of_elements_never_opened_are_read_in_linear_time():

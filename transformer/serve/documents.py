@@ -158,11 +158,11 @@ def of_html(markup, language, xml=False, budget=None):
     """An HTML text's Document: the text of its elements split into sentences, every tag,
     attribute, entity and comment kept, and the elements that are not to be translated left as
     they are (markup.py). xml: XHTML (an e-book's chapter), a no-break space written &#160;."""
-    from .markup import text_runs
+    from .markup import iter_runs
 
     document = Document(markup=True, xml=xml, budget=budget)
     segment = _segment()
-    for raw, text in text_runs(markup, None if budget is None else budget.check):
+    for raw, text in iter_runs(markup, None if budget is None else budget.check):
         if text is None or not text.strip():
             document.keep(raw)
         else:
