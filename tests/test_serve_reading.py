@@ -206,3 +206,22 @@ def test_an_e_book_chapter_of_more_elements_open_than_max_open_is_refused(monkey
     monkeypatch.setattr(markup, "MAX_OPEN", 1000)
     with pytest.raises(FormatError, match="more than 1000 elements open at once"):
         read(_epub("<b>" * 1001 + "the cat runs."), "a.epub", "en")
+
+
+def test_a_docx_holding_more_runs_than_the_queue_allows_is_refused_as_it_is_read():
+    """A paragraph of millions of runs held some 150 bytes each within the 10 s; runs are now
+    bounded by 64 for each sentence the queue takes, those of paragraphs without text given back."""
+    from transformer.serve.documents import RUNS_PER_SENTENCE
+
+    assert RUNS_PER_SENTENCE == 64
+    runs = lambda n, text: "<w:p>" + f"<w:r><w:t>{text}</w:t></w:r>" * n + "</w:p>"   # noqa: E731
+    budget = Budget(8, 10 ** 6, 10 ** 9)                        # 512 runs
+    assert read(_docx(runs(512, "x")), "a.docx", "en", budget).sentences == ["x" * 512]
+    blank = runs(10, " ") * 100                                 # 1,000 runs, none of them held
+    budget = Budget(8, 10 ** 6, 10 ** 9)
+    assert read(_docx(blank + runs(500, "x")), "a.docx", "en", budget).sentences == ["x" * 500]
+    assert budget.held_runs == 500
+    with pytest.raises(TooMuch, match=r"more than 512 runs of text \(64 for each sentence the queue takes"):
+        read(_docx(runs(513, "x")), "a.docx", "en", Budget(8, 10 ** 6, 10 ** 9))
+    with pytest.raises(TooMuch, match="more than 512 runs"):
+        read(_docx(runs(300, "x") + runs(300, "y")), "a.docx", "en", Budget(8, 10 ** 6, 10 ** 9))

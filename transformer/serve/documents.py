@@ -25,6 +25,11 @@ class TooMuch(Exception):
     a ValueError: the parsers' own ValueErrors mean markup they cannot read (HTTP 400)."""
 
 
+# runs (differently styled pieces of a paragraph's text) an office file may hold for each sentence
+# the queue takes: Word cuts a run at each style and edit session, some words apart
+RUNS_PER_SENTENCE = 64
+
+
 class Budget:
     """What reading one uploaded file may take, checked as it is read, so that a file past it
     costs no more than the bound: at most `sentences` sentences and `chars` characters of them
@@ -36,7 +41,7 @@ class Budget:
     def __init__(self, sentences, chars, seconds, clock=time.monotonic):
         self.max_sentences, self.max_chars, self.seconds, self.clock = sentences, chars, seconds, clock
         self.deadline = None
-        self.sentences = self.chars = 0
+        self.sentences = self.chars = self.held_runs = 0
 
     def start(self):
         self.deadline = self.clock() + self.seconds
@@ -50,6 +55,14 @@ class Budget:
         if self.chars > self.max_chars:
             raise TooMuch(f"the file's sentences hold more than {self.max_chars} characters, more than the queue's "
                           "pieces can hold (--max-queue)")
+
+    def runs(self, n):
+        """n more runs of an office file's paragraphs held (office.py; n < 0: given back): a
+        paragraph of millions of them held some 150 bytes each within the 10 s."""
+        self.held_runs += n
+        if self.held_runs > RUNS_PER_SENTENCE * self.max_sentences:
+            raise TooMuch(f"the file's paragraphs hold more than {RUNS_PER_SENTENCE * self.max_sentences} runs of text "
+                          f"({RUNS_PER_SENTENCE} for each sentence the queue takes, --max-queue)")
 
     def check(self):
         if self.deadline is not None and self.clock() > self.deadline:

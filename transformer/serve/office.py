@@ -126,12 +126,13 @@ def _read_members(data, taken):
 READ_AT_ONCE = 1 << 20           # bytes of a part expat reads before its finished paragraphs are given
 
 
-def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
+def _paragraphs(xml, part, paragraph_tags, text_tags, check=None, held=None):
     """Each paragraph's runs [(start, end, text)], as byte offsets into `xml` and their text, in
     order, given as they are read (a megabyte at a time): a file of more paragraphs than the
     server takes is refused at the one past it, not after reading them all. check(): called at
     each element, every 4096 other things (text, comments, instructions) and each megabyte;
-    raises to stop the reading."""
+    raises to stop the reading. held(n): told of n more runs held, or given back (n < 0) when a
+    paragraph ends without text; raises to stop the reading."""
     if xml.startswith((b"\xff\xfe", b"\xfe\xff")) or re.match(rb"<\?xml[^>]*encoding=[\"'](?!utf-8)", xml, re.I):
         raise OfficeError(f"{part} is not UTF-8 XML")
     parser = expat.ParserCreate()
@@ -150,6 +151,8 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
             start, pieces = run
             if open_paragraphs:
                 paragraphs[open_paragraphs[-1]].append((start, at, "".join(pieces)))
+                if held is not None:
+                    held(1)
             run.clear()
 
     def start(tag, attrs):
@@ -167,7 +170,11 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
         close(parser.CurrentByteIndex)
         stack.pop()
         if tag in paragraph_tags:
-            open_paragraphs.pop()
+            i = open_paragraphs.pop()
+            if not any(text.strip() for _, _, text in paragraphs[i]):     # nothing to translate
+                if held is not None and paragraphs[i]:
+                    held(-len(paragraphs[i]))
+                paragraphs[i] = []
 
     def data(text):
         checked()
@@ -199,7 +206,7 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None):
         finished = open_paragraphs[0] if open_paragraphs else len(paragraphs)  # in order: not past an open one
         for i in range(given, finished):
             runs, paragraphs[i] = paragraphs[i], None
-            if any(text.strip() for _, _, text in runs):
+            if runs:                # closed with text (end): the others were emptied
                 yield runs
         given = finished
 
@@ -257,8 +264,8 @@ class OfficeDocument:
                 self.parts[info.filename] = self._xhtml(content, info.filename, language, budget)
                 continue
             paragraphs = []
-            check = None if budget is None else budget.check
-            for runs in _paragraphs(content, info.filename, paragraph_tags, text_tags, check):
+            check, held = (None, None) if budget is None else (budget.check, budget.runs)
+            for runs in _paragraphs(content, info.filename, paragraph_tags, text_tags, check, held):
                 document = Document(budget=budget)
                 document.add_text("".join(text for _, _, text in runs).replace("\n", " "), language, segment)
                 paragraphs.append((runs, document, len(self.sentences)))
