@@ -225,3 +225,26 @@ def test_a_docx_holding_more_runs_than_the_queue_allows_is_refused_as_it_is_read
         read(_docx(runs(513, "x")), "a.docx", "en", Budget(8, 10 ** 6, 10 ** 9))
     with pytest.raises(TooMuch, match="more than 512 runs"):
         read(_docx(runs(300, "x") + runs(300, "y")), "a.docx", "en", Budget(8, 10 ** 6, 10 ** 9))
+
+
+def test_a_run_of_a_million_pieces_is_held_about_as_its_characters_not_as_a_list_of_them():
+    """expat gives a w:t's newlines one at a time (as html.parser gives bare `<`): a list of them
+    held 8 bytes a character and more (64 MiB of them in a docx: some 512 MB)."""
+    import tracemalloc
+
+    from transformer.serve import office
+    from transformer.serve.markup import Text
+
+    n = 1_000_000
+    xml = f"<w:document {W}><w:body><w:p><w:r><w:t>a" + "\n" * n + "b</w:t></w:r></w:p></w:body></w:document>"
+    tracemalloc.start()
+    try:
+        paragraphs = list(office._paragraphs(xml.encode(), "word/document.xml", {"w:p"}, {"w:t"}))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert paragraphs == [[(xml.index("a\n"), xml.index("</w:t>"), "a" + "\n" * n + "b")]]
+    assert peak < 5 * n, peak                   # a list: 10.5 MB
+    text = Text("é")
+    checks = sum(text.add(piece) for piece in ["a", "\n", "✓"] * 10_000)
+    assert text.value() == "é" + "a\n✓" * 10_000 and checks == 30_000 // Text.JOINED

@@ -12,6 +12,7 @@ LibreTranslate leaves them.
 """
 import collections
 import html
+import io
 import re
 from html.parser import HTMLParser
 
@@ -31,6 +32,34 @@ VOID = frozenset(("area", "base", "br", "col", "embed", "hr", "img", "input", "l
                   "track", "wbr"))
 
 
+class Text:
+    """A text read in pieces, joined as it grows (a run of text between tags, an office run):
+    held as a list, a million one-character pieces (newlines, bare `<`) took 8 bytes a character
+    and more; joined every JOINED pieces into one buffer, about one. Adding to a string instead
+    copied it each time: quadratic."""
+
+    JOINED = 4096
+    __slots__ = ("pieces", "buffer")
+
+    def __init__(self, first):
+        self.pieces, self.buffer = [first], None
+
+    def add(self, piece):
+        """piece added; True every JOINED pieces (when the caller may check its bounds)."""
+        self.pieces.append(piece)
+        if len(self.pieces) < self.JOINED:
+            return False
+        if self.buffer is None:
+            self.buffer = io.StringIO()
+        self.buffer.write("".join(self.pieces))
+        self.pieces.clear()
+        return True
+
+    def value(self):
+        tail = "".join(self.pieces)
+        return tail if self.buffer is None else self.buffer.getvalue() + tail
+
+
 class MarkupError(ValueError):
     """Markup html.parser cannot read: it gives up on some declarations (`<![foo[ ... ]]>` raises
     AssertionError in Python before 3.13), and such a text is the client's to fix (HTTP 400)."""
@@ -41,10 +70,9 @@ class _Runs(HTMLParser):
         super().__init__(convert_charrefs=True)
         self.markup, self.check = markup, check
         self.line, self.line_start = 1, 0     # the last line an event was on, and its offset
-        self.events = []            # (start offset, [translatable text's pieces] or None)
+        self.events = []            # (start offset, translatable Text or None)
         self.open = []              # (tag, translates) of the open elements
         self.opened = collections.Counter()   # tag -> how many of self.open
-        self.pieces = 0             # text pieces added to a run, for check()
 
     def _offset(self):
         if self.check is not None:      # each event: a file's reading is bounded (documents.Budget)
@@ -119,12 +147,11 @@ class _Runs(HTMLParser):
     def _text(self, data, offset):
         translate = self._translating()
         if self.events and self.events[-1][1] is not None and translate:
-            self.events[-1][1].append(data)             # text split by a bare "<": one run
-            self.pieces += 1
-            if self.check is not None and self.pieces % 4096 == 0:   # a run of millions of bare "<"
+            # text split by a bare "<": one run (checked as it grows: millions of bare "<")
+            if self.events[-1][1].add(data) and self.check is not None:
                 self.check()
-        else:                                           # (pieces: adding to a string copied it: quadratic)
-            self.events.append((offset(), [data] if translate else None))
+        else:
+            self.events.append((offset(), Text(data) if translate else None))
 
     def finish(self, length):
         """What feed() left unread (rawdata) as events, in place of close(). feed leaves a construct
@@ -177,13 +204,16 @@ def iter_runs(markup, check=None):
         events = parser.events
         last = len(events) if final else len(events) - 1     # the last one may still grow
         for i in range(last):
-            start, pieces = events[i]
+            start, text = events[i]
+            events[i] = None        # its pieces not held while its run is read (a chapter's one text)
             end = events[i + 1][0] if i + 1 < len(events) else len(markup)
             if start > done:        # what comes before the first event
                 yield markup[done:start], None
                 done = start
             if end > done:
-                yield markup[done:end], None if pieces is None else "".join(pieces)
+                run = (markup[done:end], None if text is None else text.value())
+                text = None
+                yield run
                 done = end
         del events[:last]
         if final and done < len(markup):

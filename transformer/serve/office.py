@@ -28,7 +28,7 @@ import zipfile
 from xml.parsers import expat
 
 from .documents import Document, _segment, of_html
-from .markup import MarkupError
+from .markup import MarkupError, Text
 
 MAX_MEMBERS = 10_000
 MAX_UNPACKED = 64 << 20          # bytes of every member together, unpacked
@@ -137,7 +137,7 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None, held=None):
         raise OfficeError(f"{part} is not UTF-8 XML")
     parser = expat.ParserCreate()
     paragraphs, stack, open_paragraphs = [], [], []
-    run = []                # [start, text pieces] of the character data being read
+    run = []                # [start, Text] of the character data being read
     calls = [0]             # handler calls but the elements', for check(): 64 MiB of newlines in a
                             # w:t, or of comments, had no element to check at
 
@@ -148,9 +148,9 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None, held=None):
 
     def close(at):
         if run:
-            start, pieces = run
+            start, text = run
             if open_paragraphs:
-                paragraphs[open_paragraphs[-1]].append((start, at, "".join(pieces)))
+                paragraphs[open_paragraphs[-1]].append((start, at, text.value()))
                 if held is not None:
                     held(1)
             run.clear()
@@ -181,8 +181,9 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None, held=None):
         if not open_paragraphs or (text_tags is not None and (not stack or stack[-1] not in text_tags)):
             return
         if not run:
-            run.extend([parser.CurrentByteIndex, []])
-        run[1].append(text)
+            run.extend([parser.CurrentByteIndex, Text(text)])
+        else:
+            run[1].add(text)
 
     def doctype(*_):
         raise OfficeError(f"{part} declares a DOCTYPE")
