@@ -11,29 +11,20 @@ e-book of tags, an e-book chapter without a sentence end, a .docx of 1.8 million
 within --max-file-size's 1 MiB, the last three unpacking to up to 64 MiB).
 """
 import asyncio
-import io
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
-import zipfile
 
 import aiohttp
+from serve_reading_memory import zipped      # this folder's (sys.path[0])
 
 MODEL = sys.argv[1]
 CODE = sys.argv[2] if len(sys.argv) > 2 else None
 SRC, TGT = MODEL.split("=", 1)[0].split("-")
 SMALL = {"q": "the red cat runs.", "source": SRC, "target": TGT}
-
-
-def zipped(members):
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for name, content in members.items():
-            archive.writestr(name, content)
-    return buffer.getvalue()
 
 
 def epub(chapter):

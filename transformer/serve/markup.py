@@ -56,8 +56,11 @@ class Text:
         return True
 
     def value(self):
-        tail = "".join(self.pieces)
-        return tail if self.buffer is None else self.buffer.getvalue() + tail
+        if self.buffer is None:
+            return "".join(self.pieces)
+        self.buffer.write("".join(self.pieces))     # not buffer + tail: one copy of the text fewer
+        self.pieces.clear()
+        return self.buffer.getvalue()
 
 
 class MarkupError(ValueError):
