@@ -8,7 +8,8 @@ uploads are made once, by the parent, and read from files; the imports' peak is 
 
 CODE: checkouts whose `transformer` package reads the files (their order is alternated by round).
 Every upload is an archive under --max-file-size that unpacks to just under 64 MiB (the bound), the
-kinds that once held the most: elements never closed, tags, comments, entities, runs, newlines.
+kinds that once held the most, or a file thread the longest: elements never closed, tags, comments,
+entities, runs, newlines, bare `<`.
 """
 import argparse
 import io
@@ -49,10 +50,12 @@ UPLOADS = {
     "docx: CDATA newlines in a w:t": lambda: docx(b"<w:p><w:r><w:t><![CDATA[" + times(b"\n") + b"]]></w:t></w:r></w:p>"),
     "docx: one run of x": lambda: docx(b"<w:p><w:r><w:t>" + times(b"x") + b"</w:t></w:r></w:p>"),
     "docx: runs of x in one paragraph": lambda: docx(b"<w:p>" + times(b"<w:r><w:t>x</w:t></w:r>") + b"</w:p>"),
+    "docx: <a/>": lambda: docx(b"<w:p>" + times(b"<a/>") + b"</w:p>"),
     "epub: <b> never closed": lambda: epub(times(b"<b>")),
     "epub: a<b> never closed": lambda: epub(times(b"a<b>")),
     "epub: <br/>": lambda: epub(times(b"<br/>")),
     "epub: <!---->": lambda: epub(times(b"<!---->")),
+    "epub: bare <": lambda: epub(b"a" + times(b"< ")),
     "epub: &amp;": lambda: epub(times(b"&amp;")),
     "epub: x": lambda: epub(times(b"x")),
     "epub: newlines": lambda: epub(times(b"\n")),

@@ -195,7 +195,7 @@ def test_a_docx_nesting_elements_past_max_depth_is_refused_as_it_is_read_and_as_
     assert read(_docx(body), "a.docx", "en").sentences == ["the cat runs."]
     clock = Ticks()
     with pytest.raises(FormatError, match=f"word/document.xml nests elements more than {MAX_DEPTH} deep"):
-        read(_docx("<w:p>" + "<a>" * (40 * MAX_DEPTH)), "a.docx", "en", Budget(8, 10 ** 6, 10 ** 9, clock=clock))
+        read(_docx("<w:p>" + "<a>" * (40 * MAX_DEPTH)), "a.docx", "en", Budget(100, 10 ** 6, 10 ** 9, clock=clock))
     assert clock.now < MAX_DEPTH + 10, clock.now    # refused at the one past, not at the part's end
 
 
@@ -208,12 +208,13 @@ def test_an_e_book_chapter_of_more_elements_open_than_max_open_is_refused(monkey
         read(_epub("<b>" * 1001 + "the cat runs."), "a.epub", "en")
 
 
-def test_a_docx_holding_more_runs_than_the_queue_allows_is_refused_as_it_is_read():
+def test_a_docx_holding_more_runs_than_the_queue_allows_is_refused_as_it_is_read(monkeypatch):
     """A paragraph of millions of runs held some 150 bytes each within the 10 s; runs are now
     bounded by 64 for each sentence the queue takes, those of paragraphs without text given back."""
-    from transformer.serve.documents import RUNS_PER_SENTENCE
+    from transformer.serve import documents
 
-    assert RUNS_PER_SENTENCE == 64
+    assert documents.RUNS_PER_SENTENCE == 64
+    monkeypatch.setattr(documents, "EVENTS_PER_SENTENCE", 10 ** 6)     # the runs' bound, not the events'
     runs = lambda n, text: "<w:p>" + f"<w:r><w:t>{text}</w:t></w:r>" * n + "</w:p>"   # noqa: E731
     budget = Budget(8, 10 ** 6, 10 ** 9)                        # 512 runs
     assert read(_docx(runs(512, "x")), "a.docx", "en", budget).sentences == ["x" * 512]
@@ -246,5 +247,44 @@ def test_a_run_of_a_million_pieces_is_held_about_as_its_characters_not_as_a_list
     assert paragraphs == [[(xml.index("a\n"), xml.index("</w:t>"), "a" + "\n" * n + "b")]]
     assert peak < 5 * n, peak                   # a list: 10.5 MB
     text = Text("é")
-    checks = sum(text.add(piece) for piece in ["a", "\n", "✓"] * 10_000)
-    assert text.value() == "é" + "a\n✓" * 10_000 and checks == 30_000 // Text.JOINED
+    for piece in ["a", "\n", "✓"] * 10_000:
+        text.add(piece)
+    assert text.value() == "é" + "a\n✓" * 10_000
+
+
+# Uploads that are nothing but things to read, each of them past 256 for each of 8 sentences (2,048):
+# 64 MiB of any of these held a file thread for the whole 10 s before its 413 (some 13 million
+# tags, comments or text pieces), where a bound on what is read refuses it at the one past.
+MANY = 2049
+READ_IN_PIECES = {
+    "html: <br/>": ("a.html", ("<br/>" * MANY).encode()),
+    "html: bare <": ("a.html", ("<p>a" + "< " * MANY).encode()),
+    "epub: <!---->": ("a.epub", _epub("<html><body>" + "<!---->" * MANY + "</body></html>")),
+    "vtt: a cue of <b>": ("a.vtt", _vtt(["<b>" * MANY + "the cat runs."])),
+    "docx: <a/>": ("a.docx", _docx("<w:p>" + "<a/>" * MANY + "</w:p>")),
+    "docx: CDATA newlines in a w:t": ("a.docx", _docx("<w:p><w:r><w:t><![CDATA[" + "\n" * (3 * 4096) + "]]></w:t></w:r></w:p>")),
+}
+
+
+@pytest.mark.parametrize("upload", READ_IN_PIECES)
+def test_a_file_of_more_tags_comments_or_text_pieces_than_256_a_sentence_is_refused_as_it_is_read(upload):
+    from transformer.serve.documents import EVENTS_PER_SENTENCE
+
+    assert EVENTS_PER_SENTENCE == 256
+    name, data = READ_IN_PIECES[upload]
+    clock = Ticks()
+    with pytest.raises(TooMuch, match=r"the file's markup holds more than 2048 tags, comments and pieces of text "
+                                      r"\(256 for each sentence the queue takes, --max-queue\)"):
+        read(data, name, "en", Budget(8, 10 ** 6, 10 ** 9, clock=clock))
+    assert clock.now < 2 * MANY, clock.now          # refused at the one past, not at the file's end
+    # within the bound, the same kinds of things are read
+    assert read(data, name, "en", Budget(64, 10 ** 6, 10 ** 9)).sentences == (
+        ["a" + ("< " * MANY).rstrip()] if upload == "html: bare <" else ["the cat runs."] if upload.startswith("vtt") else [])
+
+
+def test_a_page_of_tags_and_text_within_256_a_sentence_is_read_whole():
+    """The bound counts what is read, at most about 3 tags and a text a sentence in an ordinary
+    page: 8 sentences of 60 tags each are read at a budget of 8."""
+    sentence = "<td><a href='x'><b>the cat runs.</b></a></td>" + "<span></span>" * 28
+    document = read(("<table><tr>" + sentence * 8 + "</tr></table>").encode(), "a.html", "en", Budget(8, 10 ** 6, 10 ** 9))
+    assert document.sentences == ["the cat runs."] * 8

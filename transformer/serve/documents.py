@@ -28,6 +28,11 @@ class TooMuch(Exception):
 # runs (differently styled pieces of a paragraph's text) an office file may hold for each sentence
 # the queue takes: Word cuts a run at each style and edit session, some words apart
 RUNS_PER_SENTENCE = 64
+# things a file's markup is read as (tags, elements, comments, declarations, and the pieces a parser
+# gives a text in) for each sentence the queue takes: 64 MiB of `<br/>`, of `<!---->` or of newlines
+# in a docx's CDATA held a file thread for the whole 10 s, some 13 million events a second's worth
+# each; a page of links and tables holds some tens a sentence
+EVENTS_PER_SENTENCE = 256
 
 
 class Budget:
@@ -41,7 +46,7 @@ class Budget:
     def __init__(self, sentences, chars, seconds, clock=time.monotonic):
         self.max_sentences, self.max_chars, self.seconds, self.clock = sentences, chars, seconds, clock
         self.deadline = None
-        self.sentences = self.chars = self.held_runs = 0
+        self.sentences = self.chars = self.held_runs = self.events = 0
 
     def start(self):
         self.deadline = self.clock() + self.seconds
@@ -63,6 +68,16 @@ class Budget:
         if self.held_runs > RUNS_PER_SENTENCE * self.max_sentences:
             raise TooMuch(f"the file's paragraphs hold more than {RUNS_PER_SENTENCE * self.max_sentences} runs of text "
                           f"({RUNS_PER_SENTENCE} for each sentence the queue takes, --max-queue)")
+
+    def read(self, n=1):
+        """n more things read from a file's markup (a tag or element, a comment, a piece of text),
+        and the clock checked: past EVENTS_PER_SENTENCE for each sentence the queue takes, refused."""
+        self.events += n
+        if self.events > EVENTS_PER_SENTENCE * self.max_sentences:
+            raise TooMuch(f"the file's markup holds more than {EVENTS_PER_SENTENCE * self.max_sentences} tags, "
+                          f"comments and pieces of text ({EVENTS_PER_SENTENCE} for each sentence the queue takes, "
+                          "--max-queue)")
+        self.check()
 
     def check(self):
         if self.deadline is not None and self.clock() > self.deadline:
@@ -175,7 +190,7 @@ def of_html(markup, language, xml=False, budget=None):
 
     document = Document(markup=True, xml=xml, budget=budget)
     segment = _segment()
-    for raw, text in iter_runs(markup, None if budget is None else budget.check):
+    for raw, text in iter_runs(markup, None if budget is None else budget.read):
         if text is None or not text.strip():
             document.keep(raw)
         else:

@@ -137,7 +137,7 @@ def _cue_text(document, lines, language, segment, markup):
         document.add_text(text, language, segment)
     else:
         try:
-            runs = text_runs(text, None if document.budget is None else document.budget.check)
+            runs = text_runs(text, None if document.budget is None else document.budget.read)
         except MarkupError as exc:
             raise FormatError(f"a cue's text cannot be read ({exc})") from None
         for raw, run in runs:

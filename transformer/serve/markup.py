@@ -45,15 +45,13 @@ class Text:
         self.pieces, self.buffer = [first], None
 
     def add(self, piece):
-        """piece added; True every JOINED pieces (when the caller may check its bounds)."""
         self.pieces.append(piece)
         if len(self.pieces) < self.JOINED:
-            return False
+            return
         if self.buffer is None:
             self.buffer = io.StringIO()
         self.buffer.write("".join(self.pieces))
         self.pieces.clear()
-        return True
 
     def value(self):
         if self.buffer is None:
@@ -150,8 +148,9 @@ class _Runs(HTMLParser):
     def _text(self, data, offset):
         translate = self._translating()
         if self.events and self.events[-1][1] is not None and translate:
-            # text split by a bare "<": one run (checked as it grows: millions of bare "<")
-            if self.events[-1][1].add(data) and self.check is not None:
+            # text split by a bare "<": one run, each piece checked (millions of bare "<")
+            self.events[-1][1].add(data)
+            if self.check is not None:
                 self.check()
         else:
             self.events.append((offset(), Text(data) if translate else None))
@@ -190,7 +189,8 @@ class _Runs(HTMLParser):
 def text_runs(markup, check=None):
     """[(raw, text)] covering `markup` in order: raw is the span of the source, text its
     unescaped text when it is to be translated, else None (kept as raw). check(): called at each
-    tag or run, raises to stop the reading."""
+    tag, comment, declaration and piece of text read (documents.Budget.read counts them), raises
+    to stop the reading."""
     return list(iter_runs(markup, check))
 
 

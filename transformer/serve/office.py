@@ -129,10 +129,10 @@ READ_AT_ONCE = 1 << 20           # bytes of a part expat reads before its finish
 def _paragraphs(xml, part, paragraph_tags, text_tags, check=None, held=None):
     """Each paragraph's runs [(start, end, text)], as byte offsets into `xml` and their text, in
     order, given as they are read (a megabyte at a time): a file of more paragraphs than the
-    server takes is refused at the one past it, not after reading them all. check(): called at
-    each element, every 4096 other things (text, comments, instructions) and each megabyte;
-    raises to stop the reading. held(n): told of n more runs held, or given back (n < 0) when a
-    paragraph ends without text; raises to stop the reading."""
+    server takes is refused at the one past it, not after reading them all. check(n): told of n
+    more things read, at each element (1), every 4096 other things (text, comments, instructions)
+    and each megabyte (0); raises to stop the reading. held(n): told of n more runs held, or given
+    back (n < 0) when a paragraph ends without text; raises to stop the reading."""
     if xml.startswith((b"\xff\xfe", b"\xfe\xff")) or re.match(rb"<\?xml[^>]*encoding=[\"'](?!utf-8)", xml, re.I):
         raise OfficeError(f"{part} is not UTF-8 XML")
     parser = expat.ParserCreate()
@@ -144,7 +144,7 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None, held=None):
     def checked():
         calls[0] += 1
         if check is not None and calls[0] % 4096 == 0:
-            check()
+            check(4096)
 
     def close(at):
         if run:
@@ -157,7 +157,7 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None, held=None):
 
     def start(tag, attrs):
         if check is not None:
-            check()
+            check(1)
         if len(stack) >= MAX_DEPTH:
             raise OfficeError(f"{part} nests elements more than {MAX_DEPTH} deep")
         close(parser.CurrentByteIndex)
@@ -199,7 +199,7 @@ def _paragraphs(xml, part, paragraph_tags, text_tags, check=None, held=None):
     given = 0                   # paragraphs before it are given (and dropped)
     for at in range(0, max(len(xml), 1), READ_AT_ONCE):
         if check is not None:
-            check()
+            check(0)
         try:
             parser.Parse(xml[at:at + READ_AT_ONCE], at + READ_AT_ONCE >= len(xml))
         except expat.ExpatError as exc:
@@ -265,7 +265,7 @@ class OfficeDocument:
                 self.parts[info.filename] = self._xhtml(content, info.filename, language, budget)
                 continue
             paragraphs = []
-            check, held = (None, None) if budget is None else (budget.check, budget.runs)
+            check, held = (None, None) if budget is None else (budget.read, budget.runs)
             for runs in _paragraphs(content, info.filename, paragraph_tags, text_tags, check, held):
                 document = Document(budget=budget)
                 document.add_text("".join(text for _, _, text in runs).replace("\n", " "), language, segment)
