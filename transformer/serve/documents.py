@@ -28,10 +28,10 @@ class TooMuch(Exception):
 # runs (differently styled pieces of a paragraph's text) an office file may hold for each sentence
 # the queue takes: Word cuts a run at each style and edit session, some words apart
 RUNS_PER_SENTENCE = 64
-# things a file's markup is read as (tags, elements, comments, declarations, and the pieces a parser
-# gives a text in) for each sentence the queue takes: 64 MiB of `<br/>`, of `<!---->` or of newlines
-# in a docx's CDATA held a file thread for the whole 10 s, some 13 million events a second's worth
-# each; a page of links and tables holds some tens a sentence
+# things a file's markup may be read as (tags, elements, comments, declarations, and the pieces a
+# parser gives a text in) for each sentence the queue takes: 64 MiB of `<br/>`, of `<!---->` or of
+# newlines in a docx's CDATA (some 13 million things each) held a file thread the whole 10 s; an
+# ordinary page holds some tens a sentence, a styled Word run 5 to 9 elements
 EVENTS_PER_SENTENCE = 256
 
 
@@ -39,9 +39,10 @@ class Budget:
     """What reading one uploaded file may take, checked as it is read, so that a file past it
     costs no more than the bound: at most `sentences` sentences and `chars` characters of them
     (what the queue takes: more is refused after reading anyway, and the subwords of a text of
-    tens of megabytes took minutes), and `seconds` of reading (the server has two file threads;
-    a 64 MiB e-book chapter of tags, 150 s), counted from start(): a file waiting for a file
-    thread is not reading yet. clock: time.monotonic, or a test's."""
+    tens of megabytes took minutes), runs and markup in proportion to the sentences (runs, read),
+    and `seconds` of reading (the server has two file threads; a 64 MiB e-book chapter of tags,
+    150 s), counted from start(): a file waiting for a file thread is not reading yet. clock:
+    time.monotonic, or a test's."""
 
     def __init__(self, sentences, chars, seconds, clock=time.monotonic):
         self.max_sentences, self.max_chars, self.seconds, self.clock = sentences, chars, seconds, clock
