@@ -288,3 +288,21 @@ def test_a_page_of_tags_and_text_within_256_a_sentence_is_read_whole():
     sentence = "<td><a href='x'><b>the cat runs.</b></a></td>" + "<span></span>" * 28
     document = read(("<table><tr>" + sentence * 8 + "</tr></table>").encode(), "a.html", "en", Budget(8, 10 ** 6, 10 ** 9))
     assert document.sentences == ["the cat runs."] * 8
+
+
+def test_a_file_of_more_markup_than_the_queue_allows_is_413_on_the_server(model_dir, caplog):
+    """The bound counts 256 things a sentence of the server's own --max-queue: at 64, 16,384. A
+    chapter of 20,000 `<br/>` is refused with the message; one of 10,000, read and answered."""
+    many, few = (_epub("<html><body>" + "<br/>" * n + "<p>red cat.</p></body></html>") for n in (20_000, 10_000))
+
+    async def calls(client, port):
+        answers = []
+        for data in (many, few):
+            response = await client.post("/translate_file", data=_upload_form(data, "a.epub"))
+            answers.append((response.status, await response.json()))
+        return answers
+    (refused, body), (fine, _) = serving(model_dir, calls, caplog, max_queue=64)
+    assert refused == 413 and body["error"] == (
+        "file: the file's markup holds more than 16384 tags, comments and pieces of text "
+        "(256 for each sentence the queue takes, --max-queue)"), body
+    assert fine == 200
