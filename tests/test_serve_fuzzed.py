@@ -322,10 +322,10 @@ def test_slow_files_wait_for_their_own_threads_and_detection_goes_on(model_dir, 
         answers = [await u for u in uploads]
         return detected.status, waited, sorted(a.status for a in answers), [a.headers.get("Retry-After") for a in answers]
     status, waited, statuses, retry = serving(model_dir, calls)
-    # Held behind the uploads, /detect would wait READING - 0.3 = 2.7 s or more (2.66 of 2.5 when the
-    # uploads were put back on the default threads). Answered beside them it took 0.41-0.49 s here
-    # (its first call) and 0.91 s once in CI's build without OpenMP, where a bound of 0.9 s failed:
-    # 1.8 s stands apart from both.
+    # Held behind the uploads, /detect would wait READING - 0.3 = 2.7 s or more (with the uploads put
+    # back on the default threads, at 2.5 s a reading, it waited 2.66 s). Answered beside them it took
+    # 0.41-0.49 s here (its first call) and 0.91 s once in CI's build without OpenMP, where a bound
+    # of 0.9 s failed: 1.8 s stands apart from both.
     assert status == 200 and waited < 1.8, waited
     assert statuses == [200] * 6 + [503] and retry.count("1") == 1, statuses
 

@@ -262,7 +262,8 @@ READ_IN_PIECES = {
     "epub: <!---->": ("a.epub", _epub("<html><body>" + "<!---->" * MANY + "</body></html>")),
     "vtt: a cue of <b>": ("a.vtt", _vtt(["<b>" * MANY + "the cat runs."])),
     "docx: <a/>": ("a.docx", _docx("<w:p>" + "<a/>" * MANY + "</w:p>")),
-    "docx: CDATA newlines in a w:t": ("a.docx", _docx("<w:p><w:r><w:t><![CDATA[" + "\n" * MANY + "]]></w:t></w:r></w:p>")),
+    "docx: CDATA newlines in a w:t": ("a.docx",
+                                      _docx("<w:p><w:r><w:t><![CDATA[" + "\n" * MANY + "]]></w:t></w:r></w:p>")),
 }
 
 
@@ -278,16 +279,16 @@ def test_a_file_of_more_tags_comments_or_text_pieces_than_256_a_sentence_is_refu
         read(data, name, "en", Budget(8, 10 ** 6, 10 ** 9, clock=clock))
     assert clock.now < 2100, clock.now              # checks: refused at the one past, not at the file's end
     # within the bound (at 256 x 128 = 32,768), the same kinds of things are read
-    assert read(data, name, "en", Budget(128, 10 ** 6, 10 ** 9)).sentences == (
-        ["a" + ("< " * (MANY // 2)).rstrip()] if upload == "html: bare <" else ["the cat runs."] if upload.startswith("vtt") else [])
+    sentences = {"html: bare <": ["a" + ("< " * (MANY // 2)).rstrip()], "vtt: a cue of <b>": ["the cat runs."]}
+    assert read(data, name, "en", Budget(128, 10 ** 6, 10 ** 9)).sentences == sentences.get(upload, [])
 
 
 def test_a_page_of_tags_and_text_within_256_a_sentence_is_read_whole():
-    """The bound counts what is read, at most about 3 tags and a text a sentence in an ordinary
-    page: 8 sentences of 60 tags each are read at a budget of 8."""
+    """An ordinary page holds some tens of tags a sentence: 8 sentences of 62 tags each (a cell, a
+    link, bold, 28 empty spans) are read whole at a budget of 8 sentences (2,048 things)."""
     sentence = "<td><a href='x'><b>the cat runs.</b></a></td>" + "<span></span>" * 28
-    document = read(("<table><tr>" + sentence * 8 + "</tr></table>").encode(), "a.html", "en", Budget(8, 10 ** 6, 10 ** 9))
-    assert document.sentences == ["the cat runs."] * 8
+    page = ("<table><tr>" + sentence * 8 + "</tr></table>").encode()
+    assert read(page, "a.html", "en", Budget(8, 10 ** 6, 10 ** 9)).sentences == ["the cat runs."] * 8
 
 
 def test_a_file_of_more_markup_than_the_queue_allows_is_413_on_the_server(model_dir, caplog):
