@@ -46,12 +46,11 @@ class Text:
 
     def add(self, piece):
         self.pieces.append(piece)
-        if len(self.pieces) < self.JOINED:
-            return
-        if self.buffer is None:
-            self.buffer = io.StringIO()
-        self.buffer.write("".join(self.pieces))
-        self.pieces.clear()
+        if len(self.pieces) >= self.JOINED:
+            if self.buffer is None:
+                self.buffer = io.StringIO()
+            self.buffer.write("".join(self.pieces))
+            self.pieces.clear()
 
     def value(self):
         if self.buffer is None:
